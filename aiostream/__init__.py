@@ -1,0 +1,46 @@
+"""aiostream: GPU streams and events as first-class citizens of async Python.
+
+``await event.synchronize()`` suspends only the calling task, on asyncio, uvloop and trio, on
+real GPUs (``cuda:N``) and on the deterministic simulated device (``virtual:N``).
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from . import virtual
+from ._errors import (
+    AiostreamError,
+    BackendUnavailableError,
+    DeviceError,
+    NotReadyError,
+    StaleHandleError,
+)
+from .device import Device, device, device_count, is_available
+from .event import Event
+from .stream import Stream, current_stream, default_stream, delay, use_stream
+
+try:
+    __version__ = _version("aiostream-cuda")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "AiostreamError",
+    "BackendUnavailableError",
+    "Device",
+    "DeviceError",
+    "Event",
+    "NotReadyError",
+    "StaleHandleError",
+    "Stream",
+    "__version__",
+    "current_stream",
+    "default_stream",
+    "delay",
+    "device",
+    "device_count",
+    "is_available",
+    "use_stream",
+    "virtual",
+]

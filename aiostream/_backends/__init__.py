@@ -1,0 +1,75 @@
+"""The registry of backends: created lazily by name, one instance per kind."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from .._errors import BackendUnavailableError
+
+if TYPE_CHECKING:
+    from .base import Backend
+
+__all__ = ["KINDS", "get", "probe", "replace"]
+
+KINDS = ("cuda", "virtual")
+
+_lock = threading.Lock()
+_instances: dict[str, Backend] = {}
+_unavailable: dict[str, str] = {}
+
+
+def _create(kind: str) -> Backend:
+    if kind == "virtual":
+        from .virtual import VirtualBackend
+
+        return VirtualBackend()
+    # The CUDA backend lands with its own change; until then it says so instead of guessing.
+    raise BackendUnavailableError(
+        "cuda",
+        "this release of aiostream has no CUDA backend yet; use a virtual device "
+        "('virtual:0') or set AIOSTREAM_DEVICE=virtual",
+    )
+
+
+def get(kind: str) -> Backend:
+    """Return the backend of ``kind``, creating it on first use."""
+    backend = _instances.get(kind)
+    if backend is not None:
+        return backend
+    with _lock:
+        backend = _instances.get(kind)
+        if backend is not None:
+            return backend
+        if kind in _unavailable:
+            raise BackendUnavailableError(kind, _unavailable[kind])
+        try:
+            backend = _create(kind)
+        except BackendUnavailableError as exc:
+            _unavailable[kind] = exc.reason
+            raise
+        _instances[kind] = backend
+        return backend
+
+
+def probe(kind: str) -> tuple[bool, str]:
+    """Return ``(available, reason)``; the reason is empty when available."""
+    if kind in _instances:
+        return True, ""
+    reason = _unavailable.get(kind)
+    if reason is not None:
+        return False, reason
+    try:
+        get(kind)
+    except BackendUnavailableError as exc:
+        return False, exc.reason
+    return True, ""
+
+
+def replace(kind: str, backend: Backend) -> Backend | None:
+    """Install ``backend`` as the instance of ``kind``; return the one it replaced."""
+    with _lock:
+        old = _instances.get(kind)
+        _instances[kind] = backend
+        _unavailable.pop(kind, None)
+        return old

@@ -1,0 +1,87 @@
+"""The backend protocol: what a device runtime gives aiostream.
+
+Backends deal in opaque handles and plain values; they know nothing of user objects, event loops
+or anyio. The user objects in ``stream.py`` and ``event.py`` hold a backend and a handle and
+never branch on the backend's kind; ``_waiting.py`` turns :class:`WaitTarget` completion into
+task wake-ups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Any, ClassVar, Protocol
+
+__all__ = ["Backend", "WaitTarget"]
+
+Handle = Any
+
+
+class WaitTarget(Protocol):
+    """The work captured by one wait: fixed when the wait starts, whatever is recorded later.
+
+    Targets that share a ``lane`` complete in ``seq`` order (work on one stream runs in
+    submission order), so a waiter needs to check only the lowest pending ``seq`` of each lane.
+    """
+
+    lane: Hashable
+    seq: int
+
+    def done(self) -> bool:
+        """Return whether the captured work completed; raise ``DeviceError`` if it failed."""
+
+    def release(self) -> None:
+        """Forget the wait (idempotent); the work itself goes on."""
+
+
+class Backend(Protocol):
+    """A device runtime: the ``virtual`` simulator or the CUDA driver."""
+
+    kind: ClassVar[str]
+
+    def device_count(self) -> int: ...
+    def close(self) -> None: ...
+
+    # streams
+    def priority_range(self, index: int) -> tuple[int, int]:
+        """(lowest, highest) priority; lower numbers are higher priorities, as in CUDA."""
+
+    def stream_create(self, index: int, priority: int) -> Handle: ...
+    def stream_default(self, index: int) -> Handle: ...
+    def stream_destroy(self, stream: Handle) -> None: ...
+    def stream_id(self, stream: Handle) -> int: ...
+    def stream_query(self, stream: Handle) -> bool: ...
+    def stream_wait_event(self, stream: Handle, event: Handle) -> None: ...
+    def stream_capture(self, stream: Handle) -> WaitTarget: ...
+
+    # events
+    def event_create(
+        self, index: int, *, timing: bool, blocking: bool, interprocess: bool
+    ) -> Handle: ...
+    def event_destroy(self, event: Handle) -> None: ...
+    def event_id(self, event: Handle) -> int: ...
+    def event_record(self, event: Handle, stream: Handle) -> None: ...
+    def event_query(self, event: Handle) -> bool: ...
+    def event_capture(self, event: Handle) -> WaitTarget: ...
+    def event_elapsed_ms(self, start: Handle, end: Handle) -> float: ...
+    def event_ipc_handle(self, event: Handle) -> bytes: ...
+    def event_from_ipc_handle(self, index: int, data: bytes) -> Handle: ...
+
+    # device work
+    def delay(self, stream: Handle, seconds: float) -> None: ...
+
+    # waiting
+    def wake_hint(self, index: int) -> float | None:
+        """Seconds after which pending work on device ``index`` may have made progress.
+
+        ``None`` means: nothing will change until a listener given to :meth:`subscribe` is
+        called (a manual clock advanced, an engine released, the backend closed).
+        """
+
+    def subscribe(self, index: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from any thread) when progress happens outside the clock's flow.
+
+        Returns the function that unsubscribes.
+        """
+
+    def wait_blocking(self, target: WaitTarget) -> None:
+        """Block the calling thread until ``target`` is done (raising its error)."""

@@ -1,0 +1,52 @@
+"""The exceptions aiostream raises."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AiostreamError",
+    "BackendUnavailableError",
+    "DeviceError",
+    "NotReadyError",
+    "StaleHandleError",
+]
+
+
+class AiostreamError(Exception):
+    """Base class of every error aiostream raises on its own account."""
+
+
+class DeviceError(AiostreamError):
+    """Device work failed.
+
+    Device errors are sticky: once a device has failed, every later query, wait or submission
+    on it raises again, as CUDA's asynchronous errors do for their context.
+
+    Attributes:
+        device: the device that failed, as ``"kind:index"``.
+    """
+
+    def __init__(self, message: str, *, device: str) -> None:
+        super().__init__(message)
+        self.device = device
+
+
+class BackendUnavailableError(AiostreamError):
+    """A backend cannot be used on this machine; the message says why and what to do.
+
+    Attributes:
+        kind: the backend's name (``"cuda"``, ``"virtual"``).
+        reason: why it is unavailable.
+    """
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"the {kind!r} backend is unavailable: {reason}")
+        self.kind = kind
+        self.reason = reason
+
+
+class NotReadyError(AiostreamError):
+    """The work an operation needs has not completed yet (CUDA's ``CUDA_ERROR_NOT_READY``)."""
+
+
+class StaleHandleError(AiostreamError):
+    """The object belongs to a backend that was replaced (``aiostream.virtual.reset()``)."""

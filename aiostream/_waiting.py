@@ -1,0 +1,277 @@
+"""Loop integration: turns backend completion into task wake-ups.
+
+This is the only module that knows about event loops. Each (event loop, backend, device) has one
+:class:`_Waiter`: a background task that watches every pending wait of that device and wakes the
+tasks whose work completed. It keeps the waits of each stream (a *lane*) in a heap ordered by
+their place on the stream: work on one stream completes in order, so only the head of each lane
+is ever checked, and a sweep costs in proportion to the number of streams, not of waits.
+
+Between sweeps the waiter sleeps as long as the backend says nothing can change
+(``Backend.wake_hint``: the exact time of the next completion on the virtual backend), and is
+woken early by a new wait or by the backend's notification (a manual clock advanced, from any
+thread). It exits when nothing is pending, so an idle program has no task of ours.
+
+Everything else goes through anyio; the loop-specific pieces are how a background task is
+spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and uvloop,
+``TrioToken.run_sync_soon`` on trio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import sys
+from collections.abc import Awaitable, Callable, Hashable
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+import sniffio
+
+from ._errors import AiostreamError
+
+if TYPE_CHECKING:
+    from ._backends.base import Backend, WaitTarget
+
+__all__ = ["checkpoint", "in_loop_thread", "wait", "wait_blocking"]
+
+logger = logging.getLogger("aiostream")
+
+checkpoint = anyio.lowlevel.checkpoint
+
+_waiters: anyio.lowlevel.RunVar[dict[tuple[int, int], _Waiter]] = anyio.lowlevel.RunVar(
+    "aiostream_waiters"
+)
+_COMPACT_MIN = 64
+
+
+class _Entry:
+    __slots__ = ("dead", "error", "event", "finished", "target")
+
+    def __init__(self, target: WaitTarget) -> None:
+        self.target = target
+        self.event = anyio.Event()
+        self.error: BaseException | None = None
+        self.finished = False
+        self.dead = False
+
+
+def _loop_hooks() -> tuple[
+    Callable[[Callable[[], Awaitable[None]]], object], Callable[[Callable[[], object]], object]
+]:
+    """Return (spawn a background task, schedule a callback from any thread) for this loop."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        return trio.lowlevel.spawn_system_task, token.run_sync_soon
+    loop = asyncio.get_running_loop()
+    return (lambda fn: loop.create_task(fn())), loop.call_soon_threadsafe  # type: ignore[arg-type,return-value]
+
+
+class _Waiter:
+    """Watches the pending waits of one device for one event loop."""
+
+    def __init__(self, backend: Backend, index: int, registry: dict[tuple[int, int], _Waiter]):
+        self._backend = backend
+        self._index = index
+        self._registry = registry
+        self._key = (id(backend), index)
+        self._spawn, self._call_soon_threadsafe = _loop_hooks()
+        self._lanes: dict[Hashable, list[tuple[int, int, _Entry]]] = {}
+        self._order = itertools.count()
+        self._pending = 0
+        self._dead = 0
+        self._running = False
+        self._kicked = False
+        self._scope: anyio.CancelScope | None = None
+        self._task: object = None
+        #: how many times a target was checked; the tests read it to prove stream-order sweeps
+        self.checks = 0
+
+    # ------------------------------------------------------------------ called by waiting tasks
+
+    def add(self, target: WaitTarget) -> _Entry:
+        entry = _Entry(target)
+        heap = self._lanes.get(target.lane)
+        if heap is None:
+            heap = self._lanes[target.lane] = []
+        heapq.heappush(heap, (target.seq, next(self._order), entry))
+        self._pending += 1
+        if self._running:
+            self._kick()
+        else:
+            self._running = True
+            self._task = self._spawn(self._run)
+        return entry
+
+    def discard(self, entry: _Entry) -> None:
+        """Forget a wait whose task was cancelled."""
+        if entry.finished or entry.dead:
+            return
+        entry.dead = True
+        self._pending -= 1
+        self._dead += 1
+        if self._dead >= _COMPACT_MIN and self._dead > self._pending:
+            self._compact()
+        if not self._pending:
+            self._kick()  # let the waiter see it has nothing left and exit
+
+    # ------------------------------------------------------------------ the waiter task
+
+    def _kick(self) -> None:
+        self._kicked = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _kick_threadsafe(self) -> None:
+        try:
+            self._call_soon_threadsafe(self._kick)
+        except RuntimeError:
+            pass  # the loop has closed: a late wake-up is harmless
+
+    def _compact(self) -> None:
+        for lane, heap in list(self._lanes.items()):
+            live = [item for item in heap if not item[2].dead]
+            if live:
+                heapq.heapify(live)
+                self._lanes[lane] = live
+            else:
+                del self._lanes[lane]
+        self._dead = 0
+
+    def _finish(self, entry: _Entry, error: BaseException | None) -> None:
+        entry.finished = True
+        entry.error = error
+        self._pending -= 1
+        entry.event.set()
+
+    def _sweep(self) -> None:
+        """Wake every wait whose work completed, checking only the head of each lane."""
+        for lane, heap in list(self._lanes.items()):
+            while heap:
+                entry = heap[0][2]
+                if entry.dead:
+                    heapq.heappop(heap)
+                    self._dead -= 1
+                    continue
+                self.checks += 1
+                try:
+                    done = entry.target.done()
+                except AiostreamError as exc:  # the device failed, or the backend was reset
+                    self._finish(entry, exc)
+                    heapq.heappop(heap)
+                    continue
+                if not done:
+                    break
+                self._finish(entry, None)
+                heapq.heappop(heap)
+            if not heap:
+                del self._lanes[lane]
+
+    async def _run(self) -> None:
+        unsubscribe = self._backend.subscribe(self._index, self._kick_threadsafe)
+        try:
+            while self._pending:
+                self._kicked = False
+                self._sweep()
+                if not self._pending:
+                    break
+                delay = self._backend.wake_hint(self._index)
+                if self._kicked:
+                    continue
+                with anyio.CancelScope() as scope:
+                    self._scope = scope
+                    if delay is None:
+                        await anyio.sleep_forever()
+                    else:
+                        await anyio.sleep(delay)
+                self._scope = None
+        except anyio.get_cancelled_exc_class():
+            self._abandon(
+                AiostreamError(
+                    f"aiostream's waiter for device {self._index} was cancelled "
+                    "(is the event loop shutting down?)"
+                )
+            )
+            raise
+        except Exception as exc:  # a bug: never crash the loop, never leave a wait hanging
+            logger.exception("aiostream waiter failed; failing its pending waits")
+            self._abandon(AiostreamError(f"aiostream's waiter failed: {exc!r}"))
+        finally:
+            self._scope = None
+            self._running = False
+            unsubscribe()
+            if not self._pending and self._registry.get(self._key) is self:
+                del self._registry[self._key]
+
+    def _abandon(self, error: BaseException) -> None:
+        for heap in self._lanes.values():
+            for _, _, entry in heap:
+                if not entry.dead and not entry.finished:
+                    self._finish(entry, error)
+        self._lanes.clear()
+        self._dead = 0
+
+
+def _waiter(backend: Backend, index: int) -> _Waiter:
+    try:
+        registry = _waiters.get()
+    except LookupError:
+        registry = {}
+        _waiters.set(registry)
+    waiter = registry.get((id(backend), index))
+    if waiter is None or waiter._backend is not backend:
+        waiter = registry[(id(backend), index)] = _Waiter(backend, index, registry)
+    return waiter
+
+
+async def wait(backend: Backend, index: int, target: WaitTarget) -> None:
+    """Suspend the calling task until ``target`` is done; raise its error if it failed.
+
+    Cancelling the call removes the wait at once; the device work goes on.
+    """
+    try:
+        waiter = _waiter(backend, index)
+        entry = waiter.add(target)
+        try:
+            await entry.event.wait()
+        except BaseException:
+            waiter.discard(entry)
+            raise
+    finally:
+        target.release()
+    if entry.error is not None:
+        raise entry.error
+
+
+def in_loop_thread() -> bool:
+    """Return whether an event loop (asyncio, uvloop or trio) runs in this thread."""
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        pass
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_trio_token()
+            return True
+        except RuntimeError:
+            pass
+    return False
+
+
+def wait_blocking(backend: Backend, target: WaitTarget, what: str) -> None:
+    """Block the calling thread until ``target`` is done; refuse to block an event loop."""
+    try:
+        if in_loop_thread():
+            raise AiostreamError(
+                f"{what}.synchronize_blocking() would block the event loop running in this "
+                f"thread; use 'await {what}.synchronize()' instead"
+            )
+        backend.wait_blocking(target)
+    finally:
+        target.release()

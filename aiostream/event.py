@@ -1,0 +1,255 @@
+"""Events: markers in a stream's work that can be queried, awaited and timed."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from . import _backends, _waiting
+from .device import Device, device as _resolve_device
+from .stream import Stream, _check_same_backend, current_stream
+
+if TYPE_CHECKING:
+    from ._backends.base import Backend
+
+__all__ = ["Event"]
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+class Event:
+    """A marker in a stream's work, as ``torch.Event`` / ``torch.cuda.Event``.
+
+    ``record()`` captures the work submitted to a stream so far; ``await synchronize()``
+    suspends the calling task until that work completes. An event never recorded is complete.
+    The device-side event is created at the first record, as PyTorch does.
+
+    Args:
+        device: where the event lives; None for the default device.
+        enable_timing: allow :meth:`elapsed_time` on this event.
+        blocking: on CUDA, create it with ``CU_EVENT_BLOCKING_SYNC``.
+        interprocess: allow :meth:`ipc_handle` (requires ``enable_timing=False``, as CUDA does).
+
+    Example:
+        >>> import anyio, aiostream as ais
+        >>> async def main():
+        ...     s = ais.Stream("virtual:0")
+        ...     ais.delay(0.001, stream=s)
+        ...     await s.record_event().synchronize()
+        >>> anyio.run(main)
+
+    Note:
+        Wraps ``cuEventCreate``, ``cuEventRecord`` and ``cuEventQuery`` on CUDA.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_backend",
+        "_blocking",
+        "_device",
+        "_finalizer",
+        "_handle",
+        "_interprocess",
+        "_timing",
+    )
+
+    def __init__(
+        self,
+        device: Device | str | None = None,
+        *,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+    ) -> None:
+        self._timing = _flag(enable_timing, "enable_timing")
+        self._blocking = _flag(blocking, "blocking")
+        self._interprocess = _flag(interprocess, "interprocess")
+        if enable_timing and interprocess:
+            raise ValueError(
+                "an interprocess event cannot have timing: pass enable_timing=False with "
+                "interprocess=True (CUDA refuses the combination)"
+            )
+        self._device = _resolve_device(device)
+        self._backend: Backend = _backends.get(self._device.type)
+        self._handle: Any = None
+        self._finalizer: weakref.finalize | None = None
+
+    def _create(self) -> Any:
+        handle = self._backend.event_create(
+            self._device.index,
+            timing=self._timing,
+            blocking=self._blocking,
+            interprocess=self._interprocess,
+        )
+        self._adopt(handle)
+        return handle
+
+    def _adopt(self, handle: Any) -> None:
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, self._backend.event_destroy, handle)
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def device(self) -> Device:
+        """The device this event belongs to."""
+        return self._device
+
+    @property
+    def event_id(self) -> int:
+        """0 until the first record; then non-zero, distinct between events, and stable."""
+        return 0 if self._handle is None else self._backend.event_id(self._handle)
+
+    @property
+    def enable_timing(self) -> bool:
+        """Whether :meth:`elapsed_time` works on this event."""
+        return self._timing
+
+    # ------------------------------------------------------------------ recording
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Capture the work submitted to ``stream`` so far (the current stream when None).
+
+        Re-recording moves the event to the new point; waits already started keep waiting for
+        the work they captured.
+
+        Note:
+            Wraps ``cuEventRecord`` on CUDA.
+        """
+        if stream is None:
+            stream = current_stream(self._device)
+        elif not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+        if stream.device != self._device:
+            raise ValueError(
+                f"cannot record an event of {self._device} on a stream of {stream.device}; "
+                "create the event on the stream's device"
+            )
+        _check_same_backend(self, stream)
+        handle = self._handle if self._handle is not None else self._create()
+        self._backend.event_record(handle, stream._handle)
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make later work on ``stream`` (the current stream when None) wait for this event."""
+        if stream is None:
+            stream = current_stream(self._device)
+        elif not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+        stream.wait_event(self)
+
+    # ------------------------------------------------------------------ completion
+
+    def query(self) -> bool:
+        """Return whether the captured work has completed. Never blocks.
+
+        Note:
+            Wraps ``cuEventQuery`` on CUDA.
+        """
+        return True if self._handle is None else self._backend.event_query(self._handle)
+
+    async def synchronize(self) -> None:
+        """Suspend the calling task until the captured work completes.
+
+        Raises ``DeviceError`` if that work failed. Cancelling it (or a timeout around it)
+        removes the wait and leaks nothing; the device work goes on.
+        """
+        handle = self._handle
+        backend = self._backend
+        if handle is None or backend.event_query(handle):
+            await _waiting.checkpoint()
+            return
+        await _waiting.wait(backend, self._device.index, backend.event_capture(handle))
+
+    def synchronize_blocking(self) -> None:
+        """Block the calling thread until the captured work completes.
+
+        For threads that run no event loop; in a loop's thread it raises instead of blocking.
+
+        Note:
+            Wraps ``cuEventSynchronize`` on CUDA.
+        """
+        handle = self._handle
+        if handle is None or self._backend.event_query(handle):
+            return
+        target = self._backend.event_capture(handle)
+        _waiting.wait_blocking(self._backend, target, "event")
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds between this event and ``end_event``, both complete and timed.
+
+        Raises:
+            TypeError: ``end_event`` is not an Event.
+            ValueError: an event lacks timing, was never recorded, or is on another device.
+            NotReadyError: an event's work has not completed yet.
+
+        Note:
+            Wraps ``cuEventElapsedTime`` on CUDA.
+        """
+        if not isinstance(end_event, Event):
+            raise TypeError(f"end_event must be an aiostream.Event, got {end_event!r}")
+        for name, ev in (("start event", self), ("end event", end_event)):
+            if not ev._timing:
+                raise ValueError(
+                    f"elapsed_time() needs timing on both events, but the {name} was created "
+                    "without it; create it with Event(enable_timing=True)"
+                )
+            if ev._handle is None:
+                raise ValueError(
+                    f"elapsed_time() needs two recorded events, but the {name} was never "
+                    "recorded; call record() on it first"
+                )
+        if end_event._device != self._device:
+            raise ValueError(
+                f"elapsed_time() needs events of one device, got {self._device} and "
+                f"{end_event._device}"
+            )
+        _check_same_backend(self, end_event)
+        return self._backend.event_elapsed_ms(self._handle, end_event._handle)
+
+    # ------------------------------------------------------------------ sharing
+
+    def ipc_handle(self) -> bytes:
+        """Return a 64-byte handle that :meth:`from_ipc_handle` opens in another process.
+
+        The virtual backend supports the round trip within one process only.
+
+        Note:
+            Wraps ``cuIpcGetEventHandle`` on CUDA.
+        """
+        if not self._interprocess:
+            raise ValueError(
+                "ipc_handle() needs an interprocess event; create it with "
+                "Event(interprocess=True)"
+            )
+        handle = self._handle if self._handle is not None else self._create()
+        return self._backend.event_ipc_handle(handle)
+
+    @classmethod
+    def from_ipc_handle(cls, device: Device | str | None, handle: bytes) -> Event:
+        """Open an event shared by :meth:`ipc_handle`.
+
+        Raises:
+            TypeError: ``handle`` is not bytes-like.
+            ValueError: ``handle`` is not 64 bytes, or not a handle this backend made.
+
+        Note:
+            Wraps ``cuIpcOpenEventHandle`` on CUDA.
+        """
+        if not isinstance(handle, (bytes, bytearray, memoryview)):
+            raise TypeError(f"handle must be bytes (from Event.ipc_handle()), got {handle!r}")
+        data = bytes(handle)
+        if len(data) != 64:
+            raise ValueError(f"an event IPC handle is 64 bytes, got {len(data)}")
+        event = cls(device, interprocess=True)
+        event._adopt(event._backend.event_from_ipc_handle(event._device.index, data))
+        return event
+
+    def __repr__(self) -> str:
+        return (
+            f"<aiostream.Event device={self._device} id={self.event_id} "
+            f"timing={self._timing} interprocess={self._interprocess}>"
+        )

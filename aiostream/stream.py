@@ -1,0 +1,279 @@
+"""Streams: ordered queues of device work, and the task-local current stream."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import weakref
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from . import _backends, _waiting
+from ._errors import StaleHandleError
+from .device import Device, device as _resolve_device
+
+if TYPE_CHECKING:
+    from ._backends.base import Backend
+    from .event import Event
+
+__all__ = ["Stream", "current_stream", "default_stream", "delay", "use_stream"]
+
+
+class Stream:
+    """An ordered queue of device work, as ``torch.Stream`` / ``torch.cuda.Stream``.
+
+    Work submitted to one stream runs in submission order; work on different streams may
+    overlap. ``await stream.synchronize()`` suspends only the calling task.
+
+    Args:
+        device: where the stream lives (see :func:`aiostream.device`); None for the default.
+        priority: lower numbers are higher priorities, as in CUDA; 0 (the lowest) by default.
+            The valid range depends on the device (``-5`` to ``0`` on virtual devices).
+
+    Example:
+        >>> s = Stream("virtual:0")
+        >>> s.query()
+        True
+
+    Note:
+        Wraps ``cuStreamCreateWithPriority`` on CUDA.
+    """
+
+    __slots__ = ("__weakref__", "_backend", "_device", "_finalizer", "_handle", "_id", "_priority")
+
+    _backend: Backend
+    _device: Device
+    _handle: Any
+    _id: int
+    _priority: int
+
+    def __init__(self, device: Device | str | None = None, *, priority: int = 0) -> None:
+        dev = _resolve_device(device)
+        backend = _backends.get(dev.type)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        lowest, highest = backend.priority_range(dev.index)
+        if not highest <= priority <= lowest:
+            raise ValueError(
+                f"priority must be between {highest} (highest) and {lowest} (lowest) on {dev}, "
+                f"got {priority}"
+            )
+        handle = backend.stream_create(dev.index, priority)
+        self._init(backend, dev, handle, priority)
+        self._finalizer = weakref.finalize(self, backend.stream_destroy, handle)
+
+    def _init(self, backend: Backend, dev: Device, handle: Any, priority: int) -> None:
+        self._backend = backend
+        self._device = dev
+        self._handle = handle
+        self._priority = priority
+        self._id = backend.stream_id(handle)
+
+    @classmethod
+    def _wrap(cls, backend: Backend, dev: Device, handle: Any, priority: int = 0) -> Stream:
+        """A Stream over a handle it does not own (the default stream, external streams)."""
+        self = cls.__new__(cls)
+        self._init(backend, dev, handle, priority)
+        self._finalizer = None
+        return self
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def device(self) -> Device:
+        """The device this stream belongs to."""
+        return self._device
+
+    @property
+    def device_type(self) -> str:
+        """The device's kind: ``"virtual"`` or ``"cuda"``."""
+        return self._device.type
+
+    @property
+    def device_index(self) -> int:
+        """The device's index."""
+        return self._device.index
+
+    @property
+    def stream_id(self) -> int:
+        """An id unique among the live streams of the device; 0 is the default stream."""
+        return self._id
+
+    @property
+    def priority(self) -> int:
+        """The stream's priority (lower is higher)."""
+        return self._priority
+
+    # ------------------------------------------------------------------ work
+
+    def query(self) -> bool:
+        """Return whether all work submitted so far has completed. Never blocks.
+
+        Note:
+            Wraps ``cuStreamQuery`` on CUDA.
+        """
+        return self._backend.stream_query(self._handle)
+
+    async def synchronize(self) -> None:
+        """Suspend the calling task until all work submitted so far has completed.
+
+        Raises ``DeviceError`` if that work failed. Cancelling it removes the wait and leaks
+        nothing; the device work goes on.
+        """
+        backend = self._backend
+        if backend.stream_query(self._handle):
+            await _waiting.checkpoint()
+            return
+        await _waiting.wait(backend, self._device.index, backend.stream_capture(self._handle))
+
+    def synchronize_blocking(self) -> None:
+        """Block the calling thread until all work submitted so far has completed.
+
+        For threads that run no event loop; in a loop's thread it raises instead of blocking.
+
+        Note:
+            Wraps ``cuStreamSynchronize`` on CUDA.
+        """
+        if self._backend.stream_query(self._handle):
+            return
+        target = self._backend.stream_capture(self._handle)
+        _waiting.wait_blocking(self._backend, target, "stream")
+
+    def wait_event(self, event: Event) -> None:
+        """Make later work on this stream wait for ``event`` on the device; the host does not wait.
+
+        An event never recorded is complete, so waiting for it does nothing.
+
+        Note:
+            Wraps ``cuStreamWaitEvent`` on CUDA.
+        """
+        from .event import Event
+
+        if not isinstance(event, Event):
+            raise TypeError(f"event must be an aiostream.Event, got {event!r}")
+        _check_same_backend(self, event)
+        if event._handle is not None:
+            self._backend.stream_wait_event(self._handle, event._handle)
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Make later work on this stream wait for the work submitted to ``stream`` so far."""
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
+        _check_same_backend(self, stream)
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record ``event`` (or a new one) on this stream and return it."""
+        from .event import Event
+
+        if event is None:
+            event = Event(self._device)
+        elif not isinstance(event, Event):
+            raise TypeError(f"event must be an aiostream.Event or None, got {event!r}")
+        event.record(self)
+        return event
+
+    # ------------------------------------------------------------------ identity
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Stream):
+            return NotImplemented
+        return self._device == other._device and self._id == other._id
+
+    def __hash__(self) -> int:
+        return hash((self._device, self._id))
+
+    def __repr__(self) -> str:
+        return f"<aiostream.Stream device={self._device} id={self._id} priority={self._priority}>"
+
+
+def _check_same_backend(a: Any, b: Any) -> None:
+    if a._backend is not b._backend:
+        if a._backend.kind != b._backend.kind:
+            raise ValueError(
+                f"{type(a).__name__} on {a._device} and {type(b).__name__} on {b._device} "
+                "belong to different backends"
+            )
+        raise StaleHandleError(
+            f"{type(a).__name__} on {a._device} and {type(b).__name__} on {b._device} come from "
+            "two generations of the virtual backend (aiostream.virtual.reset() ran between them)"
+        )
+
+
+# ---------------------------------------------------------------------- default and current
+
+_defaults: weakref.WeakKeyDictionary[Backend, dict[int, Stream]] = weakref.WeakKeyDictionary()
+_current: contextvars.ContextVar[Mapping[Device, Stream]] = contextvars.ContextVar(
+    "aiostream_current_stream", default=MappingProxyType({})
+)
+
+
+def default_stream(device: Device | str | None = None) -> Stream:
+    """Return the default stream of ``device`` (the default device when None).
+
+    Note:
+        On CUDA this is the legacy default stream (handle 0) of the device's primary context.
+    """
+    dev = _resolve_device(device)
+    backend = _backends.get(dev.type)
+    per_device = _defaults.get(backend)
+    if per_device is None:
+        per_device = _defaults.setdefault(backend, {})
+    stream = per_device.get(dev.index)
+    if stream is None:
+        handle = backend.stream_default(dev.index)
+        stream = per_device.setdefault(dev.index, Stream._wrap(backend, dev, handle))
+    return stream
+
+
+def current_stream(device: Device | str | None = None) -> Stream:
+    """Return the current task's stream on ``device``: set by :func:`use_stream`, else the default."""
+    dev = _resolve_device(device)
+    stream = _current.get().get(dev)
+    if stream is not None and stream._backend is _backends.get(dev.type):
+        return stream
+    return default_stream(dev)
+
+
+@contextlib.contextmanager
+def use_stream(stream: Stream) -> Iterator[Stream]:
+    """Make ``stream`` the current stream of its device, for the current task only.
+
+    The setting lives in a context variable: tasks started inside the block inherit it, and
+    concurrent tasks each see their own.
+
+    Example:
+        >>> s = Stream("virtual:0")
+        >>> with use_stream(s):
+        ...     assert current_stream("virtual:0") is s
+    """
+    if not isinstance(stream, Stream):
+        raise TypeError(f"use_stream() needs an aiostream.Stream, got {stream!r}")
+    streams = dict(_current.get())
+    streams[stream.device] = stream
+    token = _current.set(MappingProxyType(streams))
+    try:
+        yield stream
+    finally:
+        _current.reset(token)
+
+
+def delay(seconds: float, *, stream: Stream | None = None) -> None:
+    """Enqueue device work that takes ``seconds`` on ``stream`` (the current stream when None).
+
+    The virtual backend simulates it; on CUDA it runs a sleep kernel.
+
+    Raises:
+        TypeError: ``seconds`` is not a number, or ``stream`` not a Stream.
+        ValueError: ``seconds`` is negative or not finite.
+    """
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"seconds must be a number (int or float), got {seconds!r}")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
+    if stream is None:
+        stream = current_stream()
+    elif not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+    stream._backend.delay(stream._handle, seconds)

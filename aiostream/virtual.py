@@ -1,0 +1,150 @@
+"""The virtual backend's controls: a deterministic simulated device for tests and demos.
+
+``virtual:N`` devices need no GPU. Their work takes simulated time on engines (``compute``,
+``h2d``, ``d2h``), read from one clock: the monotonic clock by default (work takes real time), a
+manual :class:`VirtualClock` (time moves only when advanced), or any callable returning seconds,
+such as a fake-time loop's clock (work then takes virtual time and tests run instantly).
+
+Example:
+    >>> import aiostream as ais
+    >>> clock = ais.virtual.VirtualClock()
+    >>> ais.virtual.reset(clock=clock)
+    >>> s = ais.Stream("virtual:0")
+    >>> ais.virtual.submit(s, 0.5, name="kernel")
+    >>> s.query()
+    False
+    >>> clock.advance(0.5)
+    >>> s.query()
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import _backends
+from ._backends.virtual import (
+    ENGINES,
+    PRIORITY_RANGE,
+    OpRecord,
+    VirtualBackend,
+    VirtualClock,
+    VirtualStats,
+    seconds_to_ns,
+)
+from .stream import Stream
+
+__all__ = [
+    "ENGINES",
+    "PRIORITY_RANGE",
+    "OpRecord",
+    "VirtualClock",
+    "VirtualStats",
+    "now",
+    "reset",
+    "stats",
+    "submit",
+    "timeline",
+]
+
+
+def _backend() -> VirtualBackend:
+    backend = _backends.get("virtual")
+    assert isinstance(backend, VirtualBackend)
+    return backend
+
+
+def _count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def reset(
+    *,
+    devices: int = 1,
+    clock: VirtualClock | Callable[[], float] | None = None,
+    compute_slots: int = 1,
+    h2d_slots: int = 1,
+    d2h_slots: int = 1,
+) -> None:
+    """Replace the virtual backend with a fresh one.
+
+    Streams and events made before the reset raise ``StaleHandleError`` when used, and waits
+    still pending on them wake up with that error: nothing hangs.
+
+    Args:
+        devices: how many devices (``virtual:0`` .. ``virtual:{devices-1}``).
+        clock: None for the monotonic clock, a :class:`VirtualClock`, or a callable returning
+            seconds. All devices share it: one timeline, never mixed clocks.
+        compute_slots: operations the compute engine of each device runs at once.
+        h2d_slots: likewise for the host-to-device copy engine.
+        d2h_slots: likewise for the device-to-host copy engine.
+    """
+    backend = VirtualBackend(
+        devices=_count(devices, "devices"),
+        clock=clock,
+        compute_slots=_count(compute_slots, "compute_slots"),
+        h2d_slots=_count(h2d_slots, "h2d_slots"),
+        d2h_slots=_count(d2h_slots, "d2h_slots"),
+    )
+    old = _backends.replace("virtual", backend)
+    if old is not None:
+        old.close()
+
+
+def submit(
+    stream: Stream,
+    duration: float,
+    *,
+    engine: str = "compute",
+    fn: Callable[[], object] | None = None,
+    error: str | None = None,
+    name: str | None = None,
+) -> None:
+    """Enqueue one simulated operation of ``duration`` seconds on ``stream``.
+
+    Args:
+        stream: a stream of a virtual device.
+        duration: seconds of device time (>= 0).
+        engine: ``"compute"``, ``"h2d"`` or ``"d2h"``.
+        fn: called, with no arguments, when the operation completes (its effect: data moves
+            when a copy completes, not when it is submitted). It runs in whichever thread
+            observes the completion, under the backend's lock: keep it short and non-blocking.
+        error: make the operation fail with this message. Waits on that work then raise
+            ``DeviceError`` carrying it, and the device stays failed until :func:`reset`.
+        name: a name for the timeline (default: the engine's name).
+    """
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
+    if stream.device_type != "virtual":
+        raise ValueError(f"submit() needs a stream of a virtual device, got one on {stream.device}")
+    ns = seconds_to_ns(duration, "duration")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
+    if fn is not None and not callable(fn):
+        raise TypeError(f"fn must be callable or None, got {fn!r}")
+    if error is not None and not isinstance(error, str):
+        raise TypeError(f"error must be a message (str) or None, got {error!r}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a str or None, got {name!r}")
+    backend = stream._backend
+    assert isinstance(backend, VirtualBackend)
+    backend.submit(stream._handle, ns, engine, fn, error, name or engine)
+
+
+def stats() -> VirtualStats:
+    """Live streams, live events, pending operations and pending waits of the virtual backend."""
+    return _backend().stats()
+
+
+def timeline() -> list[OpRecord]:
+    """The completed operations (up to the last 100,000), ordered by start time."""
+    return _backend().timeline()
+
+
+def now() -> float:
+    """The virtual backend's device clock, in seconds."""
+    return _backend().now()

@@ -1,0 +1,72 @@
+"""Fixtures shared by the test suite: every loop, every available backend, a fresh simulator."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+from collections.abc import Iterator
+
+import pytest
+
+import aiostream as ais
+from aiostream import _backends
+
+_LOOPS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(
+        ("asyncio", {"use_uvloop": True}),
+        id="uvloop",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
+        ),
+    ),
+    pytest.param(
+        ("trio", {}),
+        id="trio",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("trio") is None, reason="trio is not installed"
+        ),
+    ),
+]
+
+
+@pytest.fixture(params=_LOOPS)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict]:
+    """Run each async test on asyncio, asyncio with uvloop, and trio."""
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def fresh_virtual() -> Iterator[None]:
+    """Each test starts on a fresh virtual backend (real time, one device)."""
+    ais.virtual.reset()
+    yield
+    gc.collect()
+    ais.virtual.reset()
+
+
+@pytest.fixture
+def clock() -> ais.virtual.VirtualClock:
+    """A manual clock driving a fresh virtual backend."""
+    clk = ais.virtual.VirtualClock()
+    ais.virtual.reset(clock=clk)
+    return clk
+
+
+@pytest.fixture(
+    params=["virtual:0", pytest.param("cuda:0", marks=pytest.mark.cuda)],
+)
+def any_device(request: pytest.FixtureRequest) -> ais.Device:
+    """Every backend: the virtual device, and cuda:0 where a GPU works."""
+    if request.param.startswith("cuda"):
+        ok, reason = _backends.probe("cuda")
+        if not ok:
+            pytest.skip(f"needs a CUDA GPU: {reason}")
+    return ais.device(request.param)
+
+
+def assert_quiet() -> None:
+    """Nothing pending on the virtual backend: no wait, no operation."""
+    stats = ais.virtual.stats()
+    assert stats.waits == 0, stats
+    assert stats.operations == 0, stats

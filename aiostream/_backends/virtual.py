@@ -480,9 +480,17 @@ class VirtualBackend:
         self._dispatch(now)
         return item
 
+    def _settled(self) -> bool:
+        """Lock-free: no completion has come due since the last sync (in doubt, False)."""
+        running = self._running
+        try:
+            return not running or running[0][0] > self._clock_ns()
+        except IndexError:  # emptied by another thread meanwhile
+            return False
+
     def _item_done(self, item: _Item) -> bool:
         device = item.device
-        if item.state == _DONE and device.failure is None and not self._closed:
+        if item.state == _DONE and device.failure is None and not self._closed and self._settled():
             return True
         with self._lock:
             self._check_open()
@@ -540,6 +548,7 @@ class VirtualBackend:
             and not stream.waits
             and stream.device.failure is None
             and not self._closed
+            and self._settled()
         ):
             return True
         with self._lock:
@@ -592,7 +601,10 @@ class VirtualBackend:
     def event_query(self, event: _Event) -> bool:
         item = event.state.item
         if item is None:
-            self._check_device(event.device)
+            with self._lock:
+                self._check_open()
+                self._now()
+                self._check_device(event.device)
             return True
         return self._item_done(item)
 

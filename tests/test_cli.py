@@ -1,0 +1,76 @@
+"""The command line and the examples."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiostream.__main__ import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("aiostream ")
+    assert "anyio: " in out and "cuda-python: " in out
+    assert "loops: asyncio" in out and "uvloop" in out and "trio" in out
+    assert "virtual  available, 1 device: virtual:0" in out
+    assert "cuda     " in out
+    assert "default device: " in out
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--device", "virtual:0", "--tasks", "3", "--duration-ms", "5",
+                 "--loop", loop]) == 0
+    out = capsys.readouterr().out
+    for i in range(3):
+        assert f"task {i}: resumed at" in out
+    assert "device timeline on virtual:0" in out
+    assert out.count("|") == 6  # one bar per task
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--device", "virtual:9"], "does not exist"),
+        (["demo", "--device", "gpu"], "not valid"),
+        (["demo", "--tasks", "0"], "--tasks must be >= 1"),
+        (["demo", "--duration-ms", "-1"], "--duration-ms must be > 0"),
+        (["nonsense"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("AIOSTREAM_DEVICE", None)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+
+
+def test_python_dash_m_entry_point() -> None:
+    proc = run_python("-m", "aiostream", "info")
+    assert proc.returncode == 0, proc.stderr
+    assert "backends:" in proc.stdout
+
+
+def test_quickstart_example_prints_the_elapsed_time() -> None:
+    proc = run_python("examples/quickstart.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(" ms")
+    assert 19.5 <= float(proc.stdout.split()[0]) <= 30.0

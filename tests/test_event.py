@@ -1,0 +1,165 @@
+"""Events: recording rules, timing, IPC handles, and bad input."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import aiostream as ais
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_elapsed_time_is_exact_on_a_virtual_clock(clock: ais.virtual.VirtualClock) -> None:
+    s = ais.Stream()
+    e = ais.Event(enable_timing=True)
+    start = s.record_event(ais.Event(enable_timing=True))
+    ais.delay(0.020, stream=s)
+    e.record(s)
+    clock.advance(0.020)
+    await e.synchronize()
+    assert start.elapsed_time(e) == 20.0
+    assert e.elapsed_time(start) == -20.0
+
+
+def test_elapsed_time_errors_say_what_to_do(clock: ais.virtual.VirtualClock) -> None:
+    s = ais.Stream()
+    timed, untimed = ais.Event(enable_timing=True), ais.Event()
+    timed.record(s)
+    untimed.record(s)
+    with pytest.raises(ValueError, match=r"Event\(enable_timing=True\)"):
+        timed.elapsed_time(untimed)
+    with pytest.raises(ValueError, match=r"Event\(enable_timing=True\)"):
+        untimed.elapsed_time(timed)
+    never = ais.Event(enable_timing=True)
+    with pytest.raises(ValueError, match="never recorded"):
+        timed.elapsed_time(never)
+    ais.delay(1.0, stream=s)
+    later = s.record_event(ais.Event(enable_timing=True))
+    with pytest.raises(ais.NotReadyError, match="complete"):
+        timed.elapsed_time(later)
+    with pytest.raises(TypeError, match="end_event must be an aiostream.Event"):
+        timed.elapsed_time(1.0)  # type: ignore[arg-type]
+
+
+def test_elapsed_time_needs_one_device() -> None:
+    ais.virtual.reset(devices=2)
+    a = ais.Event("virtual:0", enable_timing=True)
+    b = ais.Event("virtual:1", enable_timing=True)
+    a.record(ais.Stream("virtual:0"))
+    b.record(ais.Stream("virtual:1"))
+    with pytest.raises(ValueError, match="virtual:0 and virtual:1"):
+        a.elapsed_time(b)
+
+
+def test_recording_on_another_devices_stream_names_both() -> None:
+    ais.virtual.reset(devices=2)
+    e = ais.Event("virtual:0")
+    with pytest.raises(ValueError, match="event of virtual:0 on a stream of virtual:1"):
+        e.record(ais.Stream("virtual:1"))
+    with pytest.raises(TypeError, match="stream must be an aiostream.Stream or None"):
+        e.record("virtual:0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stream must be an aiostream.Stream or None"):
+        e.wait(0)  # type: ignore[arg-type]
+
+
+def test_record_and_wait_default_to_the_current_stream(clock: ais.virtual.VirtualClock) -> None:
+    s, t = ais.Stream(), ais.Stream()
+    ais.delay(1.0, stream=s)
+    e = ais.Event()
+    with ais.use_stream(s):
+        e.record()
+    with ais.use_stream(t):
+        e.wait()
+        ais.delay(0.0)
+    clock.advance(0.5)
+    assert not t.query()
+    clock.advance(0.5)
+    assert t.query()
+
+
+@pytest.mark.parametrize("flag", ["enable_timing", "blocking", "interprocess"])
+def test_flags_must_be_bools(flag: str) -> None:
+    with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        ais.Event(**{flag: 1})
+
+
+def test_interprocess_events_cannot_time() -> None:
+    with pytest.raises(ValueError, match="enable_timing=False"):
+        ais.Event(enable_timing=True, interprocess=True)
+
+
+def test_repr_and_properties() -> None:
+    e = ais.Event(enable_timing=True)
+    assert e.device == ais.Device("virtual", 0)
+    assert e.enable_timing is True
+    assert repr(e) == "<aiostream.Event device=virtual:0 id=0 timing=True interprocess=False>"
+
+
+async def test_ipc_round_trip_within_one_process(clock: ais.virtual.VirtualClock) -> None:
+    s = ais.Stream()
+    e = ais.Event(interprocess=True)
+    ais.delay(1.0, stream=s)
+    e.record(s)
+    handle = e.ipc_handle()
+    assert isinstance(handle, bytes) and len(handle) == 64
+    opened = ais.Event.from_ipc_handle("virtual:0", handle)
+    assert opened.device == e.device
+    assert opened.event_id == e.event_id
+    assert not opened.query()
+    clock.advance(1.0)
+    assert opened.query()
+    await opened.synchronize()
+    ais.delay(1.0, stream=s)
+    opened.record(s)  # recording either handle moves the one event
+    assert not e.query()
+
+
+def test_ipc_handle_before_any_record_opens_a_complete_event() -> None:
+    e = ais.Event(interprocess=True)
+    opened = ais.Event.from_ipc_handle(None, e.ipc_handle())
+    assert opened.query()
+
+
+def test_ipc_bad_input() -> None:
+    with pytest.raises(ValueError, match=r"Event\(interprocess=True\)"):
+        ais.Event().ipc_handle()
+    with pytest.raises(TypeError, match="handle must be bytes"):
+        ais.Event.from_ipc_handle("virtual:0", "x" * 64)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="64 bytes, got 3"):
+        ais.Event.from_ipc_handle("virtual:0", b"abc")
+    with pytest.raises(ValueError, match="not an IPC handle of a virtual event"):
+        ais.Event.from_ipc_handle("virtual:0", bytes(64))
+    handle = ais.Event(interprocess=True).ipc_handle()
+    ais.virtual.reset()
+    with pytest.raises(ais.StaleHandleError, match="another virtual backend"):
+        ais.Event.from_ipc_handle("virtual:0", handle)
+
+
+def test_ipc_handle_of_another_device() -> None:
+    ais.virtual.reset(devices=2)
+    handle = ais.Event("virtual:0", interprocess=True).ipc_handle()
+    with pytest.raises(ValueError, match="virtual:0, not virtual:1"):
+        ais.Event.from_ipc_handle("virtual:1", handle)
+
+
+async def test_await_before_rerecord_waits_for_its_capture(
+    clock: ais.virtual.VirtualClock,
+) -> None:
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    e = s.record_event()
+    resumed_at: list[float] = []
+
+    async def waiter() -> None:
+        await e.synchronize()
+        resumed_at.append(clock.now())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        ais.delay(2.0, stream=s)
+        e.record(s)  # now at t=3; the started await still waits for t=1
+        clock.advance(1.0)
+    assert resumed_at == [1.0]
+    assert not e.query()

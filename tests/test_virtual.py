@@ -1,0 +1,347 @@
+"""The virtual backend: time model, engines, faults, clocks, reset, stats."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import anyio
+import pytest
+
+import aiostream as ais
+from aiostream.virtual import VirtualClock
+
+pytestmark = pytest.mark.anyio
+
+
+def spans() -> list[tuple[str, int, float, float]]:
+    return [(r.name, r.stream, r.start, r.end) for r in ais.virtual.timeline()]
+
+
+def test_one_engine_slot_serialises_streams_in_submission_order(clock: VirtualClock) -> None:
+    a, b = ais.Stream(), ais.Stream()
+    ais.virtual.submit(a, 1.0, name="a")
+    ais.virtual.submit(b, 1.0, name="b")
+    clock.advance(2.0)
+    assert spans() == [("a", a.stream_id, 0.0, 1.0), ("b", b.stream_id, 1.0, 2.0)]
+
+
+def test_engines_overlap_and_slots_add_parallelism() -> None:
+    clock = VirtualClock()
+    ais.virtual.reset(clock=clock, compute_slots=2)
+    a, b, c = ais.Stream(), ais.Stream(), ais.Stream()
+    ais.virtual.submit(a, 1.0, name="k1")
+    ais.virtual.submit(b, 1.0, name="k2")
+    ais.virtual.submit(c, 1.0, engine="h2d", name="copy")
+    ais.virtual.submit(c, 1.0, name="k3")  # waits for its stream, then for a compute slot
+    clock.advance(3.0)
+    assert spans() == [
+        ("k1", a.stream_id, 0.0, 1.0),
+        ("k2", b.stream_id, 0.0, 1.0),
+        ("copy", c.stream_id, 0.0, 1.0),
+        ("k3", c.stream_id, 1.0, 2.0),
+    ]
+
+
+def test_higher_priority_stream_takes_the_free_slot_first(clock: VirtualClock) -> None:
+    busy, low, high = ais.Stream(), ais.Stream(priority=0), ais.Stream(priority=-3)
+    ais.virtual.submit(busy, 1.0, name="busy")
+    ais.virtual.submit(low, 1.0, name="low")
+    ais.virtual.submit(high, 1.0, name="high")
+    clock.advance(3.0)
+    assert [(n, s, e) for n, _, s, e in spans()] == [
+        ("busy", 0.0, 1.0),
+        ("high", 1.0, 2.0),
+        ("low", 2.0, 3.0),
+    ]
+
+
+def test_start_waits_for_submission_stream_and_events(clock: VirtualClock) -> None:
+    a, b = ais.Stream(), ais.Stream()
+    ais.virtual.submit(a, 2.0, engine="h2d", name="upload")
+    b.wait_event(a.record_event())
+    clock.advance(0.5)
+    ais.virtual.submit(b, 1.0, name="kernel")  # submitted at 0.5, ready at 2.0
+    ais.virtual.submit(b, 1.0, engine="d2h", name="download")
+    clock.advance(5.0)
+    assert [(n, s, e) for n, _, s, e in spans()] == [
+        ("upload", 0.0, 2.0),
+        ("kernel", 2.0, 3.0),
+        ("download", 3.0, 4.0),
+    ]
+    assert spans()[0][1] == a.stream_id
+
+
+def test_zero_duration_and_records_need_no_slot(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.virtual.submit(s, 0.0, name="noop")
+    assert s.query()
+    assert spans() == [("noop", s.stream_id, 0.0, 0.0)]
+
+
+def test_effects_apply_at_completion_not_submission(clock: VirtualClock) -> None:
+    data: list[str] = []
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0, engine="h2d", fn=lambda: data.append("landed"))
+    assert data == []
+    clock.advance(0.999)
+    assert s.query() is False and data == []
+    clock.advance(0.001)
+    assert s.query() is True and data == ["landed"]
+
+
+async def test_failed_operation_raises_device_error_and_sticks(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0, error="illegal address", name="bad")
+    e = s.record_event()
+    assert e.query() is False  # not failed yet: it has not run
+    clock.advance(1.0)
+    with pytest.raises(ais.DeviceError, match="illegal address") as info:
+        await e.synchronize()
+    assert info.value.device == "virtual:0"
+    assert "'bad'" in str(info.value)
+    other = ais.Stream()
+    with pytest.raises(ais.DeviceError, match="illegal address"):
+        other.query()
+    with pytest.raises(ais.DeviceError, match="illegal address"):
+        ais.delay(0.1, stream=other)
+    with pytest.raises(ais.DeviceError, match="illegal address"):
+        await other.synchronize()
+    ais.virtual.reset()
+    s = ais.Stream()
+    ais.delay(0, stream=s)
+    await s.synchronize()
+
+
+async def test_failure_wakes_every_waiting_task(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0, error="ecc error")
+    events = [s.record_event() for _ in range(3)]
+    errors: list[BaseException] = []
+
+    async def waiter(e: ais.Event) -> None:
+        try:
+            await e.synchronize()
+        except ais.DeviceError as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for e in events:
+            tg.start_soon(waiter, e)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(1.0)
+    assert len(errors) == 3
+    assert len({id(e) for e in errors}) == 3  # each task raises its own exception object
+    assert ais.virtual.stats().waits == 0
+
+
+def test_other_devices_are_not_failed(clock: VirtualClock) -> None:
+    ais.virtual.reset(devices=2, clock=clock)
+    ais.virtual.submit(ais.Stream("virtual:0"), 0.0, error="boom")
+    with pytest.raises(ais.DeviceError):
+        ais.Stream("virtual:0").query()
+    assert ais.Stream("virtual:1").query()
+
+
+async def test_virtual_clock_resumes_waits_only_when_advanced_past(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.delay(5.0, stream=s)
+    e = s.record_event()
+    resumed: list[float] = []
+
+    async def waiter() -> None:
+        await e.synchronize()
+        resumed.append(clock.now())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(4.9)
+        await anyio.wait_all_tasks_blocked()
+        await anyio.sleep(0.01)
+        assert resumed == []
+        clock.advance(0.1)
+    assert resumed == [5.0]
+
+
+async def test_clock_advanced_from_another_thread_wakes_the_loop(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    thread = threading.Timer(0.02, clock.advance, args=(1.0,))
+    thread.start()
+    try:
+        with anyio.fail_after(10):
+            await s.synchronize()
+    finally:
+        thread.join()
+    assert clock.now() == 1.0
+
+
+def test_virtual_clock_rejects_bad_input() -> None:
+    clock = VirtualClock(start=2.5)
+    assert clock.now() == 2.5 and clock.now_ns() == 2_500_000_000
+    assert repr(clock) == "VirtualClock(now=2.5)"
+    with pytest.raises(ValueError, match=">= 0"):
+        clock.advance(-1)
+    with pytest.raises(TypeError, match="number of seconds"):
+        clock.advance("1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="finite"):
+        VirtualClock(float("inf"))
+
+
+async def test_any_callable_can_be_the_clock() -> None:
+    now = [10.0]
+    ais.virtual.reset(clock=lambda: now[0])
+    s = ais.Stream()
+    start = s.record_event(ais.Event(enable_timing=True))
+    ais.delay(0.25, stream=s)
+    end = s.record_event(ais.Event(enable_timing=True))
+    assert not end.query()
+    now[0] = 10.25
+    assert end.query()
+    await end.synchronize()
+    assert start.elapsed_time(end) == 250.0
+    assert ais.virtual.now() == 10.25
+
+
+def test_reset_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="devices must be >= 1"):
+        ais.virtual.reset(devices=0)
+    with pytest.raises(TypeError, match="compute_slots must be an int"):
+        ais.virtual.reset(compute_slots=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="clock must be None"):
+        ais.virtual.reset(clock=3)  # type: ignore[arg-type]
+
+
+def test_submit_rejects_bad_input() -> None:
+    s = ais.Stream()
+    with pytest.raises(TypeError, match="stream must be an aiostream.Stream"):
+        ais.virtual.submit("s", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'compute', 'h2d', 'd2h'"):
+        ais.virtual.submit(s, 1.0, engine="gpu")
+    with pytest.raises(ValueError, match=">= 0"):
+        ais.virtual.submit(s, -1.0)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        ais.virtual.submit(s, 1.0, fn=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="error must be a message"):
+        ais.virtual.submit(s, 1.0, error=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name must be a str"):
+        ais.virtual.submit(s, 1.0, name=1)  # type: ignore[arg-type]
+
+
+async def test_objects_from_before_a_reset_raise_clearly() -> None:
+    s = ais.Stream()
+    e = s.record_event()
+    ais.virtual.reset()
+    for use in (s.query, e.query, lambda: ais.delay(0.1, stream=s), lambda: e.record(s)):
+        with pytest.raises(ais.StaleHandleError, match="reset"):
+            use()
+    with pytest.raises(ais.StaleHandleError):
+        ais.Stream().wait_event(e)
+    with pytest.raises(ais.StaleHandleError):
+        await s.synchronize()
+
+
+async def test_reset_wakes_pending_waits_instead_of_hanging(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.delay(100.0, stream=s)
+    e = s.record_event()
+    errors: list[BaseException] = []
+
+    async def waiter() -> None:
+        try:
+            await e.synchronize()
+        except ais.StaleHandleError as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            ais.virtual.reset()
+    assert len(errors) == 1
+
+
+async def test_stats_count_what_is_alive(clock: VirtualClock) -> None:
+    assert ais.virtual.stats() == ais.virtual.VirtualStats(0, 0, 0, 0)
+    s = ais.Stream()
+    e = ais.Event()
+    assert ais.virtual.stats().events == 0  # created at the first record, as in PyTorch
+    ais.delay(1.0, stream=s)
+    e.record(s)
+    ais.default_stream()
+    seen: list[ais.virtual.VirtualStats] = []
+
+    async def waiter() -> None:
+        await e.synchronize()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        seen.append(ais.virtual.stats())
+        clock.advance(1.0)
+    assert seen == [ais.virtual.VirtualStats(streams=1, events=1, operations=1, waits=1)]
+    assert ais.virtual.stats() == ais.virtual.VirtualStats(1, 1, 0, 0)
+    del s, e
+    gc.collect()
+    assert ais.virtual.stats() == ais.virtual.VirtualStats(0, 0, 0, 0)
+
+
+def test_queued_work_survives_its_stream(clock: VirtualClock) -> None:
+    done: list[int] = []
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0, fn=lambda: done.append(1))
+    del s
+    gc.collect()
+    clock.advance(1.0)
+    assert ais.virtual.stats().operations == 0
+    assert done == [1]
+
+
+def program() -> list[ais.virtual.OpRecord]:
+    clock = VirtualClock()
+    ais.virtual.reset(clock=clock, compute_slots=2)
+    streams = [ais.Stream(priority=-(i % 3)) for i in range(6)]
+    for i in range(30):
+        s = streams[(i * 7) % 6]
+        engine = ais.virtual.ENGINES[i % 3]
+        ais.virtual.submit(s, 0.001 * (1 + (i * 13) % 5), engine=engine, name=f"op{i}")
+        if i % 4 == 0:
+            streams[(i + 1) % 6].wait_stream(s)
+        clock.advance(0.0005)
+    clock.advance(10.0)
+    return ais.virtual.timeline()
+
+
+def test_same_program_gives_the_same_timeline() -> None:
+    first = program()
+    assert len(first) == 30
+    assert all(a.end <= b.start or a.stream != b.stream for a, b in zip(first, first[1:]))
+    for _ in range(3):
+        assert program() == first
+
+
+async def test_two_loops_in_two_threads_wait_on_one_device() -> None:
+    s1, s2 = ais.Stream(), ais.Stream()
+    ais.delay(0.05, stream=s1)
+    ais.delay(0.05, stream=s2)
+    e1, e2 = s1.record_event(), s2.record_event()
+    results: dict[str, bool] = {}
+
+    def run(name: str, event: ais.Event, backend: str) -> None:
+        async def main() -> None:
+            await event.synchronize()
+            results[name] = event.query()
+
+        anyio.run(main, backend=backend)
+
+    threads = [
+        threading.Thread(target=run, args=("a", e1, "asyncio")),
+        threading.Thread(target=run, args=("b", e2, "trio")),
+    ]
+    for t in threads:
+        t.start()
+    await e2.synchronize()  # and this loop waits too
+    for t in threads:
+        await anyio.to_thread.run_sync(t.join)
+    assert results == {"a": True, "b": True}

@@ -1,0 +1,167 @@
+"""Loop integration: fast path, stream-order sweeps, timers, cancellation, late wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+import aiostream as ais
+from aiostream import _waiting
+from aiostream.virtual import VirtualClock
+
+pytestmark = pytest.mark.anyio
+
+
+def the_waiter() -> _waiting._Waiter:
+    (waiter,) = _waiting._waiters.get().values()
+    return waiter
+
+
+async def test_complete_work_takes_the_fast_path(clock: VirtualClock) -> None:
+    e = ais.Stream().record_event()
+    await e.synchronize()
+    with pytest.raises(LookupError):
+        _waiting._waiters.get()  # no waiter was ever needed
+    assert ais.virtual.stats().waits == 0
+
+
+async def test_sweeps_check_one_wait_per_stream(clock: VirtualClock) -> None:
+    streams = [ais.Stream() for _ in range(4)]
+    events = []
+    for step in range(2500):
+        for s in streams:
+            ais.delay(0.001, stream=s)
+            events.append(s.record_event())
+    finished = 0
+
+    async def waiter(e: ais.Event) -> None:
+        nonlocal finished
+        await e.synchronize()
+        finished += 1
+
+    async with anyio.create_task_group() as tg:
+        for e in events:
+            tg.start_soon(waiter, e)
+        await anyio.wait_all_tasks_blocked()
+        waiter_ = the_waiter()
+        assert ais.virtual.stats().waits == 10_000
+        checks_before = waiter_.checks
+        clock.advance(0.0015)  # one operation of the first stream completes
+        await anyio.wait_all_tasks_blocked()
+        assert finished == 1
+        # at most one failed check per stream, plus one per completed wait
+        assert waiter_.checks - checks_before <= len(streams) + finished
+        clock.advance(100.0)
+    assert finished == 10_000
+    assert ais.virtual.stats().waits == 0
+
+
+async def test_waiting_on_a_manual_clock_does_not_poll(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.synchronize)
+        await anyio.wait_all_tasks_blocked()
+        checks = the_waiter().checks
+        await anyio.sleep(0.05)  # real time passes; device time does not
+        assert the_waiter().checks == checks
+        clock.advance(1.0)
+
+
+async def test_real_time_waits_sleep_until_the_completion() -> None:
+    s = ais.Stream()
+    ais.delay(0.05, stream=s)
+    e = s.record_event()
+    started = anyio.Event()
+
+    async def waiter() -> None:
+        started.set()  # the main task runs again once this one is suspended in the wait
+        await e.synchronize()
+        assert e.query()  # resumed no earlier than the completion
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await started.wait()
+        waiter_ = the_waiter()
+    # a timer set for the completion, not polling: a check when the wait began, one when the
+    # timer fired, and one spare for a timer that fires a hair early
+    assert 2 <= waiter_.checks <= 3
+
+
+async def test_cancelled_waits_are_removed_and_the_waiter_exits(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    events = [s.record_event() for _ in range(200)]
+    async with anyio.create_task_group() as tg:
+        for e in events:
+            tg.start_soon(e.synchronize)
+        await anyio.wait_all_tasks_blocked()
+        assert ais.virtual.stats().waits == 200
+        tg.cancel_scope.cancel()
+    assert ais.virtual.stats().waits == 0
+    await anyio.wait_all_tasks_blocked()
+    assert _waiting._waiters.get() == {}  # the waiter saw nothing pending and left
+    assert not s.query()  # the device work goes on
+    clock.advance(1.0)
+    assert s.query()
+
+
+async def test_timeout_around_a_wait_returns_promptly() -> None:
+    s = ais.Stream()
+    ais.delay(3600.0, stream=s)
+    with anyio.fail_after(5):  # far beyond what prompt means; it returns in ~10 ms
+        with anyio.move_on_after(0.01):
+            await s.synchronize()
+    assert ais.virtual.stats().waits == 0
+
+
+async def test_wait_resumes_other_waits_in_the_same_lane_in_order(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    order: list[int] = []
+    events = []
+    for i in range(5):
+        ais.delay(1.0, stream=s)
+        events.append(s.record_event())
+
+    async def waiter(i: int) -> None:
+        await events[i].synchronize()
+        order.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in reversed(range(5)):  # registered out of order
+            tg.start_soon(waiter, i)
+        await anyio.wait_all_tasks_blocked()
+        for _ in range(5):
+            clock.advance(1.0)
+            await anyio.wait_all_tasks_blocked()
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_a_late_wake_up_after_the_loop_closed_is_harmless(clock: VirtualClock) -> None:
+    captured: list[_waiting._Waiter] = []
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.synchronize)
+            await anyio.wait_all_tasks_blocked()
+            captured.append(the_waiter())
+            tg.cancel_scope.cancel()
+
+    asyncio.run(main())
+    captured[0]._kick_threadsafe()  # the loop is closed: nothing raises
+    clock.advance(1.0)  # no listener left to call
+    assert ais.virtual.stats().waits == 0
+
+
+def test_in_loop_thread_detection() -> None:
+    assert _waiting.in_loop_thread() is False
+
+    async def inside() -> bool:
+        return _waiting.in_loop_thread()
+
+    assert anyio.run(inside) is True
+    assert anyio.run(inside, backend="trio") is True

@@ -74,3 +74,12 @@ def test_quickstart_example_prints_the_elapsed_time() -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(" ms")
     assert 19.5 <= float(proc.stdout.split()[0]) <= 30.0
+
+
+def test_core_benchmark_smoke_run() -> None:
+    """The benchmark script runs end to end (tiny sizes; its figures are not judged here)."""
+    proc = run_python("benchmarks/bench_core.py", "--quick", "--loops", "asyncio,trio")
+    assert proc.returncode == 0, proc.stderr
+    for heading in ("1. await on a complete event", "2. wake lateness", "3. CPU while"):
+        assert heading in proc.stdout
+    assert proc.stdout.count("ratio") >= 6

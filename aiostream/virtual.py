@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from types import TracebackType
+
 from . import _backends
 from ._backends.virtual import (
     ENGINES,
@@ -32,6 +34,7 @@ from ._backends.virtual import (
     VirtualStats,
     seconds_to_ns,
 )
+from .device import Device, device as _resolve_device
 from .stream import Stream
 
 __all__ = [
@@ -39,9 +42,13 @@ __all__ = [
     "PRIORITY_RANGE",
     "OpRecord",
     "VirtualClock",
+    "Stall",
     "VirtualStats",
+    "fail_next",
     "now",
     "reset",
+    "slow_next",
+    "stall",
     "stats",
     "submit",
     "timeline",
@@ -141,10 +148,120 @@ def stats() -> VirtualStats:
 
 
 def timeline() -> list[OpRecord]:
-    """The completed operations (up to the last 100,000), ordered by start time."""
+    """The completed operations (up to the last 100,000), ordered by start, device and stream."""
     return _backend().timeline()
 
 
 def now() -> float:
     """The virtual backend's device clock, in seconds."""
     return _backend().now()
+
+
+# ---------------------------------------------------------------------- fault injection
+
+
+def _fault_target(
+    stream: Stream | None, engine: str | None, device: Device | str | None
+) -> tuple[VirtualBackend, int, object, str | None]:
+    if stream is not None:
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+        if stream.device_type != "virtual":
+            raise ValueError(f"needs a stream of a virtual device, got one on {stream.device}")
+        if device is not None and _resolve_device(device) != stream.device:
+            raise ValueError(f"stream is on {stream.device}, not on {device}")
+        backend, index, handle = stream._backend, stream.device_index, stream._handle
+    else:
+        dev = _resolve_device(device if device is not None else "virtual:0")
+        if dev.type != "virtual":
+            raise ValueError(f"device must be a virtual device, got {dev}")
+        backend, index, handle = _backend(), dev.index, None
+    if engine is not None and engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))} or None, got {engine!r}")
+    assert isinstance(backend, VirtualBackend)
+    return backend, index, handle, engine
+
+
+def fail_next(
+    n: int = 1,
+    *,
+    stream: Stream | None = None,
+    engine: str | None = None,
+    device: Device | str | None = None,
+    message: str = "injected fault",
+) -> None:
+    """Make the next ``n`` operations on ``stream`` (and/or ``engine``) fail with ``message``.
+
+    With neither, any operation of ``device`` (``virtual:0`` by default) matches. The failure
+    happens when the operation completes: waits on that work raise ``DeviceError`` carrying
+    ``message``, and the device stays failed until :func:`reset`.
+    """
+    if not isinstance(message, str):
+        raise TypeError(f"message must be a str, got {message!r}")
+    backend, index, handle, engine = _fault_target(stream, engine, device)
+    backend.inject(index, handle, engine, _count(n, "n"), message=message)
+
+
+def slow_next(
+    factor: float,
+    n: int = 1,
+    *,
+    stream: Stream | None = None,
+    engine: str | None = None,
+    device: Device | str | None = None,
+) -> None:
+    """Make the next ``n`` operations on ``stream`` (and/or ``engine``) take ``factor`` times longer."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise TypeError(f"factor must be a number, got {factor!r}")
+    if not (factor > 0 and factor != float("inf")):
+        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    backend, index, handle, engine = _fault_target(stream, engine, device)
+    backend.inject(index, handle, engine, _count(n, "n"), factor=float(factor))
+
+
+class Stall:
+    """An engine held stalled by :func:`stall`: no operation starts on it until released.
+
+    Operations already running go on. Use it as a context manager, or call :meth:`release`.
+    """
+
+    def __init__(self, backend: VirtualBackend, index: int, engine: str) -> None:
+        self._backend = backend
+        self._index = index
+        self.engine = engine
+        self.released = False
+        backend.stall(index, engine, True)
+
+    def release(self) -> None:
+        """Let the engine start operations again (idempotent); waits on them resume as usual."""
+        if not self.released:
+            self.released = True
+            self._backend.stall(self._index, self.engine, False)
+
+    def __enter__(self) -> Stall:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "stalled"
+        return f"<aiostream.virtual.Stall virtual:{self._index} {self.engine} {state}>"
+
+
+def stall(engine: str, *, device: Device | str | None = None) -> Stall:
+    """Stall ``engine`` of ``device`` (``virtual:0`` by default) until the returned handle is released.
+
+    Example:
+        >>> with stall("h2d"):
+        ...     pass  # copies queue up here; they start when the block exits
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
+    backend, index, _, _ = _fault_target(None, engine, device)
+    return Stall(backend, index, engine)

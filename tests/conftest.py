@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 import aiostream as ais
 from aiostream import _backends
 

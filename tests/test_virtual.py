@@ -46,6 +46,7 @@ def test_engines_overlap_and_slots_add_parallelism() -> None:
 def test_higher_priority_stream_takes_the_free_slot_first(clock: VirtualClock) -> None:
     busy, low, high = ais.Stream(), ais.Stream(priority=0), ais.Stream(priority=-3)
     ais.virtual.submit(busy, 1.0, name="busy")
+    clock.advance(0.5)
     ais.virtual.submit(low, 1.0, name="low")
     ais.virtual.submit(high, 1.0, name="high")
     clock.advance(3.0)
@@ -54,6 +55,18 @@ def test_higher_priority_stream_takes_the_free_slot_first(clock: VirtualClock) -
         ("high", 1.0, 2.0),
         ("low", 2.0, 3.0),
     ]
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
+def test_submissions_at_one_instant_do_not_depend_on_their_order(
+    clock: VirtualClock, order: tuple[int, ...]
+) -> None:
+    streams = [ais.Stream(), ais.Stream(), ais.Stream(priority=-1)]
+    for i in order:
+        ais.virtual.submit(streams[i], 1.0, name=f"op{i}")
+    clock.advance(3.0)
+    # the high-priority stream first, then stream order, whichever task submitted first
+    assert [(n, s) for n, _, s, _ in spans()] == [("op2", 0.0), ("op0", 1.0), ("op1", 2.0)]
 
 
 def test_start_waits_for_submission_stream_and_events(clock: VirtualClock) -> None:

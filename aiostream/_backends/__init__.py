@@ -10,7 +10,7 @@ from .._errors import BackendUnavailableError
 if TYPE_CHECKING:
     from .base import Backend
 
-__all__ = ["KINDS", "get", "probe", "replace"]
+__all__ = ["KINDS", "get", "probe", "replace", "restore"]
 
 KINDS = ("cuda", "virtual")
 
@@ -73,3 +73,12 @@ def replace(kind: str, backend: Backend) -> Backend | None:
         _instances[kind] = backend
         _unavailable.pop(kind, None)
         return old
+
+
+def restore(kind: str, backend: Backend | None) -> None:
+    """Put back what :func:`replace` returned (None: create afresh on next use)."""
+    with _lock:
+        if backend is None:
+            _instances.pop(kind, None)
+        else:
+            _instances[kind] = backend

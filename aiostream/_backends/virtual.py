@@ -9,7 +9,10 @@ by processing, in time order, the completions that have come due, and at each of
 what can start. An operation starts at the latest of its submission, the end of the previous
 work on its stream, the events its stream waits on and a free slot of its engine; among
 operations ready for one engine, the higher-priority stream goes first, then the one ready
-first, then the one submitted first.
+first, then the one submitted first, and operations submitted at one instant go in stream
+order. Starts made at an instant are decided again when more work is submitted at that same
+instant, so the timeline is a function of what each stream received and when, not of the order
+in which the event loop ran the tasks that submitted it.
 
 Records and completions of the stream's frontier are zero-length *markers*: they take no engine
 slot and complete when everything before them on their stream (and every event the stream waits
@@ -163,14 +166,35 @@ class _Engine:
         self.stalled = False
 
 
+class _Fault:
+    """An injected fault: the next ``remaining`` matching operations fail or run slower."""
+
+    __slots__ = ("engine", "factor", "message", "remaining", "stream")
+
+    def __init__(
+        self,
+        stream: _Stream | None,
+        engine: str | None,
+        remaining: int,
+        message: str | None,
+        factor: float | None,
+    ) -> None:
+        self.stream = stream
+        self.engine = engine
+        self.remaining = remaining
+        self.message = message
+        self.factor = factor
+
+
 class _Device:
-    __slots__ = ("default", "engines", "failure", "index", "name", "stream_ids")
+    __slots__ = ("default", "engines", "failure", "faults", "index", "name", "stream_ids")
 
     def __init__(self, index: int, slots: dict[str, int]) -> None:
         self.index = index
         self.name = f"virtual:{index}"
         self.engines = {name: _Engine(name, n) for name, n in slots.items()}
         self.failure: _Failure | None = None
+        self.faults: list[_Fault] = []
         self.stream_ids = itertools.count(1)
         self.default = _Stream(self, 0, 0, default=True)
 
@@ -201,6 +225,7 @@ class _Item:
         "error",
         "fn",
         "name",
+        "ready",
         "seq",
         "start",
         "state",
@@ -230,9 +255,14 @@ class _Item:
         self.fn = fn
         self.error = error
         self.name = name
+        self.ready = -1
         self.start = -1
         self.end = -1
         self.state = _PENDING
+
+    def order(self) -> tuple[int, int, int]:
+        """Deterministic order among items at one instant: device, stream, submission."""
+        return (self.device.index, self.stream.id, self.seq)
 
 
 class _EventState:
@@ -272,7 +302,7 @@ class _Target:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._backend._release_wait()
+            self._backend._release_wait(self)
 
 
 def _resolve_clock(
@@ -314,7 +344,8 @@ class VirtualBackend:
         self._clock_ns, self._manual = _resolve_clock(clock)
         self._unlisten = self._manual._listen(self._notify) if self._manual else None
         self._devices = [_Device(i, slots) for i in range(devices)]
-        self._running: list[tuple[int, int, _Item]] = []  # heap of (end, seq, item)
+        # heap of (end, device, stream, seq, item): simultaneous ends finish in stream order
+        self._running: list[tuple[int, int, int, int, _Item]] = []
         self._active: dict[_Stream, None] = {}  # streams with queued items, in order
         self._dirty = False
         self._t = self._clock_ns()
@@ -322,11 +353,13 @@ class VirtualBackend:
         self._event_ids = itertools.count(1)
         self._closed = False
         self._listeners: list[Callable[[], None]] = []
-        self._live_streams = 0
-        self._live_events = 0
+        self._live_streams: set[_Stream] = set()
+        self._live_events: set[_Event] = set()
+        self._live_targets: set[_Target] = set()
         self._pending_ops = 0
-        self._waits = 0
-        self._timeline: deque[tuple[int, OpRecord]] = deque(maxlen=_TIMELINE_LIMIT)
+        self._timeline: deque[tuple[tuple[int, int, int, int], OpRecord]] = deque(
+            maxlen=_TIMELINE_LIMIT
+        )
         self._ipc: weakref.WeakValueDictionary[int, _EventState] = weakref.WeakValueDictionary()
         self._token = secrets.token_bytes(8)
 
@@ -377,39 +410,53 @@ class VirtualBackend:
             t = running[0][0]
             self._t = t
             while running and running[0][0] == t:
-                self._finish(heapq.heappop(running)[2])
+                self._finish(heapq.heappop(running)[-1])
             self._dirty = True
         if now > self._t:
             self._t = now
 
     def _dispatch(self, t: int) -> None:
-        """Start, at time ``t``, everything that can start (lock held)."""
-        candidates: list[tuple[int, int, int, _Item]] = []
-        for stream in list(self._active):
-            queue = stream.queue
-            while queue:
-                item = queue[0]
-                ready = item.submit
-                for dep in item.deps:
-                    if dep.state != _DONE:
-                        break
-                    if dep.end > ready:
-                        ready = dep.end
-                else:
-                    if item.engine is None:  # a marker completes once it is ready
-                        queue.popleft()
-                        item.start = item.end = ready
-                        item.state = _DONE
-                        item.deps = []
-                        continue
-                    candidates.append((stream.priority, ready, item.seq, item))
+        """Start, at time ``t``, everything that can start (lock held).
+
+        Among operations ready for one engine: the higher-priority stream first, then the one
+        ready first, then the one submitted first; operations submitted at the same instant go
+        in stream order (device, stream id), so that the timeline does not depend on which
+        task the event loop happened to run first (trio randomises that on purpose).
+        """
+        while True:  # complete ready markers to a fixpoint: one may free another stream's head
+            candidates: list[tuple[int, int, int, int, int, int, _Item]] = []
+            completed = False
+            for stream in list(self._active):
+                queue = stream.queue
+                while queue:
+                    item = queue[0]
+                    ready = item.submit
+                    for dep in item.deps:
+                        if dep.state != _DONE:
+                            break
+                        if dep.end > ready:
+                            ready = dep.end
+                    else:
+                        if item.engine is None:  # a marker completes once it is ready
+                            queue.popleft()
+                            item.start = item.end = ready
+                            item.state = _DONE
+                            item.deps = []
+                            completed = True
+                            continue
+                        item.ready = ready
+                        candidates.append(
+                            (stream.priority, ready, item.submit, *item.order(), item)
+                        )
+                    break
+                if not queue:
+                    del self._active[stream]
+            if not completed:
                 break
-            if not queue:
-                del self._active[stream]
         # Starting an operation makes nothing else ready (its successors wait for its end),
-        # so one pass over the stream heads suffices.
-        candidates.sort(key=lambda c: c[:3])
-        for _, _, _, item in candidates:
+        # so the last pass saw every candidate.
+        candidates.sort(key=lambda c: c[:6])
+        for *_, item in candidates:
             engine = item.device.engines[item.engine]  # type: ignore[index]
             if engine.stalled or engine.busy >= engine.slots:
                 continue
@@ -419,8 +466,30 @@ class VirtualBackend:
             item.start = t
             item.end = t + item.duration
             item.deps = []
-            heapq.heappush(self._running, (item.end, item.seq, item))
+            heapq.heappush(self._running, (item.end, *item.order(), item))
         self._dirty = False
+
+    def _reopen_instant(self, t: int) -> None:
+        """Undo the starts made at instant ``t``, so that they are decided again with the
+        operation being submitted now.
+
+        Nothing observable has happened in zero time (the operations are running, not done),
+        so the instant's choices can be remade; this keeps same-instant submissions from
+        different tasks independent of their order.
+        """
+        running = self._running
+        provisional = [e for e in running if e[-1].start == t and e[-1].duration > 0]
+        if not provisional:
+            return
+        self._running = [e for e in running if not (e[-1].start == t and e[-1].duration > 0)]
+        heapq.heapify(self._running)
+        for *_, item in sorted(provisional, key=lambda e: e[-1].seq, reverse=True):
+            item.state = _PENDING
+            item.start = item.end = -1
+            item.device.engines[item.engine].busy -= 1  # type: ignore[index]
+            item.stream.queue.appendleft(item)
+            self._active[item.stream] = None
+        self._dirty = True
 
     def _finish(self, item: _Item) -> None:
         item.state = _DONE
@@ -429,7 +498,7 @@ class VirtualBackend:
         self._pending_ops -= 1
         self._timeline.append(
             (
-                item.seq,
+                (item.start, *item.order()),
                 OpRecord(
                     name=item.name,
                     device=device.index,
@@ -466,11 +535,15 @@ class VirtualBackend:
     ) -> _Item:
         """Submit an item on ``stream`` (lock held, device checked)."""
         now = self._now()
+        if engine is not None:
+            self._reopen_instant(now)
         deps = [d for d in stream.waits if d.state != _DONE]
         last = stream.last
         if last is not None and last.state != _DONE:
             deps.append(last)
         stream.waits = []
+        if engine is not None and stream.device.faults:
+            duration, error = self._apply_faults(stream, engine, duration, error)
         item = _Item(next(self._seq), stream, deps, now, duration, engine, fn, error, name)
         stream.queue.append(item)
         stream.last = item
@@ -488,6 +561,47 @@ class VirtualBackend:
         except IndexError:  # emptied by another thread meanwhile
             return False
 
+    def _apply_faults(
+        self, stream: _Stream, engine: str, duration: int, error: str | None
+    ) -> tuple[int, str | None]:
+        faults = stream.device.faults
+        for fault in faults:
+            if (fault.stream is None or fault.stream is stream) and (
+                fault.engine is None or fault.engine == engine
+            ):
+                fault.remaining -= 1
+                if fault.message is not None and error is None:
+                    error = fault.message
+                if fault.factor is not None:
+                    duration = round(duration * fault.factor)
+        faults[:] = [f for f in faults if f.remaining > 0]
+        return duration, error
+
+    def inject(
+        self,
+        index: int,
+        stream: _Stream | None,
+        engine: str | None,
+        count: int,
+        *,
+        message: str | None = None,
+        factor: float | None = None,
+    ) -> None:
+        """Make the next ``count`` operations on ``stream``/``engine`` fail or run slower."""
+        with self._lock:
+            self._check_device(self._devices[index])
+            self._devices[index].faults.append(_Fault(stream, engine, count, message, factor))
+
+    def stall(self, index: int, engine: str, stalled: bool) -> None:
+        """Stop (or let again) the engine from starting operations; running ones go on."""
+        with self._lock:
+            self._check_open()
+            self._now()
+            self._devices[index].engines[engine].stalled = stalled
+            self._dirty = True
+            self._sync(self._t)
+        self._notify()
+
     def _item_done(self, item: _Item) -> bool:
         device = item.device
         if item.state == _DONE and device.failure is None and not self._closed and self._settled():
@@ -500,12 +614,13 @@ class VirtualBackend:
             return item.state == _DONE
 
     def _target(self, item: _Item) -> _Target:
-        self._waits += 1
-        return _Target(self, item)
+        target = _Target(self, item)
+        self._live_targets.add(target)
+        return target
 
-    def _release_wait(self) -> None:
+    def _release_wait(self, target: _Target) -> None:
         with self._lock:
-            self._waits -= 1
+            self._live_targets.discard(target)
 
     def _notify(self) -> None:
         with self._lock:
@@ -522,8 +637,9 @@ class VirtualBackend:
         with self._lock:
             self._check_open()
             device = self._devices[index]
-            self._live_streams += 1
-            return _Stream(device, next(device.stream_ids), priority)
+            stream = _Stream(device, next(device.stream_ids), priority)
+            self._live_streams.add(stream)
+            return stream
 
     def stream_default(self, index: int) -> _Stream:
         self._check_open()
@@ -535,8 +651,7 @@ class VirtualBackend:
             if stream.destroyed or stream.default:
                 return
             stream.destroyed = True
-            if not self._closed:
-                self._live_streams -= 1
+            self._live_streams.discard(stream)
 
     def stream_id(self, stream: _Stream) -> int:
         return stream.id
@@ -578,17 +693,17 @@ class VirtualBackend:
     ) -> _Event:
         with self._lock:
             self._check_open()
-            self._live_events += 1
             state = _EventState(next(self._event_ids), timing)
-            return _Event(self._devices[index], state, interprocess)
+            event = _Event(self._devices[index], state, interprocess)
+            self._live_events.add(event)
+            return event
 
     def event_destroy(self, event: _Event) -> None:
         with self._lock:
             if event.destroyed:
                 return
             event.destroyed = True
-            if not self._closed:
-                self._live_events -= 1
+            self._live_events.discard(event)
 
     def event_id(self, event: _Event) -> int:
         return event.state.id
@@ -660,8 +775,9 @@ class VirtualBackend:
             state = self._ipc.get(eid)
             if state is None:
                 raise ValueError("the event behind this IPC handle no longer exists")
-            self._live_events += 1
-            return _Event(self._devices[index], state, True)
+            event = _Event(self._devices[index], state, True)
+            self._live_events.add(event)
+            return event
 
     # ------------------------------------------------------------------ work
 
@@ -720,22 +836,56 @@ class VirtualBackend:
             if not self._closed:
                 self._now()
             return VirtualStats(
-                streams=self._live_streams,
-                events=self._live_events,
+                streams=len(self._live_streams),
+                events=len(self._live_events),
                 operations=self._pending_ops,
-                waits=self._waits,
+                waits=len(self._live_targets),
             )
+
+    def leaks(self) -> list[str]:
+        """One line per live stream, live event, pending operation and pending wait."""
+        with self._lock:
+            if not self._closed:
+                self._now()
+            lines = []
+            for t in sorted(self._live_targets, key=lambda t: t.seq):
+                item = t._item
+                lines.append(
+                    f"pending wait on {item.device.name} stream {item.stream.id} "
+                    f"(for the work before its {item.name!r} at t={item.submit / 1e9:.9f}s)"
+                )
+            pending = [i for s in self._active for i in s.queue if i.engine is not None]
+            pending += [e[-1] for e in self._running]
+            for item in sorted(pending, key=lambda i: i.seq):
+                when = (
+                    f"running until t={item.end / 1e9:.9f}s"
+                    if item.state == _RUNNING
+                    else "not started"
+                )
+                lines.append(
+                    f"pending operation {item.name!r} on {item.device.name} stream "
+                    f"{item.stream.id}, engine {item.engine}, submitted at "
+                    f"t={item.submit / 1e9:.9f}s, {when}"
+                )
+            for stream in sorted(self._live_streams, key=lambda s: (s.device.index, s.id)):
+                lines.append(
+                    f"live stream {stream.device.name} stream {stream.id} "
+                    f"(priority {stream.priority})"
+                )
+            for event in sorted(self._live_events, key=lambda e: e.state.id):
+                lines.append(f"live event {event.device.name} event {event.state.id}")
+            return lines
 
     def timeline(self) -> list[OpRecord]:
         with self._lock:
             if not self._closed:
                 self._now()
-            return [record for _, record in sorted(self._timeline, key=_start_order)]
+            return [record for _, record in sorted(self._timeline, key=_by_key)]
 
     def now(self) -> float:
         """The device clock in seconds."""
         return self._clock_ns() / 1e9
 
 
-def _start_order(entry: tuple[int, OpRecord]) -> tuple[float, int]:
-    return entry[1].start, entry[0]
+def _by_key(entry: tuple[tuple[int, int, int, int], OpRecord]) -> tuple[int, int, int, int]:
+    return entry[0]

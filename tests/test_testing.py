@@ -1,0 +1,258 @@
+"""The pytest plugin (aiostream.testing), tested with pytest's own pytester."""
+
+from __future__ import annotations
+
+import pytest
+
+import aiostream as ais
+from aiostream import _backends
+from aiostream.testing import format_timeline
+
+ANYIO_LOOPS = '''
+import pytest
+
+@pytest.fixture(params=["asyncio", "trio",
+                        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+def anyio_backend(request):
+    return request.param
+'''
+
+
+def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_inner=source)
+    return pytester.runpytest(
+        "-p", "no:cacheprovider", "-o", "asyncio_default_fixture_loop_scope=function", *args
+    )
+
+
+def test_the_plugin_is_registered_through_its_entry_point(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(
+        "--trace-config", "--co", "-q", "-o", "asyncio_default_fixture_loop_scope=function"
+    )
+    result.stdout.fnmatch_lines(["*aiostream*aiostream/testing*"])
+
+
+def test_virtual_device_is_fresh_configurable_and_restores_the_previous_backend(
+    pytester: pytest.Pytester,
+) -> None:
+    before = _backends.get("virtual")
+    result = run(pytester, '''
+import aiostream as ais
+import pytest
+
+@pytest.mark.aiostream(devices=2, compute_slots=2)
+def test_configured(virtual_device):
+    assert virtual_device == ais.Device("virtual", 0)
+    assert ais.device_count("virtual") == 2
+    a, b = ais.Stream(), ais.Stream("virtual:1")
+    assert ais.virtual.stats() == ais.virtual.VirtualStats(2, 0, 0, 0)
+    del a, b
+
+def test_fresh(virtual_device):
+    assert ais.device_count("virtual") == 1
+    assert ais.virtual.stats().streams == 0
+''')
+    result.assert_outcomes(passed=2)
+    assert _backends.get("virtual") is before
+
+
+def test_leaks_fail_the_test_with_a_listing(pytester: pytest.Pytester) -> None:
+    result = run(pytester, '''
+import aiostream as ais
+import pytest
+
+kept = []
+
+def test_leaky(virtual_device):
+    s = ais.Stream()
+    ais.virtual.submit(s, 5.0, name="forgotten")
+    kept.append(s)
+    kept.append(s.record_event())
+
+@pytest.mark.aiostream(check_leaks=False)
+def test_allowed(virtual_device):
+    kept.append(ais.Stream())
+
+def test_failing_tests_are_not_also_blamed_for_leaks(virtual_device):
+    kept.append(ais.Stream())
+    assert False, "the real failure"
+''')
+    result.assert_outcomes(passed=2, failed=1, errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR at teardown of test_leaky*",
+        "*the test leaked 3 thing(s) on the virtual backend:",
+        "*pending operation 'forgotten' on virtual:0 stream 1, engine compute*",
+        "*live stream virtual:0 stream 1 (priority 0)",
+        "*live event virtual:0 event 1",
+        "*Await the work you submit*",
+    ])
+    assert "test_allowed" not in "\n".join(l for l in result.outlines if "ERROR" in l)
+
+
+def test_bad_marker_options_are_reported(pytester: pytest.Pytester) -> None:
+    result = run(pytester, '''
+import pytest
+
+@pytest.mark.aiostream(device=2)
+def test_typo(virtual_device):
+    pass
+
+@pytest.mark.aiostream(2)
+def test_positional(virtual_device):
+    pass
+''')
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines([
+        "*unknown option(s) device; accepted: devices, compute_slots*",
+        "*takes keyword arguments only*",
+    ])
+
+
+TEN_SECONDS = '''
+import time
+import anyio
+import pytest
+import aiostream as ais
+
+async def ten_seconds(virtual_time, clock):
+    wall = time.perf_counter()
+    t0 = clock()
+    s = ais.Stream()
+    ais.delay(10.0, stream=s)
+    await s.synchronize()
+    assert clock() - t0 == 10.0          # the loop's clock moved by exactly 10 s
+    assert virtual_time.now() == 10.0
+    assert ais.virtual.now() == 10.0     # and so did the device's
+    await anyio.sleep(2.5)               # loop timers share the clock
+    assert ais.virtual.now() == 12.5
+    assert time.perf_counter() - wall < 0.9
+'''
+
+
+def test_virtual_time_with_anyio_on_asyncio_and_trio(pytester: pytest.Pytester) -> None:
+    result = run(pytester, ANYIO_LOOPS + TEN_SECONDS + '''
+@pytest.mark.anyio
+async def test_ten(virtual_time):
+    await ten_seconds(virtual_time, anyio.current_time)
+''', "-v", "-rs")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines([
+        "*test_ten?asyncio? PASSED*",
+        "*test_ten?trio? PASSED*",
+        "*SKIPPED*virtual_time cannot fake the clock of uvloop.Loop*asyncio's default loop or on trio",
+    ])
+
+
+def test_virtual_time_with_pytest_asyncio_strict_and_uvloop_factories(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest('''
+import asyncio
+import uvloop
+
+def pytest_asyncio_loop_factories(config, item):
+    return {"default": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+''')
+    result = run(pytester, TEN_SECONDS + '''
+import asyncio
+
+@pytest.mark.asyncio
+async def test_ten(virtual_time):
+    await ten_seconds(virtual_time, asyncio.get_running_loop().time)
+''', "-o", "asyncio_mode=strict", "-v", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*virtual_time cannot fake the clock of uvloop.Loop*"])
+
+
+def test_both_plugins_side_by_side_in_strict_mode(pytester: pytest.Pytester) -> None:
+    result = run(pytester, '''
+import anyio
+import pytest
+import aiostream as ais
+
+@pytest.mark.asyncio
+async def test_with_pytest_asyncio(virtual_time):
+    s = ais.Stream()
+    ais.delay(3.0, stream=s)
+    await s.synchronize()
+    assert virtual_time.now() == 3.0
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_with_anyio(virtual_time, anyio_backend):
+    s = ais.Stream()
+    ais.delay(3.0, stream=s)
+    await s.synchronize()
+    assert virtual_time.now() == 3.0
+''', "-o", "asyncio_mode=strict", "-o", "anyio_mode=strict")
+    result.assert_outcomes(passed=3)
+
+
+def test_virtual_time_needs_an_async_test(pytester: pytest.Pytester) -> None:
+    result = run(pytester, '''
+def test_sync(virtual_time):
+    pass
+''')
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*virtual_time needs an async test function*"])
+
+
+def test_aiostream_device_covers_every_backend(pytester: pytest.Pytester) -> None:
+    result = run(pytester, '''
+import aiostream as ais
+
+def test_device(aiostream_device):
+    s = ais.Stream(aiostream_device)
+    assert s.device == aiostream_device
+''', "-v", "-rs")
+    if ais.is_available("cuda"):
+        result.assert_outcomes(passed=2)
+    else:
+        result.assert_outcomes(passed=1, skipped=1)
+        result.stdout.fnmatch_lines(["*test_device?virtual:0? PASSED*", "*SKIPPED*needs a CUDA GPU*"])
+
+
+def test_timelines_are_identical_over_50_runs_on_asyncio_and_trio(
+    pytester: pytest.Pytester,
+) -> None:
+    out = pytester.path / "timelines"
+    result = run(pytester, '''
+import anyio
+import pytest
+import aiostream as ais
+
+@pytest.mark.anyio
+@pytest.mark.aiostream(compute_slots=2)
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("repeat", range(50))
+async def test_pipeline(virtual_time, anyio_backend, repeat):
+    streams = [ais.Stream(priority=-i) for i in range(3)]
+
+    async def stage(i):
+        s = streams[i]
+        for k in range(4):
+            ais.virtual.submit(s, 0.010 * (i + 1), engine="h2d", name=f"copy{i}.{k}")
+            ais.virtual.submit(s, 0.020, name=f"kernel{i}.{k}")
+            await anyio.sleep((0.007, 0.011, 0.013)[i])  # apart: no two tasks touch a stream at once
+            if k == 2:
+                streams[(i + 1) % 3].wait_stream(s)
+        await s.synchronize()
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(stage, i)
+''', f"--aiostream-timelines={out}", "-q")
+    result.assert_outcomes(passed=100)
+    texts = {path.read_bytes() for path in out.iterdir()}
+    assert len(list(out.iterdir())) == 100
+    assert len(texts) == 1
+    (text,) = texts
+    assert text.count(b"\n") == 1 + 24
+
+
+def test_format_timeline_is_canonical() -> None:
+    record = ais.virtual.OpRecord("k", 0, 3, "compute", 0.0, 0.5, 1.25, None)
+    assert format_timeline([record]) == (
+        "# device stream engine start end name error\n"
+        "virtual:0 3 compute 0.500000000 1.250000000 'k' None\n"
+    )

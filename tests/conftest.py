@@ -1,4 +1,7 @@
-"""Fixtures shared by the test suite: every loop, every available backend, a fresh simulator."""
+"""Fixtures shared by the test suite: every loop and a fresh simulator.
+
+Every backend comes from the plugin's own `aiostream_device` fixture (aiostream.testing).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ import pytest
 pytest_plugins = ["pytester"]
 
 import aiostream as ais
-from aiostream import _backends
 
 _LOOPS = [
     pytest.param(("asyncio", {}), id="asyncio"),
@@ -53,18 +55,6 @@ def clock() -> ais.virtual.VirtualClock:
     clk = ais.virtual.VirtualClock()
     ais.virtual.reset(clock=clk)
     return clk
-
-
-@pytest.fixture(
-    params=["virtual:0", pytest.param("cuda:0", marks=pytest.mark.cuda)],
-)
-def any_device(request: pytest.FixtureRequest) -> ais.Device:
-    """Every backend: the virtual device, and cuda:0 where a GPU works."""
-    if request.param.startswith("cuda"):
-        ok, reason = _backends.probe("cuda")
-        if not ok:
-            pytest.skip(f"needs a CUDA GPU: {reason}")
-    return ais.device(request.param)
 
 
 def assert_quiet() -> None:

@@ -19,8 +19,8 @@ def quiet(device: ais.Device) -> None:
         assert_quiet()
 
 
-async def test_record_query_synchronize(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
+async def test_record_query_synchronize(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
     e = s.record_event()
     assert e.query() is False
@@ -28,28 +28,28 @@ async def test_record_query_synchronize(any_device: ais.Device) -> None:
     await e.synchronize()
     assert e.query() is True
     assert s.query() is True
-    quiet(any_device)
+    quiet(aiostream_device)
 
 
-async def test_stream_synchronize_waits_for_all_work(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
+async def test_stream_synchronize_waits_for_all_work(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
     ais.delay(SHORT, stream=s)
     await s.synchronize()
     assert s.query()
-    quiet(any_device)
+    quiet(aiostream_device)
 
 
-async def test_never_recorded_event_is_complete(any_device: ais.Device) -> None:
-    e = ais.Event(any_device)
+async def test_never_recorded_event_is_complete(aiostream_device: ais.Device) -> None:
+    e = ais.Event(aiostream_device)
     assert e.query() is True
     assert e.event_id == 0
     await e.synchronize()
-    e.wait(ais.Stream(any_device))  # waiting for it is a no-op
+    e.wait(ais.Stream(aiostream_device))  # waiting for it is a no-op
 
 
-async def test_work_on_one_stream_runs_in_order(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
+async def test_work_on_one_stream_runs_in_order(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
     first = s.record_event()
     ais.delay(SHORT, stream=s)
@@ -58,38 +58,38 @@ async def test_work_on_one_stream_runs_in_order(any_device: ais.Device) -> None:
     assert first.query()
 
 
-async def test_wait_event_orders_streams_on_the_device(any_device: ais.Device) -> None:
-    producer, consumer = ais.Stream(any_device), ais.Stream(any_device)
+async def test_wait_event_orders_streams_on_the_device(aiostream_device: ais.Device) -> None:
+    producer, consumer = ais.Stream(aiostream_device), ais.Stream(aiostream_device)
     ais.delay(SHORT * 2, stream=producer)
-    ready = producer.record_event(ais.Event(any_device, enable_timing=True))
+    ready = producer.record_event(ais.Event(aiostream_device, enable_timing=True))
     consumer.wait_event(ready)  # the host does not wait
     assert not ready.query()
-    done = consumer.record_event(ais.Event(any_device, enable_timing=True))
+    done = consumer.record_event(ais.Event(aiostream_device, enable_timing=True))
     await done.synchronize()
     assert ready.query()
     assert ready.elapsed_time(done) >= 0.0
 
 
-async def test_wait_stream(any_device: ais.Device) -> None:
-    a, b = ais.Stream(any_device), ais.Stream(any_device)
+async def test_wait_stream(aiostream_device: ais.Device) -> None:
+    a, b = ais.Stream(aiostream_device), ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=a)
     b.wait_stream(a)
     await b.record_event().synchronize()
     assert a.query()
 
 
-async def test_elapsed_time_measures_device_work(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
-    start = s.record_event(ais.Event(any_device, enable_timing=True))
+async def test_elapsed_time_measures_device_work(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
+    start = s.record_event(ais.Event(aiostream_device, enable_timing=True))
     ais.delay(SHORT, stream=s)
-    end = s.record_event(ais.Event(any_device, enable_timing=True))
+    end = s.record_event(ais.Event(aiostream_device, enable_timing=True))
     await end.synchronize()
     assert start.elapsed_time(end) >= SHORT * 1000 * 0.99
 
 
-async def test_event_id_zero_until_recorded_then_distinct_and_stable(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
-    e1, e2 = ais.Event(any_device), ais.Event(any_device)
+async def test_event_id_zero_until_recorded_then_distinct_and_stable(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
+    e1, e2 = ais.Event(aiostream_device), ais.Event(aiostream_device)
     assert e1.event_id == 0 and e2.event_id == 0
     e1.record(s)
     e2.record(s)
@@ -99,22 +99,22 @@ async def test_event_id_zero_until_recorded_then_distinct_and_stable(any_device:
     assert e1.event_id == id1
 
 
-async def test_cancelled_wait_leaks_nothing_and_work_goes_on(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
+async def test_cancelled_wait_leaks_nothing_and_work_goes_on(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
     ais.delay(SHORT * 5, stream=s)
     e = s.record_event()
     with anyio.move_on_after(SHORT) as scope:
         await e.synchronize()
     assert scope.cancelled_caught
-    if any_device.type == "virtual":
+    if aiostream_device.type == "virtual":
         assert ais.virtual.stats().waits == 0
     assert not e.query()  # the device work goes on
     await e.synchronize()
-    quiet(any_device)
+    quiet(aiostream_device)
 
 
-async def test_rerecord_does_not_move_a_started_wait(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
+async def test_rerecord_does_not_move_a_started_wait(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
     e = s.record_event()
     resumed_with: list[bool] = []
@@ -126,7 +126,7 @@ async def test_rerecord_does_not_move_a_started_wait(any_device: ais.Device) -> 
         await e.synchronize()
         resumed_with.append(later.query())
 
-    later = ais.Stream(any_device)
+    later = ais.Stream(aiostream_device)
     async with anyio.create_task_group() as tg:
         tg.start_soon(waiter)
         await started.wait()
@@ -136,8 +136,8 @@ async def test_rerecord_does_not_move_a_started_wait(any_device: ais.Device) -> 
     await e.synchronize()
 
 
-async def test_synchronize_blocking_in_a_worker_thread(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
+async def test_synchronize_blocking_in_a_worker_thread(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
     e = s.record_event()
     await anyio.to_thread.run_sync(e.synchronize_blocking)
@@ -145,11 +145,11 @@ async def test_synchronize_blocking_in_a_worker_thread(any_device: ais.Device) -
     ais.delay(SHORT, stream=s)
     await anyio.to_thread.run_sync(s.synchronize_blocking)
     assert s.query()
-    quiet(any_device)
+    quiet(aiostream_device)
 
 
-async def test_synchronize_blocking_refuses_to_block_the_loop(any_device: ais.Device) -> None:
-    s = ais.Stream(any_device)
+async def test_synchronize_blocking_refuses_to_block_the_loop(aiostream_device: ais.Device) -> None:
+    s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
     e = s.record_event()
     with pytest.raises(ais.AiostreamError, match="await event.synchronize"):
@@ -157,17 +157,17 @@ async def test_synchronize_blocking_refuses_to_block_the_loop(any_device: ais.De
     with pytest.raises(ais.AiostreamError, match="await stream.synchronize"):
         s.synchronize_blocking()
     await s.synchronize()
-    quiet(any_device)
+    quiet(aiostream_device)
 
 
-async def test_many_tasks_each_wait_for_their_own_stream(any_device: ais.Device) -> None:
+async def test_many_tasks_each_wait_for_their_own_stream(aiostream_device: ais.Device) -> None:
     order: list[int] = []
 
     async def worker(i: int) -> None:
-        s = ais.Stream(any_device)
+        s = ais.Stream(aiostream_device)
         with ais.use_stream(s):
             ais.delay(SHORT * (4 - i))
-            e = ais.Event(any_device)
+            e = ais.Event(aiostream_device)
             e.record()
         await e.synchronize()
         order.append(i)
@@ -176,4 +176,4 @@ async def test_many_tasks_each_wait_for_their_own_stream(any_device: ais.Device)
         for i in range(4):
             tg.start_soon(worker, i)
     assert sorted(order) == [0, 1, 2, 3]
-    quiet(any_device)
+    quiet(aiostream_device)

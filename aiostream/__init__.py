@@ -16,8 +16,10 @@ from ._errors import (
     NotReadyError,
     StaleHandleError,
 )
+from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device, device, device_count, is_available
 from .event import Event
+from .loader import Batch, DataLoader, LoaderStats
 from .stream import Stream, current_stream, default_stream, delay, use_stream
 
 try:
@@ -28,13 +30,19 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 __all__ = [
     "AiostreamError",
     "BackendUnavailableError",
+    "Batch",
+    "DataLoader",
     "Device",
+    "DeviceBuffer",
     "DeviceError",
     "Event",
+    "HostBuffer",
+    "LoaderStats",
     "NotReadyError",
     "StaleHandleError",
     "Stream",
     "__version__",
+    "copy_async",
     "current_stream",
     "default_stream",
     "delay",

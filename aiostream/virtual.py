@@ -26,9 +26,14 @@ from types import TracebackType
 
 from . import _backends
 from ._backends.virtual import (
+    DEFAULT_BANDWIDTH,
+    DEFAULT_D2D_BANDWIDTH,
+    DEFAULT_LATENCY,
     ENGINES,
+    POISON,
     PRIORITY_RANGE,
     OpRecord,
+    Race,
     VirtualBackend,
     VirtualClock,
     VirtualStats,
@@ -39,13 +44,17 @@ from .stream import Stream
 
 __all__ = [
     "ENGINES",
+    "POISON",
     "PRIORITY_RANGE",
     "OpRecord",
+    "Race",
     "VirtualClock",
     "Stall",
     "VirtualStats",
+    "assert_no_races",
     "fail_next",
     "now",
+    "races",
     "reset",
     "slow_next",
     "stall",
@@ -69,6 +78,14 @@ def _count(value: object, name: str) -> int:
     return value
 
 
+def _rate(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not (0 < value < float("inf")):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 def reset(
     *,
     devices: int = 1,
@@ -76,6 +93,9 @@ def reset(
     compute_slots: int = 1,
     h2d_slots: int = 1,
     d2h_slots: int = 1,
+    bandwidth: float = DEFAULT_BANDWIDTH,
+    latency: float = DEFAULT_LATENCY,
+    d2d_bandwidth: float = DEFAULT_D2D_BANDWIDTH,
 ) -> None:
     """Replace the virtual backend with a fresh one.
 
@@ -89,17 +109,34 @@ def reset(
         compute_slots: operations the compute engine of each device runs at once.
         h2d_slots: likewise for the host-to-device copy engine.
         d2h_slots: likewise for the device-to-host copy engine.
+        bandwidth: bytes per second of host-device copies (default 25e9, near PCIe 4.0 x16).
+        latency: seconds every copy adds (default 10e-6): a copy takes
+            ``latency + nbytes / bandwidth``.
+        d2d_bandwidth: bytes per second of device-to-device copies, which run on the compute
+            engine (default 1e12).
     """
-    backend = VirtualBackend(
-        devices=_count(devices, "devices"),
-        clock=clock,
-        compute_slots=_count(compute_slots, "compute_slots"),
-        h2d_slots=_count(h2d_slots, "h2d_slots"),
-        d2h_slots=_count(d2h_slots, "d2h_slots"),
-    )
+    backend = VirtualBackend(**_options(
+        devices=devices, compute_slots=compute_slots, h2d_slots=h2d_slots, d2h_slots=d2h_slots,
+        bandwidth=bandwidth, latency=latency, d2d_bandwidth=d2d_bandwidth,
+    ), clock=clock)
     old = _backends.replace("virtual", backend)
     if old is not None:
         old.close()
+
+
+def _options(**options: object) -> dict[str, object]:
+    """Validate the options of a virtual backend (reset() and the pytest marker share them)."""
+    checked: dict[str, object] = {}
+    for name, value in options.items():
+        if name in ("devices", "compute_slots", "h2d_slots", "d2h_slots"):
+            checked[name] = _count(value, name)
+        elif name in ("bandwidth", "d2d_bandwidth"):
+            checked[name] = _rate(value, name)
+        elif name == "latency":
+            checked[name] = seconds_to_ns(value, name) / 1e9
+        else:
+            raise TypeError(f"unknown virtual backend option {name!r}")
+    return checked
 
 
 def submit(
@@ -150,6 +187,24 @@ def stats() -> VirtualStats:
 def timeline() -> list[OpRecord]:
     """The completed operations (up to the last 100,000), ordered by start, device and stream."""
     return _backend().timeline()
+
+
+def races(*, clear: bool = False) -> list[Race]:
+    """Host accesses to buffers made while a copy into them was in flight (the race detector).
+
+    ``HostBuffer.numpy()`` on a buffer that an unfinished copy writes is recorded here, with
+    where it happened. Reads through a view taken earlier are not seen; the destination then
+    holds :data:`POISON` bytes until the copy lands, which a test can check instead.
+    """
+    return _backend().races(clear=clear)
+
+
+def assert_no_races() -> None:
+    """Raise ``AssertionError`` listing every race recorded so far (see :func:`races`)."""
+    found = _backend().races(clear=True)
+    if found:
+        listing = "\n\n".join(str(r) for r in found)
+        raise AssertionError(f"{len(found)} unsynchronised host access(es):\n{listing}")
 
 
 def now() -> float:

@@ -69,6 +69,23 @@ class Backend(Protocol):
     # device work
     def delay(self, stream: Handle, seconds: float) -> None: ...
 
+    # memory and copies; a handle freed while a copy uses it is released when the copy is done
+    def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> Handle: ...
+    def host_view(self, host: Handle) -> memoryview:
+        """The host memory, writable, for a zero-copy numpy view."""
+
+    def host_access(self, host: Handle) -> None:
+        """The host is about to read or write ``host`` (the virtual backend checks for races)."""
+
+    def host_free(self, host: Handle) -> None: ...
+    def device_alloc(self, index: int, nbytes: int, stream: Handle | None) -> Handle: ...
+    def device_free(self, mem: Handle) -> None: ...
+    def device_ptr(self, mem: Handle) -> int:
+        """The device address (for ``__cuda_array_interface__``); raise where there is none."""
+
+    def copy(self, stream: Handle, dst: Handle, src: Handle, nbytes: int, kind: str) -> None:
+        """Enqueue a copy of ``nbytes`` on ``stream``; ``kind`` is ``h2d``, ``d2h`` or ``d2d``."""
+
     # waiting
     def wake_hint(self, index: int) -> float | None:
         """Seconds after which pending work on device ``index`` may have made progress.

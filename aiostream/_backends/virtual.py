@@ -28,6 +28,7 @@ import secrets
 import struct
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -37,7 +38,11 @@ from typing import ClassVar
 from .._errors import DeviceError, NotReadyError, StaleHandleError
 
 __all__ = [
+    "DEFAULT_BANDWIDTH",
+    "DEFAULT_D2D_BANDWIDTH",
+    "DEFAULT_LATENCY",
     "ENGINES",
+    "POISON",
     "PRIORITY_RANGE",
     "OpRecord",
     "VirtualBackend",
@@ -48,6 +53,14 @@ __all__ = [
 ENGINES = ("compute", "h2d", "d2h")
 #: (lowest, highest) stream priority, as ``cuCtxGetStreamPriorityRange`` reports on recent GPUs.
 PRIORITY_RANGE = (0, -5)
+#: The byte value that fills a copy's destination from the copy's start until it completes.
+POISON = 0xA5
+#: Host-device link: near a PCIe 4.0 x16 link in practice (bytes per second, seconds).
+DEFAULT_BANDWIDTH = 25e9
+DEFAULT_LATENCY = 10e-6
+#: Device-to-device copies run on the compute engine at device-memory speed.
+DEFAULT_D2D_BANDWIDTH = 1e12
+_COPY_ENGINES = {"h2d": "h2d", "d2h": "d2h", "d2d": "compute"}
 _IPC_MAGIC = b"aiostream:virt\x00\x01"  # 16 bytes
 _IPC_SIZE = 64
 _TIMELINE_LIMIT = 100_000
@@ -128,6 +141,8 @@ class VirtualStats:
     """Operations submitted and not yet completed."""
     waits: int
     """Waits (awaits and blocking waits) in progress."""
+    buffers: int = 0
+    """Host and device buffers allocated and not yet freed."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +240,7 @@ class _Item:
         "error",
         "fn",
         "name",
+        "on_start",
         "ready",
         "seq",
         "start",
@@ -255,6 +271,7 @@ class _Item:
         self.fn = fn
         self.error = error
         self.name = name
+        self.on_start: Callable[[], object] | None = None
         self.ready = -1
         self.start = -1
         self.end = -1
@@ -284,6 +301,33 @@ class _Event:
         self.state = state
         self.interprocess = interprocess
         self.destroyed = False
+
+
+class _Memory:
+    """Host or device memory of the simulator: bytes, and the copies that will write them."""
+
+    __slots__ = ("data", "device", "freed", "host", "inflight", "pinned", "writers")
+
+    def __init__(self, nbytes: int, device: _Device, *, host: bool, pinned: bool) -> None:
+        self.data = bytearray(nbytes)
+        self.device = device
+        self.host = host
+        self.pinned = pinned
+        self.freed = False
+        self.inflight = 0  # copies into it submitted and not completed
+        self.writers: list[_Item] = []
+
+
+@dataclass(frozen=True)
+class Race:
+    """The host touched a buffer while a copy into it was in flight."""
+
+    nbytes: int
+    copy: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"host access to a {self.nbytes}-byte buffer while {self.copy} was in flight\n{self.where}"
 
 
 class _Target:
@@ -338,8 +382,15 @@ class VirtualBackend:
         compute_slots: int = 1,
         h2d_slots: int = 1,
         d2h_slots: int = 1,
+        bandwidth: float = DEFAULT_BANDWIDTH,
+        latency: float = DEFAULT_LATENCY,
+        d2d_bandwidth: float = DEFAULT_D2D_BANDWIDTH,
     ) -> None:
         slots = {"compute": compute_slots, "h2d": h2d_slots, "d2h": d2h_slots}
+        self._bandwidth = {"h2d": bandwidth, "d2h": bandwidth, "d2d": d2d_bandwidth}
+        self._latency = latency
+        self._live_memory: set[_Memory] = set()
+        self._races: list[Race] = []
         self._lock = threading.RLock()
         self._clock_ns, self._manual = _resolve_clock(clock)
         self._unlisten = self._manual._listen(self._notify) if self._manual else None
@@ -467,6 +518,8 @@ class VirtualBackend:
             item.end = t + item.duration
             item.deps = []
             heapq.heappush(self._running, (item.end, *item.order(), item))
+            if item.on_start is not None:
+                item.on_start()
         self._dirty = False
 
     def _reopen_instant(self, t: int) -> None:
@@ -797,6 +850,83 @@ class VirtualBackend:
             self._check_device(stream.device)
             self._enqueue(stream, duration_ns, engine, fn, error, name)
 
+    # ------------------------------------------------------------------ memory and copies
+
+    def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> _Memory:
+        with self._lock:
+            self._check_open()
+            mem = _Memory(nbytes, self._devices[index], host=True, pinned=pinned)
+            self._live_memory.add(mem)
+            return mem
+
+    def host_view(self, host: _Memory) -> memoryview:
+        return memoryview(host.data)
+
+    def host_access(self, host: _Memory) -> None:
+        if not host.inflight:
+            return
+        with self._lock:
+            self._now()
+            if not host.inflight:
+                return
+            writer = next((w for w in host.writers if w.state != _DONE), None)
+            copy = (
+                f"{writer.name!r} on {writer.device.name} stream {writer.stream.id} "
+                f"(submitted at t={writer.submit / 1e9:.9f}s)"
+                if writer is not None
+                else "a copy"
+            )
+            where = "".join(traceback.format_stack(limit=10)[:-2])  # up to the .numpy() call
+            self._races.append(Race(len(host.data), copy, where))
+
+    def races(self, clear: bool = False) -> list[Race]:
+        with self._lock:
+            found = list(self._races)
+            if clear:
+                self._races.clear()
+            return found
+
+    def host_free(self, host: _Memory) -> None:
+        with self._lock:
+            host.freed = True
+            self._live_memory.discard(host)
+
+    def device_alloc(self, index: int, nbytes: int, stream: _Stream | None) -> _Memory:
+        with self._lock:
+            self._check_device(self._devices[index])
+            mem = _Memory(nbytes, self._devices[index], host=False, pinned=False)
+            self._live_memory.add(mem)
+            return mem
+
+    def device_free(self, mem: _Memory) -> None:
+        # The bytes live on while a copy's closure holds them: freeing never races a copy.
+        self.host_free(mem)
+
+    def device_ptr(self, mem: _Memory) -> int:
+        raise AttributeError("virtual device memory has no device address")
+
+    def copy(self, stream: _Stream, dst: _Memory, src: _Memory, nbytes: int, kind: str) -> None:
+        engine = _COPY_ENGINES[kind]
+        seconds = self._latency + nbytes / self._bandwidth[kind]
+        poison = bytes([POISON]) * nbytes
+
+        def begin() -> None:  # the destination holds poison from the copy's start
+            dst.data[:nbytes] = poison
+
+        def land() -> None:  # data moves when the copy completes
+            dst.data[:nbytes] = src.data[:nbytes]
+            dst.inflight -= 1
+            dst.writers.remove(item)
+
+        with self._lock:
+            self._check_device(stream.device)
+            item = self._enqueue(stream, round(seconds * 1e9), engine, land, None, f"copy {kind}")
+            dst.inflight += 1
+            dst.writers.append(item)
+            item.on_start = begin
+            if item.state == _RUNNING:  # it started at once, before the hook was set
+                begin()
+
     # ------------------------------------------------------------------ waiting
 
     def wake_hint(self, index: int) -> float | None:
@@ -840,6 +970,7 @@ class VirtualBackend:
                 events=len(self._live_events),
                 operations=self._pending_ops,
                 waits=len(self._live_targets),
+                buffers=len(self._live_memory),
             )
 
     def leaks(self) -> list[str]:
@@ -874,6 +1005,9 @@ class VirtualBackend:
                 )
             for event in sorted(self._live_events, key=lambda e: e.state.id):
                 lines.append(f"live event {event.device.name} event {event.state.id}")
+            for mem in sorted(self._live_memory, key=lambda m: (m.host, len(m.data))):
+                where = "host" if mem.host else mem.device.name
+                lines.append(f"live buffer of {len(mem.data)} bytes on {where}")
             return lines
 
     def timeline(self) -> list[OpRecord]:

@@ -18,10 +18,20 @@ import sniffio
 from .. import _backends
 from .._backends.virtual import OpRecord, VirtualBackend
 from ..device import Device
-from ..virtual import _count
+from ..virtual import _options
 from . import _fake_time
 
-_OPTIONS = ("devices", "compute_slots", "h2d_slots", "d2h_slots", "check_leaks")
+_OPTIONS = (
+    "devices",
+    "compute_slots",
+    "h2d_slots",
+    "d2h_slots",
+    "bandwidth",
+    "latency",
+    "d2d_bandwidth",
+    "check_leaks",
+    "check_races",
+)
 _TIME_KEY = pytest.StashKey["VirtualTime"]()
 _REPORT_KEY = pytest.StashKey[pytest.TestReport]()
 _TRIO_CLOCK_HINT = (
@@ -118,8 +128,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "aiostream(devices=1, compute_slots=1, h2d_slots=1, d2h_slots=1, check_leaks=True): "
-        "configure the virtual_device fixture",
+        "aiostream(devices=1, compute_slots=1, h2d_slots=1, d2h_slots=1, bandwidth=25e9, "
+        "latency=10e-6, d2d_bandwidth=1e12, check_leaks=True, check_races=True): configure "
+        "the virtual_device fixture",
     )
 
 
@@ -179,7 +190,8 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
     """A fresh virtual backend for this test, checked for leaks at teardown; yields ``virtual:0``."""
     options = _marker_options(request.node)
     check_leaks = options.pop("check_leaks", True)
-    kwargs = {name: _count(value, name) for name, value in options.items()}
+    check_races = options.pop("check_races", True)
+    kwargs = _options(**options)
     clock: Any = None
     if "virtual_time" in request.fixturenames:
         vtime = VirtualTime()
@@ -192,6 +204,7 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
     finally:
         gc.collect()  # objects the test dropped release their handles now
         leaks = backend.leaks()
+        races = backend.races()
         timeline = backend.timeline()
         _backends.restore("virtual", previous)
         backend.close()
@@ -200,7 +213,16 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(format_timeline(timeline))
     report = request.node.stash.get(_REPORT_KEY, None)
-    if leaks and check_leaks and (report is None or report.passed):
+    passed = report is None or report.passed
+    if races and check_races and passed:
+        listing = "\n\n".join(str(r) for r in races)
+        pytest.fail(
+            f"the test touched {len(races)} host buffer(s) while a copy into them was in "
+            f"flight; await the copy's event or stream first:\n{listing}\n(or mark the test "
+            "@pytest.mark.aiostream(check_races=False))",
+            pytrace=False,
+        )
+    if leaks and check_leaks and passed:
         listing = "\n".join(f"  - {line}" for line in leaks)
         pytest.fail(
             f"the test leaked {len(leaks)} thing(s) on the virtual backend:\n{listing}\n"

@@ -1,0 +1,249 @@
+"""Host and device buffers, and asynchronous copies between them."""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _backends
+from .device import Device, device as _resolve_device
+from .stream import Stream, _check_same_backend, current_stream
+
+if TYPE_CHECKING:
+    from ._backends.base import Backend
+
+__all__ = ["DeviceBuffer", "HostBuffer", "copy_async"]
+
+
+def _nbytes(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"nbytes must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"nbytes must be >= 0, got {value}")
+    return int(value)
+
+
+def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    dt = np.dtype(dtype)
+    if shape is None:
+        if nbytes % dt.itemsize:
+            raise ValueError(f"{nbytes} bytes do not hold a whole number of {dt} items")
+        return dt, (nbytes // dt.itemsize,)
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
+        raise ValueError(f"shape must be non-negative ints, got {shape!r}")
+    need = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+    if need != nbytes:
+        raise ValueError(
+            f"shape {tuple(dims)} of {dt} needs {need} bytes, but the buffer has {nbytes}"
+        )
+    return dt, tuple(int(d) for d in dims)
+
+
+class HostBuffer:
+    """Host memory for copies to and from a device.
+
+    Page-locked (pinned) through the driver on CUDA, so copies are truly asynchronous; plain
+    memory on virtual devices. :meth:`numpy` gives a zero-copy view.
+
+    Args:
+        nbytes: the size in bytes.
+        pinned: page-lock the memory (CUDA); ignored on virtual devices.
+        device: whose backend allocates it; None for the default device.
+
+    Example:
+        >>> buf = HostBuffer(16, device="virtual:0")
+        >>> buf.numpy(np.float32).shape
+        (4,)
+
+    Note:
+        Wraps ``cuMemHostAlloc`` on CUDA.
+    """
+
+    __slots__ = ("__weakref__", "_backend", "_device", "_finalizer", "_handle", "_nbytes", "_pinned")
+
+    def __init__(
+        self, nbytes: int, *, pinned: bool = True, device: Device | str | None = None
+    ) -> None:
+        self._nbytes = _nbytes(nbytes)
+        if not isinstance(pinned, bool):
+            raise TypeError(f"pinned must be True or False, got {pinned!r}")
+        self._pinned = pinned
+        self._device = _resolve_device(device)
+        self._backend: Backend = _backends.get(self._device.type)
+        self._handle = self._backend.host_alloc(self._device.index, self._nbytes, pinned=pinned)
+        self._finalizer = weakref.finalize(self, self._backend.host_free, self._handle)
+
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes."""
+        return self._nbytes
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the memory was asked to be page-locked."""
+        return self._pinned
+
+    @property
+    def device(self) -> Device:
+        """The device whose backend allocated this memory."""
+        return self._device
+
+    def numpy(self, dtype: Any = np.uint8, shape: Any = None) -> np.ndarray:
+        """A zero-copy numpy view of the memory, of ``dtype`` and ``shape`` (1-D by default).
+
+        The view is valid while this buffer lives. Read it only after the copies into it have
+        completed (await their event or stream): on virtual devices, asking for a view while a
+        copy into the buffer is in flight is recorded as a race (``aiostream.virtual.races()``)
+        and the bytes hold ``aiostream.virtual.POISON`` until the copy lands.
+        """
+        dt, dims = _shape_for(self._nbytes, dtype, shape)
+        self._backend.host_access(self._handle)
+        view = np.frombuffer(self._backend.host_view(self._handle), dtype=dt)
+        return view.reshape(dims)
+
+    def __repr__(self) -> str:
+        return f"<aiostream.HostBuffer {self._nbytes} bytes pinned={self._pinned} on {self._device}>"
+
+
+class DeviceBuffer:
+    """Device memory of ``nbytes``, allocated stream-ordered where the backend can.
+
+    It carries a ``dtype`` and ``shape`` for interop (``uint8`` and ``(nbytes,)`` unless made by
+    :meth:`view`). On CUDA it exposes ``__cuda_array_interface__`` (version 3, with the stream of
+    its allocation), so CuPy, Numba and PyTorch can use it without copies.
+
+    Note:
+        Wraps ``cuMemAllocAsync`` / ``cuMemFreeAsync`` on CUDA.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_backend",
+        "_base",
+        "_device",
+        "_dtype",
+        "_finalizer",
+        "_handle",
+        "_nbytes",
+        "_shape",
+        "_stream",
+    )
+
+    def __init__(self, nbytes: int, device: Device | str | None = None) -> None:
+        self._nbytes = _nbytes(nbytes)
+        self._device = _resolve_device(device)
+        self._backend: Backend = _backends.get(self._device.type)
+        stream = current_stream(self._device)
+        self._stream: Stream | None = stream
+        self._handle = self._backend.device_alloc(self._device.index, self._nbytes, stream._handle)
+        self._finalizer: weakref.finalize | None = weakref.finalize(
+            self, self._backend.device_free, self._handle
+        )
+        self._dtype, self._shape = np.dtype(np.uint8), (self._nbytes,)
+        self._base: DeviceBuffer | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes."""
+        return self._nbytes
+
+    @property
+    def device(self) -> Device:
+        """The device that holds the memory."""
+        return self._device
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The element type used for interop."""
+        return self._dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape used for interop."""
+        return self._shape
+
+    def view(self, dtype: Any, shape: Any = None) -> DeviceBuffer:
+        """The same memory seen as ``dtype`` and ``shape``; it keeps this buffer alive."""
+        dt, dims = _shape_for(self._nbytes, dtype, shape)
+        other = DeviceBuffer.__new__(DeviceBuffer)
+        other._nbytes, other._device, other._backend = self._nbytes, self._device, self._backend
+        other._stream, other._handle, other._finalizer = self._stream, self._handle, None
+        other._dtype, other._shape = dt, dims
+        other._base = self._base if self._base is not None else self
+        return other
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """Version 3 of the CUDA array interface (CUDA devices only)."""
+        ptr = self._backend.device_ptr(self._handle)
+        stream = self._stream._handle if self._stream is not None else None
+        return {
+            "shape": self._shape,
+            "typestr": self._dtype.str,
+            "data": (ptr, False),
+            "version": 3,
+            "strides": None,
+            "stream": int(stream) if stream else 1,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"<aiostream.DeviceBuffer {self._nbytes} bytes on {self._device} "
+            f"dtype={self._dtype} shape={self._shape}>"
+        )
+
+
+Buffer = HostBuffer | DeviceBuffer
+
+
+def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> None:
+    """Enqueue a copy of ``src`` into ``dst`` on ``stream``: host-to-device, device-to-host or
+    device-to-device. The host does not wait; the data has landed when work recorded after the
+    copy has completed.
+
+    Both buffers stay alive until the copy completes, even if the caller drops them.
+
+    Args:
+        dst: the destination, a :class:`HostBuffer` or :class:`DeviceBuffer`.
+        src: the source, of the same size.
+        stream: the stream to copy on; None for the current stream of the device buffer's
+            device (of ``dst`` when both are device buffers).
+
+    Raises:
+        TypeError: a buffer is not a HostBuffer or DeviceBuffer, or ``stream`` not a Stream.
+        ValueError: the sizes differ, both are host buffers, or devices do not match.
+
+    Note:
+        Wraps ``cuMemcpyHtoDAsync``, ``cuMemcpyDtoHAsync`` and ``cuMemcpyDtoDAsync`` on CUDA.
+    """
+    for name, buf in (("dst", dst), ("src", src)):
+        if not isinstance(buf, (HostBuffer, DeviceBuffer)):
+            raise TypeError(f"{name} must be a HostBuffer or DeviceBuffer, got {buf!r}")
+    if dst.nbytes != src.nbytes:
+        raise ValueError(f"copy_async needs equal sizes, got dst {dst.nbytes} and src {src.nbytes} bytes")
+    if isinstance(dst, HostBuffer) and isinstance(src, HostBuffer):
+        raise ValueError("copy_async copies to or from a device; for host to host use numpy")
+    kind = (
+        "h2d"
+        if isinstance(src, HostBuffer)
+        else "d2h"
+        if isinstance(dst, HostBuffer)
+        else "d2d"
+    )
+    dev_buf = dst if isinstance(dst, DeviceBuffer) else src
+    if kind == "d2d" and src.device != dst.device:
+        raise ValueError(f"copy_async copies within one device, got {src.device} and {dst.device}")
+    if stream is None:
+        stream = current_stream(dev_buf.device)
+    elif not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+    if stream.device != dev_buf.device:
+        raise ValueError(
+            f"the device buffer is on {dev_buf.device}, but the stream is on {stream.device}"
+        )
+    _check_same_backend(stream, dst)
+    _check_same_backend(stream, src)
+    stream._backend.copy(stream._handle, dst._handle, src._handle, dst.nbytes, kind)

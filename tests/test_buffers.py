@@ -1,0 +1,190 @@
+"""Host and device buffers, copies, the link model, poison and the race detector."""
+
+from __future__ import annotations
+
+import gc
+
+import anyio
+import numpy as np
+import pytest
+
+import aiostream as ais
+from aiostream.testing import VirtualTime
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
+    return request.param
+
+
+def test_host_buffer_views_share_memory(virtual_device: ais.Device) -> None:
+    buf = ais.HostBuffer(16)
+    assert (buf.nbytes, buf.pinned, buf.device) == (16, True, virtual_device)
+    floats = buf.numpy(np.float32)
+    floats[:] = [1, 2, 3, 4]
+    assert buf.numpy(np.float32, (2, 2)).tolist() == [[1, 2], [3, 4]]
+    assert buf.numpy().shape == (16,)
+    assert not ais.HostBuffer(8, pinned=False).pinned
+    assert "16 bytes" in repr(buf)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "exc", "match"),
+    [
+        ((-1,), {}, ValueError, "nbytes must be >= 0"),
+        (("8",), {}, TypeError, "nbytes must be an int"),
+        ((8,), {"pinned": 1}, TypeError, "pinned must be True or False"),
+    ],
+)
+def test_host_buffer_bad_input(
+    virtual_device: ais.Device, args: tuple, kwargs: dict, exc: type, match: str
+) -> None:
+    with pytest.raises(exc, match=match):
+        ais.HostBuffer(*args, **kwargs)
+
+
+def test_views_must_fit(virtual_device: ais.Device) -> None:
+    buf = ais.HostBuffer(10)
+    with pytest.raises(ValueError, match="whole number of float32"):
+        buf.numpy(np.float32)
+    with pytest.raises(ValueError, match=r"shape \(3, 3\) of uint8 needs 9 bytes"):
+        buf.numpy(np.uint8, (3, 3))
+    dev = ais.DeviceBuffer(8)
+    with pytest.raises(ValueError, match="needs 16 bytes"):
+        dev.view(np.float32, (4,))
+    with pytest.raises(ValueError, match="non-negative ints"):
+        dev.view(np.uint8, (-8,))
+
+
+def test_device_buffer_views_and_interop(virtual_device: ais.Device) -> None:
+    dev = ais.DeviceBuffer(16, "virtual:0")
+    assert (dev.nbytes, dev.device, dev.dtype, dev.shape) == (16, virtual_device, np.uint8, (16,))
+    typed = dev.view(np.float32, (2, 2))
+    assert (typed.dtype, typed.shape, typed.nbytes) == (np.float32, (2, 2), 16)
+    assert not hasattr(dev, "__cuda_array_interface__")  # CUDA buffers only
+    del dev
+    gc.collect()
+    assert ais.virtual.stats().buffers == 1  # the view keeps its base alive
+    del typed
+
+
+async def test_round_trip_through_the_device(virtual_time: VirtualTime) -> None:
+    host_in, host_out = ais.HostBuffer(64), ais.HostBuffer(64)
+    a, b = ais.DeviceBuffer(64), ais.DeviceBuffer(64)
+    host_in.numpy(np.int64)[:] = np.arange(8)
+    s = ais.Stream()
+    ais.copy_async(a, host_in, stream=s)
+    ais.copy_async(b, a, stream=s)
+    ais.copy_async(host_out, b, stream=s)
+    await s.synchronize()
+    assert host_out.numpy(np.int64).tolist() == list(range(8))
+    assert [r.engine for r in ais.virtual.timeline()] == ["h2d", "compute", "d2h"]
+
+
+@pytest.mark.aiostream(bandwidth=1e6, latency=0.001, d2d_bandwidth=4e6)
+async def test_copies_take_latency_plus_size_over_bandwidth(virtual_time: VirtualTime) -> None:
+    host, dev, dev2 = ais.HostBuffer(4000), ais.DeviceBuffer(4000), ais.DeviceBuffer(4000)
+    ais.copy_async(dev, host)
+    ais.copy_async(dev2, dev)
+    await ais.current_stream().synchronize()
+    h2d, d2d = ais.virtual.timeline()
+    assert h2d.end - h2d.start == pytest.approx(0.005, abs=1e-9)  # 1 ms + 4000 B / 1 MB/s
+    assert d2d.end - d2d.start == pytest.approx(0.002, abs=1e-9)  # 1 ms + 4000 B / 4 MB/s
+    assert virtual_time.now() == pytest.approx(0.007, abs=1e-9)
+
+
+async def test_reading_before_the_copy_lands_sees_poison(virtual_time: VirtualTime) -> None:
+    dev, out = ais.DeviceBuffer(32), ais.HostBuffer(32)
+    src = ais.HostBuffer(32)
+    src.numpy()[:] = 7
+    s = ais.Stream()
+    ais.copy_async(dev, src, stream=s)
+    ais.copy_async(out, dev, stream=s)
+    early = out.numpy().copy()  # taken while the copy flies
+    assert set(early.tolist()) <= {0, ais.virtual.POISON}
+    await s.synchronize()
+    assert (out.numpy() == 7).all()  # with the wait: the data
+    races = ais.virtual.races(clear=True)
+    assert len(races) == 1 and "'copy d2h'" in races[0].copy
+    assert "test_reading_before_the_copy_lands_sees_poison" in races[0].where
+
+
+@pytest.mark.aiostream(bandwidth=8.0)  # 8 bytes take a second
+async def test_destination_is_poisoned_from_the_copy_start(virtual_time: VirtualTime) -> None:
+    out, dev = ais.HostBuffer(8), ais.DeviceBuffer(8)
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)  # the copy runs from t=1 to t=2
+    ais.copy_async(out, dev, stream=s)
+    assert (out.numpy() == 0).all()  # a race, and not started yet: the old contents
+    await anyio.sleep(1.5)
+    assert (out.numpy() == ais.virtual.POISON).all()  # started: poison until it lands
+    await s.synchronize()
+    assert (out.numpy() == 0).all()  # landed: the device buffer's zeros
+    assert len(ais.virtual.races(clear=True)) == 2
+
+
+async def test_ordered_reads_are_not_poisoned(virtual_time: VirtualTime) -> None:
+    src, out = ais.HostBuffer(8), ais.HostBuffer(8)
+    src.numpy()[:] = 3
+    dev = ais.DeviceBuffer(8)
+    s = ais.Stream()
+    ais.copy_async(out, dev, stream=s)  # reads dev's zeros ...
+    ais.copy_async(dev, src, stream=s)  # ... before this copy starts writing it
+    await s.synchronize()
+    assert (out.numpy() == 0).all()
+    ais.virtual.assert_no_races()
+
+
+@pytest.mark.aiostream(bandwidth=1000.0)  # the copy is in flight for 8 ms of real time
+def test_assert_no_races_lists_where(virtual_device: ais.Device) -> None:
+    out, dev = ais.HostBuffer(8), ais.DeviceBuffer(8)
+    ais.copy_async(out, dev)
+    out.numpy()
+    with pytest.raises(AssertionError, match="1 unsynchronised host access") as info:
+        ais.virtual.assert_no_races()
+    assert "test_assert_no_races_lists_where" in str(info.value)
+    ais.virtual.assert_no_races()  # cleared
+    ais.current_stream().synchronize_blocking()
+    out.numpy()  # after the wait: no race
+    ais.virtual.assert_no_races()
+
+
+async def test_buffers_live_until_their_copy_completes(virtual_time: VirtualTime) -> None:
+    out = ais.HostBuffer(8)
+    src = ais.HostBuffer(8)
+    src.numpy()[:] = 9
+    dev = ais.DeviceBuffer(8)
+    s = ais.Stream()
+    ais.copy_async(dev, src, stream=s)
+    ais.copy_async(out, dev, stream=s)
+    del src, dev
+    gc.collect()
+    assert ais.virtual.stats().buffers == 1  # freed by their owners ...
+    await s.synchronize()
+    assert (out.numpy() == 9).all()  # ... yet the copies read them intact
+
+
+def test_copy_async_bad_input(virtual_device: ais.Device) -> None:
+    h8, h4, d8 = ais.HostBuffer(8), ais.HostBuffer(4), ais.DeviceBuffer(8)
+    with pytest.raises(ValueError, match="equal sizes, got dst 4 and src 8"):
+        ais.copy_async(h4, d8)
+    with pytest.raises(ValueError, match="for host to host use numpy"):
+        ais.copy_async(h8, h8)
+    with pytest.raises(TypeError, match="dst must be a HostBuffer or DeviceBuffer"):
+        ais.copy_async(np.zeros(8, np.uint8), d8)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="src must be a HostBuffer or DeviceBuffer"):
+        ais.copy_async(d8, b"12345678")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="stream must be an aiostream.Stream"):
+        ais.copy_async(d8, h8, stream=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.aiostream(devices=2)
+def test_copies_stay_on_one_device(virtual_device: ais.Device) -> None:
+    d0, d1 = ais.DeviceBuffer(8, "virtual:0"), ais.DeviceBuffer(8, "virtual:1")
+    with pytest.raises(ValueError, match="within one device, got virtual:1 and virtual:0"):
+        ais.copy_async(d0, d1)
+    with pytest.raises(ValueError, match="on virtual:0, but the stream is on virtual:1"):
+        ais.copy_async(d0, ais.HostBuffer(8), stream=ais.Stream("virtual:1"))

@@ -1,0 +1,256 @@
+"""The async data loader: order, overlap, bounded prefetch, safe reuse, and clean stops."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import numpy as np
+import pytest
+
+import aiostream as ais
+from aiostream.testing import VirtualTime
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
+    return request.param
+
+
+def arrays(n: int, size: int = 16) -> Iterator[np.ndarray]:
+    for i in range(n):
+        yield np.full(size, i, dtype=np.float32)
+
+
+async def fetch(buf: ais.DeviceBuffer, stream: ais.Stream) -> np.ndarray:
+    """Copy a device buffer back to the host, in order on ``stream``, and wait for it."""
+    out = ais.HostBuffer(buf.nbytes)
+    ais.copy_async(out, buf, stream=stream)
+    await stream.synchronize()
+    return out.numpy(buf.dtype, buf.shape).copy()
+
+
+def quiet() -> None:
+    stats = ais.virtual.stats()
+    assert (stats.operations, stats.waits) == (0, 0), stats
+
+
+async def test_batches_arrive_in_order_with_the_data(virtual_time: VirtualTime) -> None:
+    s = ais.current_stream()
+    seen = []
+    async with ais.DataLoader(arrays(6), transform=lambda a: a * 2, prefetch=3) as loader:
+        async for batch in loader:
+            assert isinstance(batch.data, ais.DeviceBuffer)
+            assert (batch.data.dtype, batch.data.shape) == (np.float32, (16,))
+            data = await fetch(batch.data, s)
+            seen.append((batch.index, float(data[0])))
+    assert seen == [(i, 2.0 * i) for i in range(6)]
+    assert loader.stats.batches == 6
+    quiet()
+
+
+async def test_tuples_and_dicts_keep_their_shape(virtual_time: VirtualTime) -> None:
+    s = ais.current_stream()
+    items = [(np.arange(4, dtype=np.int32) + i, np.ones((2, 3)) * i) for i in range(3)]
+    async with ais.DataLoader(items) as loader:
+        async for batch in loader:
+            x, y = batch.data
+            assert (x.dtype, x.shape, y.dtype, y.shape) == (np.int32, (4,), np.float64, (2, 3))
+            assert (await fetch(y, s) == batch.index).all()
+    dicts = [{"x": np.full(2, i, np.int64), "y": np.zeros(1, np.uint8)} for i in range(2)]
+    async with ais.DataLoader(dicts) as loader:
+        async for batch in loader:
+            assert list(batch.data) == ["x", "y"]
+            assert (await fetch(batch.data["x"], s) == batch.index).all()
+    quiet()
+
+
+async def test_async_source_and_async_transform(virtual_time: VirtualTime) -> None:
+    async def source() -> AsyncIterator[np.ndarray]:
+        for i in range(4):
+            await anyio.sleep(0.001)
+            yield np.full(8, i, np.uint8)
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        await anyio.sleep(0.002)
+        return a + 1
+
+    s = ais.current_stream()
+    got = []
+    async with ais.DataLoader(source(), transform=transform) as loader:
+        async for batch in loader:
+            got.append(int((await fetch(batch.data, s))[0]))
+    assert got == [1, 2, 3, 4]
+    quiet()
+
+
+async def test_consumer_work_starts_after_the_copy_lands(virtual_time: VirtualTime) -> None:
+    consumer = ais.Stream()
+    with ais.use_stream(consumer):
+        async with ais.DataLoader(arrays(2, size=1 << 20)) as loader:
+            async for batch in loader:
+                assert not batch.ready.query()  # the host did not wait for the copy
+                ais.virtual.submit(consumer, 0.001, name=f"kernel{batch.index}")
+        await consumer.synchronize()
+    ops = ais.virtual.timeline()
+    copies = [r for r in ops if r.engine == "h2d"]
+    kernels = [r for r in ops if r.name.startswith("kernel")]
+    for copy, kernel in zip(copies, kernels):
+        assert kernel.start >= copy.end
+
+
+async def test_at_most_prefetch_batches_in_flight(virtual_time: VirtualTime) -> None:
+    pulled = 0
+
+    def source() -> Iterator[np.ndarray]:
+        nonlocal pulled
+        for i in range(20):
+            pulled += 1
+            yield np.full(4, i, np.float32)
+
+    async with ais.DataLoader(source(), prefetch=3) as loader:
+        async for batch in loader:
+            assert pulled - (batch.index + 1) <= 3  # handed out + in flight
+            ais.delay(0.01)
+    await ais.current_stream().synchronize()
+    quiet()
+
+
+async def test_reuse_never_overwrites_a_batch_still_in_use(virtual_time: VirtualTime) -> None:
+    """A slow consumer: each batch is read 50 ms after it was handed out, by device work."""
+    consumer = ais.Stream()
+    results = []
+    with ais.use_stream(consumer):
+        async with ais.DataLoader(arrays(12, size=1024), prefetch=2) as loader:
+            async for batch in loader:
+                ais.delay(0.05)  # the consumer's kernel, long after the next copies could run
+                out = ais.HostBuffer(batch.data.nbytes)
+                ais.copy_async(out, batch.data)  # reads the batch when the kernel is done
+                results.append((batch.index, out))
+        await consumer.synchronize()
+    for index, out in results:
+        assert (out.numpy(np.float32) == index).all(), index
+    stats = loader.stats
+    assert stats.peak_in_use <= loader.prefetch + 2
+    assert stats.allocations == loader.prefetch + 2  # one per slot, never per batch
+    ais.virtual.assert_no_races()
+    quiet()
+
+
+@pytest.mark.aiostream(bandwidth=1e6)  # 4 kB take 4 ms
+async def test_throughput_overlaps_the_stages(virtual_time: VirtualTime) -> None:
+    """host 2 ms, copy ~4 ms, compute 3 ms: the pipeline runs at the slowest stage."""
+    n, nbytes = 40, 4000
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        await anyio.sleep(0.002)
+        return a
+
+    source = (np.zeros(nbytes, np.uint8) for _ in range(n))
+    async with ais.DataLoader(source, transform=transform, prefetch=2) as loader:
+        async for _ in loader:
+            ais.delay(0.003)
+    await ais.current_stream().synchronize()
+    copy = 10e-6 + nbytes / 1e6
+    assert virtual_time.now() <= n * copy / 0.95
+
+
+async def test_break_with_async_with_leaves_nothing_pending(virtual_time: VirtualTime) -> None:
+    async with ais.DataLoader(arrays(100), prefetch=4) as loader:
+        async for batch in loader:
+            if batch.index == 2:
+                break
+    quiet()
+    del batch, loader
+    import gc
+
+    gc.collect()
+    assert ais.virtual.stats().buffers == 0
+
+
+async def test_plain_break_stops_production_and_aclose_drains(virtual_time: VirtualTime) -> None:
+    pulled = 0
+
+    def source() -> Iterator[np.ndarray]:
+        nonlocal pulled
+        for i in range(100):
+            pulled += 1
+            yield np.full(4, i, np.float32)
+
+    loader = ais.DataLoader(source(), prefetch=2)
+    async for batch in loader:
+        break
+    assert pulled == 2 and batch.index == 0
+    await loader.aclose()
+    quiet()
+
+
+async def test_an_error_in_transform_stops_everything(virtual_time: VirtualTime) -> None:
+    def transform(a: np.ndarray) -> np.ndarray:
+        if a[0] == 3:
+            raise RuntimeError("bad item 3")
+        return a
+
+    loader = ais.DataLoader(arrays(10), transform=transform)
+    seen = []
+    with pytest.raises(RuntimeError, match="bad item 3"):
+        async for batch in loader:
+            seen.append(batch.index)
+    assert seen == [0, 1]
+    quiet()
+    with pytest.raises(StopAsyncIteration):
+        await loader._last.__anext__()  # type: ignore[union-attr]
+
+
+async def test_cancelling_the_consumer_stops_everything(virtual_time: VirtualTime) -> None:
+    async def slow(a: np.ndarray) -> np.ndarray:
+        await anyio.sleep(1.0)
+        return a
+
+    loader = ais.DataLoader(arrays(10), transform=slow, prefetch=2)
+    with anyio.move_on_after(2.5):
+        async for _ in loader:
+            pass
+    quiet()
+    await loader.aclose()
+
+
+async def test_to_thread_runs_the_transform_in_a_worker(virtual_device: ais.Device) -> None:
+    import threading
+
+    main = threading.get_ident()
+    threads = set()
+
+    def transform(a: np.ndarray) -> np.ndarray:
+        threads.add(threading.get_ident())
+        return a + 1
+
+    s = ais.current_stream()
+    async with ais.DataLoader(arrays(3), transform=transform, to_thread=True) as loader:
+        async for batch in loader:
+            assert (await fetch(batch.data, s) == batch.index + 1).all()
+    assert threads and main not in threads
+    quiet()
+
+
+def test_bad_input(virtual_device: ais.Device) -> None:
+    with pytest.raises(TypeError, match="source must be an iterable"):
+        ais.DataLoader(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="transform must be callable"):
+        ais.DataLoader([], transform=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="prefetch must be >= 1"):
+        ais.DataLoader([], prefetch=0)
+    with pytest.raises(TypeError, match="prefetch must be an int"):
+        ais.DataLoader([], prefetch=2.0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="to_thread must be True or False"):
+        ais.DataLoader([], to_thread="yes")  # type: ignore[arg-type]
+
+
+async def test_items_must_be_arrays(virtual_time: VirtualTime) -> None:
+    with pytest.raises(TypeError, match="numpy arrays, or tuples or dicts of them; got list"):
+        async for _ in ais.DataLoader([[1, 2, 3]]):
+            pass
+    quiet()

@@ -1,4 +1,4 @@
-"""The command line: ``python -m aiostream info`` and ``python -m aiostream demo``."""
+"""The command line: ``python -m aiostream info``, ``demo`` and ``streams``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import anyio
 
 import aiostream as ais
 
-from . import _backends
+from . import _backends, _demo
 
 LOOPS = ("asyncio", "uvloop", "trio")
 
@@ -51,7 +51,7 @@ def info() -> str:
     return "\n".join(lines)
 
 
-async def demo(device: ais.Device, tasks: int, base_ms: float, out: list[str]) -> None:
+async def streams_demo(device: ais.Device, tasks: int, base_ms: float, out: list[str]) -> None:
     """Several tasks, each recording work on its own stream and awaiting it."""
     t0 = ais.Event(device, enable_timing=True)
     t0.record(ais.default_stream(device))
@@ -117,38 +117,108 @@ def _run(main: object, loop: str) -> None:
         anyio.run(main, backend="asyncio", backend_options={"use_uvloop": loop == "uvloop"})  # type: ignore[arg-type]
 
 
+def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> str:
+    stages = ", ".join(f"{name} {sec * 1000:.2f} ms" for name, sec in seq.stage_s.items())
+    ideal = seq.batches * max(seq.stage_s.values())
+    slowest = max(seq.stage_s, key=seq.stage_s.__getitem__)
+    ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
+    return "\n".join([
+        f"pipelined:  {pipe.batches} batches in {pipe.seconds:.3f} s = "
+        f"{pipe.batches_per_s:7.1f} batches/s ({ok[pipe.checksum_ok]})",
+        f"sequential: {seq.batches} batches in {seq.seconds:.3f} s = "
+        f"{seq.batches_per_s:7.1f} batches/s ({ok[seq.checksum_ok]})",
+        f"stages per batch (from the sequential run): {stages}",
+        f"overlap efficiency: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = "
+        f"{seq.batches} x the {slowest} stage, over the measured {pipe.seconds:.3f} s)",
+        f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
+        f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
+    ])
+
+
+def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
+    cfg = _demo.PipelineConfig(
+        batches=args.batches,
+        nbytes=args.batch_kb * 1024,
+        host_s=args.host_ms / 1000,
+        compute_s=args.compute_ms / 1000,
+        prefetch=args.prefetch,
+        device=device,
+    )
+    print(
+        f"aiostream demo on {device}, {args.loop} loop: {cfg.batches} batches of "
+        f"{args.batch_kb} KiB, host {args.host_ms:g} ms, compute {args.compute_ms:g} ms, "
+        f"prefetch {cfg.prefetch}"
+    )
+    live = sys.stderr.isatty()
+    bar = _demo.progress_bar(cfg.batches, lambda text: (sys.stderr.write(text), sys.stderr.flush()), live=live)
+    results: dict[str, _demo.PipelineResult] = {}
+
+    async def run() -> None:
+        results["pipe"] = await _demo.run_pipeline(cfg, progress=bar)
+        if live:
+            sys.stderr.write("\n")
+        results["seq"] = await _demo.run_sequential(cfg)
+
+    _run(run, args.loop)
+    print(_pipeline_report(results["seq"], results["pipe"]))
+    return 0 if results["pipe"].checksum_ok and results["seq"].checksum_ok else 1
+
+
+def _positive(kind: type, name: str):  # type: ignore[no-untyped-def]
+    def parse(text: str):  # type: ignore[no-untyped-def]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m aiostream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backends, devices and versions on this machine")
-    p_demo = sub.add_parser("demo", help="tasks awaiting device work on their own streams")
-    p_demo.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
-    p_demo.add_argument("--tasks", type=int, default=4, help="number of tasks (default 4)")
-    p_demo.add_argument(
-        "--duration-ms", type=float, default=40.0, help="work per task unit, ms (default 40)"
+    p_demo = sub.add_parser(
+        "demo", help="the end-to-end pipeline: host transform, copies, compute, results checked"
     )
+    p_demo.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
+    p_demo.add_argument("--batches", type=_positive(int, "--batches"), default=100)
+    p_demo.add_argument("--batch-kb", type=_positive(int, "--batch-kb"), default=1024,
+                        help="KiB per batch (default 1024)")
+    p_demo.add_argument("--host-ms", type=_positive(float, "--host-ms"), default=2.0,
+                        help="host transform per batch, ms (default 2)")
+    p_demo.add_argument("--compute-ms", type=_positive(float, "--compute-ms"), default=3.0,
+                        help="device compute per batch, ms (default 3)")
+    p_demo.add_argument("--prefetch", type=_positive(int, "--prefetch"), default=2)
     p_demo.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
+    p_streams = sub.add_parser("streams", help="tasks awaiting device work on their own streams")
+    p_streams.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
+    p_streams.add_argument("--tasks", type=_positive(int, "--tasks"), default=4)
+    p_streams.add_argument("--duration-ms", type=_positive(float, "--duration-ms"), default=40.0,
+                           help="work per task unit, ms (default 40)")
+    p_streams.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
     args = parser.parse_args(argv)
 
     if args.command == "info":
         print(info())
         return 0
-
-    if args.tasks < 1:
-        parser.error("--tasks must be >= 1")
-    if not args.duration_ms > 0:
-        parser.error("--duration-ms must be > 0")
     try:
         device = ais.device(args.device)
     except (ValueError, TypeError, ais.AiostreamError) as exc:
         parser.error(str(exc))
     if args.loop != "asyncio" and _dist_version(args.loop) is None:
         parser.error(f"--loop {args.loop} needs the {args.loop!r} package: pip install {args.loop}")
+    if args.command == "demo":
+        return _run_demo(args, device)
+
     out: list[str] = []
-    print(f"aiostream demo on {device}, {args.tasks} tasks, {args.loop} loop")
+    print(f"aiostream streams demo on {device}, {args.tasks} tasks, {args.loop} loop")
 
     async def run() -> None:
-        await demo(device, args.tasks, args.duration_ms, out)
+        await streams_demo(device, args.tasks, args.duration_ms, out)
 
     _run(run, args.loop)
     print("\n".join(out))

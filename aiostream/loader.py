@@ -64,7 +64,8 @@ class Batch:
         index: the item's position in the source.
 
     A batch is valid until the consumer asks for the next one: then its buffers go back to
-    the pool (reused once the work the consumer submitted with them has completed).
+    the pool, reused once the work the consumer submitted with them on its current stream has
+    completed. Work on other streams counts too once they are named with :meth:`record_stream`.
     """
 
     __slots__ = ("_slot", "data", "index", "ready")
@@ -75,6 +76,18 @@ class Batch:
         self.ready = ready
         self._slot = slot
 
+    def record_stream(self, stream: Stream) -> None:
+        """Mark ``stream`` as using this batch: its buffers are reused only after the work
+        submitted to ``stream`` before the next batch is requested has completed too
+        (as ``torch.Tensor.record_stream``). The stream must first wait for :attr:`ready`.
+        """
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
+        if stream.device != self.ready.device:
+            raise ValueError(f"the batch is on {self.ready.device}, the stream on {stream.device}")
+        if stream not in self._slot.users:
+            self._slot.users.append(stream)
+
     def __repr__(self) -> str:
         return f"<aiostream.Batch {self.index} ready={self.ready.query()}>"
 
@@ -82,13 +95,14 @@ class Batch:
 class _Slot:
     """Staging and device buffers for one item, and the events that order their reuse."""
 
-    __slots__ = ("copied", "device", "released", "staging")
+    __slots__ = ("copied", "device", "released", "staging", "users")
 
     def __init__(self) -> None:
         self.staging: list[HostBuffer] = []
         self.device: list[DeviceBuffer] = []
         self.copied: Event | None = None  # after the last copy out of the staging buffers
-        self.released: Event | None = None  # after the consumer's work with the last batch
+        self.released: list[Event] = []  # after the consumer's work with the last batch
+        self.users: list[Stream] = []  # streams other than the current one using the batch
 
 
 def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
@@ -183,11 +197,11 @@ class _Iteration(AsyncIterator[Batch]):
         if [b.nbytes for b in slot.staging] != [a.nbytes for a in arrays]:
             slot.staging = [HostBuffer(a.nbytes, device=self._device) for a in arrays]
             slot.device = [DeviceBuffer(a.nbytes, self._device) for a in arrays]
-            slot.released = None
+            slot.released = []
             self.allocations += len(arrays)
         stream = self._copy_stream
-        if slot.released is not None:
-            stream.wait_event(slot.released)  # the consumer's work with it is done first
+        for released in slot.released:
+            stream.wait_event(released)  # the consumer's work with it is done first
         views = []
         for array, host, dev in zip(arrays, slot.staging, slot.device):
             array = np.ascontiguousarray(array)
@@ -202,11 +216,13 @@ class _Iteration(AsyncIterator[Batch]):
     def _release_held(self) -> None:
         slot, self._held = self._held, None
         if slot is not None:
-            slot.released = current_stream(self._device).record_event()
+            users = [current_stream(self._device), *slot.users]
+            slot.released = [s.record_event() for s in dict.fromkeys(users)]
+            slot.users = []
             self._free.append(slot)
 
     def _note_in_use(self) -> None:
-        busy = sum(1 for slot in self._free if slot.released is not None and not slot.released.query())
+        busy = sum(1 for slot in self._free if not all(e.query() for e in slot.released))
         in_use = len(self._inflight) + (self._held is not None) + busy
         self.peak_in_use = max(self.peak_in_use, in_use)
 

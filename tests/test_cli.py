@@ -26,8 +26,8 @@ def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFi
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
-def test_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--device", "virtual:0", "--tasks", "3", "--duration-ms", "5",
+def test_streams_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["streams", "--device", "virtual:0", "--tasks", "3", "--duration-ms", "5",
                  "--loop", loop]) == 0
     out = capsys.readouterr().out
     for i in range(3):
@@ -36,13 +36,30 @@ def test_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixture[str]) 
     assert out.count("|") == 6  # one bar per task
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_pipeline_demo_checks_its_results_and_reports(
+    loop: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["demo", "--device", "virtual:0", "--batches", "12", "--batch-kb", "64",
+                 "--host-ms", "1", "--compute-ms", "1", "--loop", loop]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "pipelined:  12 batches" in out and "sequential: 12 batches" in out
+    assert out.count("(checksum ok)") == 2
+    assert "overlap efficiency: " in out and "speed-up over sequential: " in out
+    assert "stages per batch (from the sequential run): host " in out
+    assert "12/12 batches" in captured.err  # the progress bar
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["demo", "--device", "virtual:9"], "does not exist"),
         (["demo", "--device", "gpu"], "not valid"),
-        (["demo", "--tasks", "0"], "--tasks must be >= 1"),
-        (["demo", "--duration-ms", "-1"], "--duration-ms must be > 0"),
+        (["demo", "--batches", "0"], "--batches must be > 0"),
+        (["demo", "--host-ms", "x"], "--host-ms must be a number"),
+        (["streams", "--tasks", "0"], "--tasks must be > 0"),
+        (["streams", "--duration-ms", "-1"], "--duration-ms must be > 0"),
         (["nonsense"], "invalid choice"),
     ],
 )
@@ -69,6 +86,19 @@ def test_python_dash_m_entry_point() -> None:
     assert "backends:" in proc.stdout
 
 
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("examples/loader.py", "32 batches, 8 device buffers allocated"),
+        ("examples/overlap_two_streams.py", "8 chunks of 4 MiB copied and computed"),
+    ],
+)
+def test_examples_run(script: str, expected: str) -> None:
+    proc = run_python(script)
+    assert proc.returncode == 0, proc.stderr
+    assert expected in proc.stdout
+
+
 def test_quickstart_example_prints_the_elapsed_time() -> None:
     proc = run_python("examples/quickstart.py")
     assert proc.returncode == 0, proc.stderr
@@ -83,3 +113,10 @@ def test_core_benchmark_smoke_run() -> None:
     for heading in ("1. await on a complete event", "2. wake lateness", "3. CPU while"):
         assert heading in proc.stdout
     assert proc.stdout.count("ratio") >= 6
+
+
+def test_loader_benchmark_smoke_run() -> None:
+    """The loader benchmark runs end to end (20 batches; its figures are not judged here)."""
+    proc = run_python("benchmarks/bench_loader.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(" ok\n") == 8

@@ -130,3 +130,25 @@ def test_faults_are_per_device(virtual_device: ais.Device) -> None:
     ais.virtual.submit(ais.Stream("virtual:1"), 0.0)
     with pytest.raises(ais.DeviceError, match="injected fault"):
         ais.Stream("virtual:1").query()
+
+
+async def test_a_failed_device_runs_nothing_more(virtual_time: VirtualTime) -> None:
+    s, other = ais.Stream(), ais.Stream()
+    ais.virtual.fail_next(stream=s, message="kernel crashed")
+    ais.delay(1.0, stream=s)
+    ais.delay(5.0, stream=s)  # queued behind the fault
+    ais.delay(0.5, stream=other)
+    ais.delay(5.0, stream=other)  # would run until t=6
+    with pytest.raises(ais.DeviceError, match="kernel crashed"):
+        await s.synchronize()
+    assert virtual_time.now() == 1.0
+    assert ais.virtual.stats().operations == 0
+    ops = [(r.stream, r.start, r.end, r.error) for r in ais.virtual.timeline()]
+    aborted = "aborted: the device had failed"
+    # one compute slot: s's first kernel ran 0..1 and failed; everything after it is aborted
+    assert ops == [
+        (s.stream_id, 0.0, 1.0, "kernel crashed"),
+        (s.stream_id, 1.0, 1.0, aborted),
+        (other.stream_id, 1.0, 1.0, aborted),
+        (other.stream_id, 1.0, 1.0, aborted),
+    ]

@@ -141,6 +141,27 @@ async def test_reuse_never_overwrites_a_batch_still_in_use(virtual_time: Virtual
 
 
 @pytest.mark.aiostream(bandwidth=1e6)  # 4 kB take 4 ms
+async def test_record_stream_protects_batches_read_on_another_stream(
+    virtual_time: VirtualTime,
+) -> None:
+    """The consumer reads each batch on a second, slow stream; record_stream orders reuse."""
+    side = ais.Stream()
+    results = []
+    async with ais.DataLoader(arrays(10, size=256), prefetch=2) as loader:
+        async for batch in loader:
+            side.wait_event(batch.ready)
+            batch.record_stream(side)
+            ais.delay(0.05, stream=side)
+            out = ais.HostBuffer(batch.data.nbytes)
+            ais.copy_async(out, batch.data, stream=side)
+            results.append((batch.index, out))
+    await side.synchronize()
+    for index, out in results:
+        assert (out.numpy(np.float32) == index).all(), index
+    with pytest.raises(TypeError, match="stream must be an aiostream.Stream"):
+        batch.record_stream("side")  # type: ignore[arg-type]
+
+
 async def test_throughput_overlaps_the_stages(virtual_time: VirtualTime) -> None:
     """host 2 ms, copy ~4 ms, compute 3 ms: the pipeline runs at the slowest stage."""
     n, nbytes = 40, 4000

@@ -56,6 +56,7 @@ PRIORITY_RANGE = (0, -5)
 #: The byte value that fills a copy's destination from the copy's start until it completes.
 POISON = 0xA5
 #: Host-device link: near a PCIe 4.0 x16 link in practice (bytes per second, seconds).
+_POISON_BYTE = bytes([POISON])
 DEFAULT_BANDWIDTH = 25e9
 DEFAULT_LATENCY = 10e-6
 #: Device-to-device copies run on the compute engine at device-memory speed.
@@ -452,16 +453,15 @@ class VirtualBackend:
     # ------------------------------------------------------------------ the simulation
 
     def _sync(self, now: int) -> None:
-        running = self._running
         while True:
             if self._dirty:
                 self._dispatch(self._t)
-            if not running or running[0][0] > now:
+            if not self._running or self._running[0][0] > now:
                 break
-            t = running[0][0]
+            t = self._running[0][0]
             self._t = t
-            while running and running[0][0] == t:
-                self._finish(heapq.heappop(running)[-1])
+            while self._running and self._running[0][0] == t:
+                self._finish(heapq.heappop(self._running)[-1])
             self._dirty = True
         if now > self._t:
             self._t = now
@@ -545,9 +545,14 @@ class VirtualBackend:
         self._dirty = True
 
     def _finish(self, item: _Item) -> None:
+        """A running operation reached its end (lock held)."""
         item.state = _DONE
+        item.device.engines[item.engine].busy -= 1  # type: ignore[index]
+        self._complete(item)
+
+    def _complete(self, item: _Item) -> None:
+        """Account for a finished operation: timeline, failure, effect."""
         device = item.device
-        device.engines[item.engine].busy -= 1  # type: ignore[index]
         self._pending_ops -= 1
         self._timeline.append(
             (
@@ -571,11 +576,35 @@ class VirtualBackend:
                     f"{device.name}: operation {item.name!r} on stream {item.stream.id} "
                     f"failed at t={item.end / 1e9:.9f}s: {item.error}",
                 )
+                self._abort(device, item.end)
             return
         fn = item.fn
         item.fn = None
         if fn is not None:
             fn()
+
+    def _abort(self, device: _Device, t: int) -> None:
+        """A failed device runs nothing more: end its remaining work at ``t``, as aborted."""
+        aborted = [e[-1] for e in self._running if e[-1].device is device]
+        if aborted:
+            self._running = [e for e in self._running if e[-1].device is not device]
+            heapq.heapify(self._running)
+        for stream in [s for s in self._active if s.device is device]:
+            aborted.extend(stream.queue)
+            stream.queue.clear()
+            del self._active[stream]
+        device.faults.clear()
+        for item in sorted(aborted, key=lambda i: i.seq):
+            if item.state == _RUNNING:
+                device.engines[item.engine].busy -= 1  # type: ignore[index]
+            else:
+                item.start = t
+            item.state = _DONE
+            item.end = t
+            item.deps = []
+            if item.engine is not None:
+                item.error = "aborted: the device had failed"
+                self._complete(item)
 
     def _enqueue(
         self,
@@ -908,10 +937,9 @@ class VirtualBackend:
     def copy(self, stream: _Stream, dst: _Memory, src: _Memory, nbytes: int, kind: str) -> None:
         engine = _COPY_ENGINES[kind]
         seconds = self._latency + nbytes / self._bandwidth[kind]
-        poison = bytes([POISON]) * nbytes
 
         def begin() -> None:  # the destination holds poison from the copy's start
-            dst.data[:nbytes] = poison
+            dst.data[:nbytes] = _POISON_BYTE * nbytes
 
         def land() -> None:  # data moves when the copy completes
             dst.data[:nbytes] = src.data[:nbytes]

@@ -14,6 +14,8 @@ beside pytest-asyncio and anyio's pytest plugin, in their strict modes. Fixtures
 - ``aiostream_device``: parametrized over every backend (``virtual:0``, and ``cuda:0``, which
   skips with the reason where no GPU works).
 
+Outside pytest, :func:`run_in_virtual_time` runs an async function the same way.
+
 The option ``--aiostream-timelines=DIR`` writes each test's device timeline to
 ``DIR/<test id>.timeline`` (see :func:`format_timeline`).
 """
@@ -28,6 +30,7 @@ from ._plugin import (
     pytest_configure,
     pytest_generate_tests,
     pytest_runtest_makereport,
+    run_in_virtual_time,
     virtual_device,
     virtual_time,
 )
@@ -36,6 +39,7 @@ __all__ = [
     "VirtualTime",
     "aiostream_device",
     "format_timeline",
+    "run_in_virtual_time",
     "virtual_device",
     "virtual_time",
 ]

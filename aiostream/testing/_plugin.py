@@ -8,10 +8,11 @@ import functools
 import gc
 import inspect
 import re
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 import pytest
 import sniffio
 
@@ -56,6 +57,14 @@ def format_timeline(records: Sequence[OpRecord]) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _Unsupported(Exception):
+    """Virtual time cannot run on this loop; ``skip`` says whether a test should skip."""
+
+    def __init__(self, message: str, *, skip: bool) -> None:
+        super().__init__(message)
+        self.skip = skip
+
+
 class VirtualTime:
     """The fake clock of a ``virtual_time`` test: loop timers and device work share it.
 
@@ -84,7 +93,7 @@ class VirtualTime:
 
             clock = trio.lowlevel.current_clock()
             if not isinstance(clock, trio.testing.MockClock):
-                pytest.fail(_TRIO_CLOCK_HINT, pytrace=False)
+                raise _Unsupported(_TRIO_CLOCK_HINT, skip=False)
             threshold, clock.autojump_threshold = clock.autojump_threshold, 0
             base = clock.current_time()
             self._read = lambda: clock.current_time() - base
@@ -98,9 +107,10 @@ class VirtualTime:
         loop = asyncio.get_running_loop()
         if not _fake_time.supported(loop):
             kind = f"{type(loop).__module__}.{type(loop).__name__}"
-            pytest.skip(
+            raise _Unsupported(
                 f"virtual_time cannot fake the clock of {kind} (uvloop keeps its own, in "
-                "libuv); run this test on asyncio's default loop or on trio"
+                "libuv); run this test on asyncio's default loop or on trio",
+                skip=True,
             )
         fake = _fake_time.FakeLoopTime(loop)
         with fake.installed():
@@ -110,6 +120,57 @@ class VirtualTime:
             finally:
                 self._frozen = self.now()
                 self._read = None
+
+
+T = TypeVar("T")
+
+
+def run_in_virtual_time(
+    fn: Callable[..., Awaitable[T]],
+    *args: Any,
+    backend: str = "asyncio",
+    **options: Any,
+) -> T:
+    """Run ``await fn(*args)`` on a fresh virtual backend whose clock is a fake loop clock.
+
+    Loop timers and device work share one virtual clock that jumps whenever every task is
+    blocked, so simulated seconds take microseconds and the result is exact. For simulations
+    and benchmarks outside pytest; the previous virtual backend is restored afterwards.
+
+    Args:
+        fn: an async function.
+        backend: ``"asyncio"`` (its default loop) or ``"trio"``.
+        options: virtual backend options, as for ``aiostream.virtual.reset()`` (not ``clock``).
+
+    Example:
+        >>> import aiostream as ais
+        >>> async def ten_seconds():
+        ...     ais.delay(10.0)
+        ...     await ais.current_stream().synchronize()
+        ...     return ais.virtual.now()
+        >>> run_in_virtual_time(ten_seconds)
+        10.0
+    """
+    if backend not in ("asyncio", "trio"):
+        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
+    vtime = VirtualTime()
+    virtual = VirtualBackend(clock=vtime.now, **_options(**options))
+    previous = _backends.replace("virtual", virtual)
+
+    async def main() -> T:
+        with vtime._running():
+            return await fn(*args)
+
+    try:
+        if backend == "trio":
+            import trio.testing
+
+            clock = trio.testing.MockClock(autojump_threshold=0)
+            return anyio.run(main, backend="trio", backend_options={"clock": clock})
+        return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": False})
+    finally:
+        _backends.restore("virtual", previous)
+        virtual.close()
 
 
 # ---------------------------------------------------------------------- hooks
@@ -257,8 +318,13 @@ def virtual_time(request: pytest.FixtureRequest, virtual_device: Device) -> Iter
 
     @functools.wraps(original)
     async def in_virtual_time(*args: Any, **kwargs: Any) -> Any:
-        with vtime._running():
-            return await original(*args, **kwargs)
+        try:
+            with vtime._running():
+                return await original(*args, **kwargs)
+        except _Unsupported as exc:
+            if exc.skip:
+                pytest.skip(str(exc))
+            pytest.fail(str(exc), pytrace=False)
 
     item.obj = in_virtual_time
     try:

@@ -1,0 +1,184 @@
+"""The demo pipelines behind ``python -m aiostream demo`` and the loader benchmark.
+
+A synthetic dataset goes through a host transform, host-to-device copies, compute
+(``ais.delay`` standing in for a model, which then copies the batch to its output buffer) and
+device-to-host copies of the outputs on a download stream, which are checked against the same
+computation done on the host.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import anyio
+import numpy as np
+
+import aiostream as ais
+
+__all__ = ["PipelineConfig", "PipelineResult", "run_pipeline", "run_sequential"]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    batches: int = 100
+    nbytes: int = 1 << 20
+    host_s: float = 0.002
+    compute_s: float = 0.003
+    prefetch: int = 2
+    device: ais.Device | None = None
+
+
+@dataclass(frozen=True)
+class PipelineResult:
+    seconds: float
+    """Wall (or virtual) seconds from the first item to the last result checked."""
+    batches: int
+    checksum_ok: bool
+    stage_s: dict[str, float]
+    """Seconds per batch of each stage (measured by the sequential run, else given)."""
+    peak_in_use: int = 0
+    pool_size: int = 0
+
+    @property
+    def batches_per_s(self) -> float:
+        return self.batches / self.seconds
+
+    @property
+    def ideal_s(self) -> float:
+        """The bound when stages overlap perfectly: batches x the slowest stage."""
+        return self.batches * max(self.stage_s.values())
+
+
+def _dataset(cfg: PipelineConfig) -> Iterator[np.ndarray]:
+    n = cfg.nbytes // 4
+    base = np.arange(n, dtype=np.float32) % 251
+    for i in range(cfg.batches):
+        yield base + np.float32(i % 7)
+
+
+def _host_math(a: np.ndarray) -> np.ndarray:
+    return a * np.float32(0.5) + np.float32(1.0)
+
+
+def _expected(cfg: PipelineConfig) -> float:
+    return float(sum(float(_host_math(a).sum(dtype=np.float64)) for a in _dataset(cfg)))
+
+
+async def _transform(cfg: PipelineConfig, a: np.ndarray) -> np.ndarray:
+    out = _host_math(a)
+    await anyio.sleep(cfg.host_s)  # heavier preprocessing, as a chosen duration
+    return out
+
+
+async def run_pipeline(
+    cfg: PipelineConfig, progress: Callable[[int], None] | None = None
+) -> PipelineResult:
+    """The overlapped pipeline: DataLoader, compute, and results copied back and checked."""
+    device = ais.device(cfg.device)
+    compute, download = ais.Stream(device), ais.Stream(device)
+    depth = cfg.prefetch + 1
+    outputs = [ais.DeviceBuffer(cfg.nbytes, device) for _ in range(depth)]
+    ring = [ais.HostBuffer(cfg.nbytes, device=device) for _ in range(depth)]
+    pending: list[ais.Event | None] = [None] * depth
+    total = 0.0
+
+    async def collect(slot: int) -> float:
+        event = pending[slot]
+        if event is None:
+            return 0.0
+        await event.synchronize()
+        pending[slot] = None
+        return float(ring[slot].numpy(np.float32).sum(dtype=np.float64))
+
+    start = anyio.current_time()
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        return await _transform(cfg, a)
+
+    with ais.use_stream(compute):
+        async with ais.DataLoader(
+            _dataset(cfg), transform=transform, device=device, prefetch=cfg.prefetch
+        ) as loader:
+            async for batch in loader:
+                slot = batch.index % depth
+                total += await collect(slot)  # this slot's output and host buffers are free
+                ais.delay(cfg.compute_s)  # the model, on the compute stream ...
+                ais.copy_async(outputs[slot], batch.data)  # ... writing its output buffer
+                download.wait_event(compute.record_event())
+                ais.copy_async(ring[slot], outputs[slot], stream=download)
+                pending[slot] = download.record_event()
+                if progress is not None:
+                    progress(batch.index + 1)
+        for slot in range(depth):
+            total += await collect(slot)
+    seconds = anyio.current_time() - start
+    stats = loader.stats
+    return PipelineResult(
+        seconds=seconds,
+        batches=cfg.batches,
+        checksum_ok=abs(total - _expected(cfg)) <= 1e-6 * max(1.0, abs(total)),
+        stage_s={},
+        peak_in_use=stats.peak_in_use,
+        pool_size=stats.pool_size,
+    )
+
+
+async def run_sequential(cfg: PipelineConfig) -> PipelineResult:
+    """The same work with no overlap: each stage waits for the one before.
+
+    It also times each stage: the host stage on the host clock, the device stages with timing
+    events (exact on virtual devices, device-timed on CUDA).
+    """
+    device = ais.device(cfg.device)
+    stream = ais.Stream(device)
+    host = ais.HostBuffer(cfg.nbytes, device=device)
+    dev = ais.DeviceBuffer(cfg.nbytes, device)
+    output = ais.DeviceBuffer(cfg.nbytes, device)
+    out = ais.HostBuffer(cfg.nbytes, device=device)
+    marks = [ais.Event(device, enable_timing=True) for _ in range(4)]
+    spent = {"host": 0.0, "h2d": 0.0, "compute": 0.0, "d2h": 0.0}
+    total = 0.0
+    start = anyio.current_time()
+    for a in _dataset(cfg):
+        t = anyio.current_time()
+        np.copyto(host.numpy(np.float32), await _transform(cfg, a))
+        spent["host"] += anyio.current_time() - t
+        marks[0].record(stream)
+        ais.copy_async(dev, host, stream=stream)
+        marks[1].record(stream)
+        await stream.synchronize()
+        ais.delay(cfg.compute_s, stream=stream)
+        ais.copy_async(output, dev, stream=stream)
+        marks[2].record(stream)
+        await stream.synchronize()
+        ais.copy_async(out, output, stream=stream)
+        marks[3].record(stream)
+        await stream.synchronize()
+        for name, a_ev, b_ev in zip(("h2d", "compute", "d2h"), marks, marks[1:]):
+            spent[name] += a_ev.elapsed_time(b_ev) / 1000
+        total += float(out.numpy(np.float32).sum(dtype=np.float64))
+    seconds = anyio.current_time() - start
+    return PipelineResult(
+        seconds=seconds,
+        batches=cfg.batches,
+        checksum_ok=abs(total - _expected(cfg)) <= 1e-6 * max(1.0, abs(total)),
+        stage_s={name: s / cfg.batches for name, s in spent.items()},
+    )
+
+
+def progress_bar(total: int, out: Callable[[str], None], *, live: bool) -> Callable[[int], None]:
+    """A text progress bar: redrawn in place on a terminal, every quarter otherwise."""
+    width = 30
+    started = time.perf_counter()
+
+    def show(done: int) -> None:
+        if not live and done % max(1, total // 4) and done != total:
+            return
+        filled = round(width * done / total)
+        rate = done / max(1e-9, time.perf_counter() - started)
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} batches, {rate:6.1f}/s"
+        out(("\r" + line) if live else (line + "\n"))
+
+    return show

@@ -1,0 +1,35 @@
+"""Feed a device from async Python with the DataLoader.
+
+Host preparation, host-to-device copies and compute run at once: while the device computes on
+one batch, the next ones are being prepared and copied. Runs on the default device.
+"""
+
+import anyio
+import numpy as np
+
+import aiostream as ais
+
+
+def samples(n: int):
+    for i in range(n):
+        yield {"image": np.full((64, 64), i, np.float32), "label": np.array([i % 10])}
+
+
+def normalise(item: dict) -> dict:
+    return {"image": item["image"] / 255.0, "label": item["label"]}
+
+
+async def main() -> None:
+    model = ais.Stream()  # the stream your kernels run on
+    with ais.use_stream(model):
+        async with ais.DataLoader(samples(32), transform=normalise, prefetch=2) as loader:
+            async for batch in loader:
+                image = batch.data["image"]  # a DeviceBuffer, float32 (64, 64)
+                ais.delay(0.002)  # stand-in for the model; it runs after the copy landed
+        await model.synchronize()
+    print(f"{loader.stats.batches} batches, {loader.stats.allocations} device buffers "
+          f"allocated, at most {loader.stats.peak_in_use} in use; last: {image}")
+
+
+if __name__ == "__main__":
+    anyio.run(main)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version as _version
 
 from . import virtual
+from ._diagnostics import PendingWait, pending_waits, set_debug, set_watchdog
 from ._errors import (
     AiostreamError,
     BackendUnavailableError,
@@ -20,6 +21,7 @@ from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device, device, device_count, is_available
 from .event import Event
 from .loader import Batch, DataLoader, LoaderStats
+from .profiler import Profiler, Span, Summary, profile, record_function
 from .stream import Stream, current_stream, default_stream, delay, use_stream
 
 try:
@@ -39,8 +41,12 @@ __all__ = [
     "HostBuffer",
     "LoaderStats",
     "NotReadyError",
+    "PendingWait",
+    "Profiler",
+    "Span",
     "StaleHandleError",
     "Stream",
+    "Summary",
     "__version__",
     "copy_async",
     "current_stream",
@@ -49,6 +55,11 @@ __all__ = [
     "device",
     "device_count",
     "is_available",
+    "pending_waits",
+    "profile",
+    "record_function",
+    "set_debug",
+    "set_watchdog",
     "use_stream",
     "virtual",
 ]

@@ -153,14 +153,33 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
     bar = _demo.progress_bar(cfg.batches, lambda text: (sys.stderr.write(text), sys.stderr.flush()), live=live)
     results: dict[str, _demo.PipelineResult] = {}
 
+    tracing = args.trace is not None or args.svg is not None
+
     async def run() -> None:
-        results["pipe"] = await _demo.run_pipeline(cfg, progress=bar)
+        if tracing:
+            with ais.profile(device) as prof:
+                results["pipe"] = await _demo.run_pipeline(cfg, progress=bar)
+            if args.trace:
+                prof.export_chrome_trace(args.trace)
+            if args.svg:
+                prof.export_svg(args.svg)
+            profiles.append(prof)
+        else:
+            results["pipe"] = await _demo.run_pipeline(cfg, progress=bar)
         if live:
             sys.stderr.write("\n")
         results["seq"] = await _demo.run_sequential(cfg)
 
+    profiles: list[ais.Profiler] = []
     _run(run, args.loop)
     print(_pipeline_report(results["seq"], results["pipe"]))
+    if profiles:
+        print("\nprofile of the pipelined run:")
+        print(profiles[0].summary())
+        for kind, path in (("trace (open in https://ui.perfetto.dev or chrome://tracing)", args.trace),
+                           ("timeline picture", args.svg)):
+            if path:
+                print(f"wrote the {kind}: {path}")
     return 0 if results["pipe"].checksum_ok and results["seq"].checksum_ok else 1
 
 
@@ -194,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="device compute per batch, ms (default 3)")
     p_demo.add_argument("--prefetch", type=_positive(int, "--prefetch"), default=2)
     p_demo.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
+    p_demo.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
+    p_demo.add_argument("--svg", metavar="PATH", help="draw the timeline as an SVG picture")
     p_streams = sub.add_parser("streams", help="tasks awaiting device work on their own streams")
     p_streams.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
     p_streams.add_argument("--tasks", type=_positive(int, "--tasks"), default=4)

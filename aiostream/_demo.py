@@ -67,9 +67,10 @@ def _expected(cfg: PipelineConfig) -> float:
 
 
 async def _transform(cfg: PipelineConfig, a: np.ndarray) -> np.ndarray:
-    out = _host_math(a)
-    await anyio.sleep(cfg.host_s)  # heavier preprocessing, as a chosen duration
-    return out
+    async with ais.record_function("transform"):
+        out = _host_math(a)
+        await anyio.sleep(cfg.host_s)  # heavier preprocessing, as a chosen duration
+        return out
 
 
 async def run_pipeline(
@@ -104,8 +105,9 @@ async def run_pipeline(
             async for batch in loader:
                 slot = batch.index % depth
                 total += await collect(slot)  # this slot's output and host buffers are free
-                ais.delay(cfg.compute_s)  # the model, on the compute stream ...
-                ais.copy_async(outputs[slot], batch.data)  # ... writing its output buffer
+                with ais.record_function("model", stream=compute, batch=batch.index):
+                    ais.delay(cfg.compute_s)  # the model, on the compute stream ...
+                    ais.copy_async(outputs[slot], batch.data)  # ... writing its output buffer
                 download.wait_event(compute.record_event())
                 ais.copy_async(ring[slot], outputs[slot], stream=download)
                 pending[slot] = download.record_event()

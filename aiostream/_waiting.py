@@ -23,6 +23,7 @@ import heapq
 import itertools
 import logging
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING
 
@@ -30,12 +31,13 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
+from . import _diagnostics
 from ._errors import AiostreamError
 
 if TYPE_CHECKING:
     from ._backends.base import Backend, WaitTarget
 
-__all__ = ["checkpoint", "in_loop_thread", "wait", "wait_blocking"]
+__all__ = ["Observer", "checkpoint", "in_loop_thread", "observed", "wait", "wait_blocking"]
 
 logger = logging.getLogger("aiostream")
 
@@ -47,11 +49,36 @@ _waiters: anyio.lowlevel.RunVar[dict[tuple[int, int], _Waiter]] = anyio.lowlevel
 _COMPACT_MIN = 64
 
 
-class _Entry:
-    __slots__ = ("dead", "error", "event", "finished", "target")
+class Observer:
+    """Told about every await on an event or stream (the profiler is one)."""
 
-    def __init__(self, target: WaitTarget) -> None:
+    def now(self) -> float:
+        raise NotImplementedError
+
+    def on_await(self, task: str, subject: str, device: str, start: float, end: float) -> None:
+        raise NotImplementedError
+
+
+#: The active observer, or None: the fast path checks only this.
+observer: Observer | None = None
+
+
+async def observed(subject: str, device: str) -> None:
+    """The fast path's checkpoint, reported to the observer as a zero-wait await."""
+    obs = observer
+    start = obs.now() if obs is not None else 0.0
+    await checkpoint()
+    if obs is not None:
+        obs.on_await(anyio.get_current_task().name, subject, device, start, obs.now())
+
+
+class _Entry:
+    __slots__ = ("dead", "error", "event", "finished", "record", "since", "target")
+
+    def __init__(self, target: WaitTarget, record: _diagnostics._Record) -> None:
         self.target = target
+        self.record = record
+        self.since = anyio.current_time()  # loop time, for the watchdog
         self.event = anyio.Event()
         self.error: BaseException | None = None
         self.finished = False
@@ -81,6 +108,7 @@ class _Waiter:
         self._key = (id(backend), index)
         self._spawn, self._call_soon_threadsafe = _loop_hooks()
         self._lanes: dict[Hashable, list[tuple[int, int, _Entry]]] = {}
+        self._by_age: deque[_Entry] = deque()  # for the watchdog: oldest first
         self._order = itertools.count()
         self._pending = 0
         self._dead = 0
@@ -93,8 +121,9 @@ class _Waiter:
 
     # ------------------------------------------------------------------ called by waiting tasks
 
-    def add(self, target: WaitTarget) -> _Entry:
-        entry = _Entry(target)
+    def add(self, target: WaitTarget, record: _diagnostics._Record) -> _Entry:
+        entry = _Entry(target, record)
+        self._by_age.append(entry)
         heap = self._lanes.get(target.lane)
         if heap is None:
             heap = self._lanes[target.lane] = []
@@ -142,6 +171,20 @@ class _Waiter:
                 del self._lanes[lane]
         self._dead = 0
 
+    def _watchdog(self) -> float | None:
+        """Warn about waits past the threshold; return the seconds until the next one is due."""
+        threshold = _diagnostics.watchdog_threshold()
+        ages = self._by_age
+        while ages and (ages[0].finished or ages[0].dead or ages[0].record.warned):
+            ages.popleft()
+        if threshold is None or not ages:
+            return None
+        now = anyio.current_time()
+        late = [e.record for e in ages if not e.record.warned and now - e.since >= threshold]
+        _diagnostics.check_watchdog(late, force=True)
+        pending = [e.since for e in ages if not e.record.warned]
+        return min(pending) + threshold - now if pending else None
+
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:
         entry.finished = True
         entry.error = error
@@ -180,6 +223,9 @@ class _Waiter:
                 if not self._pending:
                     break
                 delay = self._backend.wake_hint(self._index)
+                due = self._watchdog()
+                if due is not None:
+                    delay = due if delay is None else min(delay, due)
                 if self._kicked:
                     continue
                 with anyio.CancelScope() as scope:
@@ -213,6 +259,7 @@ class _Waiter:
                 if not entry.dead and not entry.finished:
                     self._finish(entry, error)
         self._lanes.clear()
+        self._by_age.clear()
         self._dead = 0
 
 
@@ -228,14 +275,28 @@ def _waiter(backend: Backend, index: int) -> _Waiter:
     return waiter
 
 
-async def wait(backend: Backend, index: int, target: WaitTarget) -> None:
+async def wait(
+    backend: Backend,
+    index: int,
+    target: WaitTarget,
+    subject: str,
+    recorded: _diagnostics.Origin | None = None,
+) -> None:
     """Suspend the calling task until ``target`` is done; raise its error if it failed.
 
-    Cancelling the call removes the wait at once; the device work goes on.
+    ``subject`` names what is awaited and ``recorded`` is where its work was recorded (debug
+    mode), for :func:`aiostream.pending_waits`. Cancelling the call removes the wait at once;
+    the device work goes on.
     """
+    obs = observer
+    start = obs.now() if obs is not None else 0.0
+    task = anyio.get_current_task().name
+    device = f"{backend.kind}:{index}"
+    record = _diagnostics._Record(task, subject, device, _diagnostics.capture(2), recorded)
+    key = _diagnostics.register(record)
     try:
         waiter = _waiter(backend, index)
-        entry = waiter.add(target)
+        entry = waiter.add(target, record)
         try:
             await entry.event.wait()
         except BaseException:
@@ -243,6 +304,9 @@ async def wait(backend: Backend, index: int, target: WaitTarget) -> None:
             raise
     finally:
         target.release()
+        _diagnostics.unregister(key)
+        if obs is not None:
+            obs.on_await(task, subject, device, start, obs.now())
     if entry.error is not None:
         raise entry.error
 

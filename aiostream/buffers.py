@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _backends
+from . import _backends, _diagnostics, _profiling
 from .device import Device, device as _resolve_device
 from .stream import Stream, _check_same_backend, current_stream
 
@@ -246,4 +246,7 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
         )
     _check_same_backend(stream, dst)
     _check_same_backend(stream, src)
-    stream._backend.copy(stream._handle, dst._handle, src._handle, dst.nbytes, kind)
+    if _diagnostics._debug:
+        stream._origin = _diagnostics.capture()
+    with _profiling.device_range(f"copy {kind}", stream):
+        stream._backend.copy(stream._handle, dst._handle, src._handle, dst.nbytes, kind)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _waiting
+from . import _backends, _diagnostics, _waiting
 from .device import Device, device as _resolve_device
 from .stream import Stream, _check_same_backend, current_stream
 
@@ -54,6 +54,7 @@ class Event:
         "_finalizer",
         "_handle",
         "_interprocess",
+        "_origin",
         "_timing",
     )
 
@@ -77,6 +78,7 @@ class Event:
         self._backend: Backend = _backends.get(self._device.type)
         self._handle: Any = None
         self._finalizer: weakref.finalize | None = None
+        self._origin: _diagnostics.Origin | None = None  # where it was recorded (debug mode)
 
     def _create(self) -> Any:
         handle = self._backend.event_create(
@@ -132,6 +134,8 @@ class Event:
         _check_same_backend(self, stream)
         handle = self._handle if self._handle is not None else self._create()
         self._backend.event_record(handle, stream._handle)
+        if _diagnostics._debug:
+            self._origin = stream._origin = _diagnostics.capture()
 
     def wait(self, stream: Stream | None = None) -> None:
         """Make later work on ``stream`` (the current stream when None) wait for this event."""
@@ -160,9 +164,14 @@ class Event:
         handle = self._handle
         backend = self._backend
         if handle is None or backend.event_query(handle):
-            await _waiting.checkpoint()
+            if _waiting.observer is None:
+                await _waiting.checkpoint()
+            else:
+                await _waiting.observed(f"event {self.event_id}", str(self._device))
             return
-        await _waiting.wait(backend, self._device.index, backend.event_capture(handle))
+        target = backend.event_capture(handle)
+        subject = f"event {self.event_id}"
+        await _waiting.wait(backend, self._device.index, target, subject, self._origin)
 
     def synchronize_blocking(self) -> None:
         """Block the calling thread until the captured work completes.

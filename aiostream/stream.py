@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _waiting
+from . import _backends, _diagnostics, _profiling, _waiting
 from ._errors import StaleHandleError
 from .device import Device, device as _resolve_device
 
@@ -40,7 +40,16 @@ class Stream:
         Wraps ``cuStreamCreateWithPriority`` on CUDA.
     """
 
-    __slots__ = ("__weakref__", "_backend", "_device", "_finalizer", "_handle", "_id", "_priority")
+    __slots__ = (
+        "__weakref__",
+        "_backend",
+        "_device",
+        "_finalizer",
+        "_handle",
+        "_id",
+        "_origin",
+        "_priority",
+    )
 
     _backend: Backend
     _device: Device
@@ -69,6 +78,7 @@ class Stream:
         self._handle = handle
         self._priority = priority
         self._id = backend.stream_id(handle)
+        self._origin: _diagnostics.Origin | None = None  # the last submission (debug mode)
 
     @classmethod
     def _wrap(cls, backend: Backend, dev: Device, handle: Any, priority: int = 0) -> Stream:
@@ -123,9 +133,13 @@ class Stream:
         """
         backend = self._backend
         if backend.stream_query(self._handle):
-            await _waiting.checkpoint()
+            if _waiting.observer is None:
+                await _waiting.checkpoint()
+            else:
+                await _waiting.observed(f"stream {self._id}", str(self._device))
             return
-        await _waiting.wait(backend, self._device.index, backend.stream_capture(self._handle))
+        target = backend.stream_capture(self._handle)
+        await _waiting.wait(backend, self._device.index, target, f"stream {self._id}", self._origin)
 
     def synchronize_blocking(self) -> None:
         """Block the calling thread until all work submitted so far has completed.
@@ -276,4 +290,7 @@ def delay(seconds: float, *, stream: Stream | None = None) -> None:
         stream = current_stream()
     elif not isinstance(stream, Stream):
         raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
-    stream._backend.delay(stream._handle, seconds)
+    if _diagnostics._debug:
+        stream._origin = _diagnostics.capture()
+    with _profiling.device_range("delay", stream):
+        stream._backend.delay(stream._handle, seconds)

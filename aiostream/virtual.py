@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from types import TracebackType
 
-from . import _backends
+from . import _backends, _diagnostics
 from ._backends.virtual import (
     DEFAULT_BANDWIDTH,
     DEFAULT_D2D_BANDWIDTH,
@@ -176,6 +176,8 @@ def submit(
         raise TypeError(f"name must be a str or None, got {name!r}")
     backend = stream._backend
     assert isinstance(backend, VirtualBackend)
+    if _diagnostics._debug:
+        stream._origin = _diagnostics.capture()
     backend.submit(stream._handle, ns, engine, fn, error, name or engine)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -120,3 +121,22 @@ def test_loader_benchmark_smoke_run() -> None:
     proc = run_python("benchmarks/bench_loader.py", "--quick")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(" ok\n") == 8
+
+
+def test_demo_writes_a_trace_and_an_svg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace, svg = tmp_path / "out.json", tmp_path / "out.svg"
+    assert main(["demo", "--device", "virtual:0", "--batches", "6", "--batch-kb", "64",
+                 "--host-ms", "1", "--compute-ms", "1", "--trace", str(trace),
+                 "--svg", str(svg)]) == 0
+    out = capsys.readouterr().out
+    assert "profile of the pipelined run:" in out and "overlap (host and device busy" in out
+    assert f"wrote the trace (open in https://ui.perfetto.dev or chrome://tracing): {trace}" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "B"} >= {"transform", "model", "delay", "copy h2d"}
+    assert svg.read_text().startswith("<svg ")
+
+
+def test_profiler_benchmark_smoke_run() -> None:
+    proc = run_python("benchmarks/bench_profiler.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ns") >= 6

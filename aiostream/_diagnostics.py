@@ -1,0 +1,178 @@
+"""Diagnostics: pending waits, where they started and where their work was recorded, watchdog.
+
+Tracebacks are captured only in debug mode (``aiostream.set_debug(True)`` or
+``AIOSTREAM_DEBUG=1``), and cheaply: a capture walks up to a dozen frames and keeps
+(file, line, function) triples, formatted only when someone looks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from types import FrameType
+
+__all__ = [
+    "PendingWait",
+    "capture",
+    "debug_enabled",
+    "pending_waits",
+    "set_debug",
+    "set_watchdog",
+]
+
+logger = logging.getLogger("aiostream")
+
+Origin = tuple[tuple[str, int, str], ...]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_debug = os.environ.get("AIOSTREAM_DEBUG", "") not in ("", "0")
+_watchdog: float | None = None
+_lock = threading.Lock()
+_pending: dict[int, _Record] = {}
+_ids = itertools.count(1)
+
+
+def set_debug(enabled: bool) -> None:
+    """Capture where waits start and where awaited work was recorded (a little slower)."""
+    global _debug
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {enabled!r}")
+    _debug = enabled
+
+
+def debug_enabled() -> bool:
+    """Whether debug captures are on (``set_debug`` or ``AIOSTREAM_DEBUG=1``)."""
+    return _debug
+
+
+def set_watchdog(seconds: float | None) -> None:
+    """Warn on the ``aiostream`` logger, with the pending-wait listing, for any wait longer
+    than ``seconds`` (once per wait). None turns the watchdog off (the default).
+    """
+    global _watchdog
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"seconds must be a number or None, got {seconds!r}")
+        if not 0 < seconds < float("inf"):
+            raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
+    _watchdog = None if seconds is None else float(seconds)
+
+
+def watchdog_threshold() -> float | None:
+    return _watchdog
+
+
+def capture(skip: int = 1) -> Origin | None:
+    """The caller's stack outside aiostream (innermost last), if debug mode is on."""
+    if not _debug:
+        return None
+    frame: FrameType | None = sys._getframe(skip + 1)
+    frames = []
+    while frame is not None and len(frames) < 12:
+        code = frame.f_code
+        if not code.co_filename.startswith(_PACKAGE_DIR):
+            frames.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return tuple(reversed(frames))
+
+
+def format_origin(origin: Origin | None) -> str | None:
+    if origin is None:
+        return None
+    return "".join(f'    File "{f}", line {n}, in {name}\n' for f, n, name in origin)
+
+
+@dataclass(frozen=True)
+class PendingWait:
+    """One wait in progress, as :func:`pending_waits` reports it."""
+
+    task: str
+    """The waiting task's name."""
+    subject: str
+    """What it waits on: the event or stream."""
+    device: str
+    waited: float
+    """Seconds since the wait started (monotonic clock)."""
+    started_at: str | None
+    """Where the wait started (debug mode only)."""
+    recorded_at: str | None
+    """Where the awaited work was recorded or last submitted (debug mode only)."""
+
+    def __str__(self) -> str:
+        lines = [f"task {self.task!r} has waited {self.waited:.3f} s on {self.subject} ({self.device})"]
+        for title, where in (("wait started at", self.started_at), ("work recorded at", self.recorded_at)):
+            if where:
+                lines.append(f"  {title}:\n{where.rstrip()}")
+        if self.started_at is None and self.recorded_at is None:
+            lines.append("  (aiostream.set_debug(True) or AIOSTREAM_DEBUG=1 shows where)")
+        return "\n".join(lines)
+
+
+class _Record:
+    __slots__ = ("device", "origin", "recorded", "start", "subject", "task", "warned")
+
+    def __init__(
+        self, task: str, subject: str, device: str, origin: Origin | None, recorded: Origin | None
+    ) -> None:
+        self.task = task
+        self.subject = subject
+        self.device = device
+        self.origin = origin
+        self.recorded = recorded
+        self.start = time.monotonic()
+        self.warned = False
+
+    def report(self, now: float) -> PendingWait:
+        return PendingWait(
+            task=self.task,
+            subject=self.subject,
+            device=self.device,
+            waited=now - self.start,
+            started_at=format_origin(self.origin),
+            recorded_at=format_origin(self.recorded),
+        )
+
+
+def register(record: _Record) -> int:
+    key = next(_ids)
+    with _lock:
+        _pending[key] = record
+    return key
+
+
+def unregister(key: int) -> None:
+    with _lock:
+        _pending.pop(key, None)
+
+
+def pending_waits() -> list[PendingWait]:
+    """Every wait in progress, in any thread or loop, longest first."""
+    now = time.monotonic()
+    with _lock:
+        records = list(_pending.values())
+    return sorted((r.report(now) for r in records), key=lambda w: -w.waited)
+
+
+def check_watchdog(records: list[_Record], *, force: bool = False) -> None:
+    """Warn once for each of ``records`` that has waited past the threshold.
+
+    With ``force`` the caller has already judged them late (on its loop's clock).
+    """
+    threshold = _watchdog
+    if threshold is None:
+        return
+    now = time.monotonic()
+    late = [r for r in records if not r.warned and (force or now - r.start >= threshold)]
+    if not late:
+        return
+    for r in late:
+        r.warned = True
+    listing = "\n".join(str(w) for w in pending_waits())
+    logger.warning(
+        "%d wait(s) pending for more than %.3g s:\n%s", len(late), threshold, listing
+    )

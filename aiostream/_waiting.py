@@ -219,10 +219,13 @@ class _Waiter:
         try:
             while self._pending:
                 self._kicked = False
+                # The hint first, then the sweep: the hint brings the backend up to date, so
+                # a completion it processes is seen by the sweep. (The other way round, a wait
+                # completing between the two could be slept on for ever.)
+                delay = self._backend.wake_hint(self._index)
                 self._sweep()
                 if not self._pending:
                     break
-                delay = self._backend.wake_hint(self._index)
                 due = self._watchdog()
                 if due is not None:
                     delay = due if delay is None else min(delay, due)

@@ -165,3 +165,24 @@ def test_in_loop_thread_detection() -> None:
 
     assert anyio.run(inside) is True
     assert anyio.run(inside, backend="trio") is True
+
+
+async def test_a_completion_between_sweep_and_hint_is_not_slept_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The work completes while the waiter is between its checks: it must still wake."""
+    now = [0.0]
+    ais.virtual.reset(clock=lambda: now[0])
+    s = ais.Stream()
+    ais.delay(0.001, stream=s)
+    real_sweep = _waiting._Waiter._sweep
+
+    def sweep_then_time_passes(self: _waiting._Waiter) -> None:
+        real_sweep(self)
+        now[0] = 1.0  # the last operation is due the moment the sweep is done
+
+    monkeypatch.setattr(_waiting._Waiter, "_sweep", sweep_then_time_passes)
+    with anyio.fail_after(5):
+        await s.synchronize()
+    assert ais.virtual.stats().waits == 0
+

@@ -6,7 +6,8 @@ real GPUs (``cuda:N``) and on the deterministic simulated device (``virtual:N``)
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 from . import virtual
 from ._diagnostics import PendingWait, pending_waits, set_debug, set_watchdog

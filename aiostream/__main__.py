@@ -150,7 +150,11 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         f"prefetch {cfg.prefetch}"
     )
     live = sys.stderr.isatty()
-    bar = _demo.progress_bar(cfg.batches, lambda text: (sys.stderr.write(text), sys.stderr.flush()), live=live)
+    def to_stderr(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    bar = _demo.progress_bar(cfg.batches, to_stderr, live=live)
     results: dict[str, _demo.PipelineResult] = {}
 
     tracing = args.trace is not None or args.svg is not None

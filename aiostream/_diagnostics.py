@@ -72,7 +72,7 @@ def capture(skip: int = 1) -> Origin | None:
     if not _debug:
         return None
     frame: FrameType | None = sys._getframe(skip + 1)
-    frames = []
+    frames: list[tuple[str, int, str]] = []
     while frame is not None and len(frames) < 12:
         code = frame.f_code
         if not code.co_filename.startswith(_PACKAGE_DIR):

@@ -63,13 +63,19 @@ class Observer:
 observer: Observer | None = None
 
 
+def task_name() -> str:
+    """The current task's name (anyio's, on any loop)."""
+    info = anyio.get_current_task()
+    return info.name or f"task {info.id}"
+
+
 async def observed(subject: str, device: str) -> None:
     """The fast path's checkpoint, reported to the observer as a zero-wait await."""
     obs = observer
     start = obs.now() if obs is not None else 0.0
     await checkpoint()
     if obs is not None:
-        obs.on_await(anyio.get_current_task().name, subject, device, start, obs.now())
+        obs.on_await(task_name(), subject, device, start, obs.now())
 
 
 class _Entry:
@@ -293,7 +299,7 @@ async def wait(
     """
     obs = observer
     start = obs.now() if obs is not None else 0.0
-    task = anyio.get_current_task().name
+    task = task_name()
     device = f"{backend.kind}:{index}"
     record = _diagnostics._Record(task, subject, device, _diagnostics.capture(2), recorded)
     key = _diagnostics.register(record)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _backends, _diagnostics, _profiling
-from .device import Device, device as _resolve_device
+from .device import Device
+from .device import device as _resolve_device
 from .stream import Stream, _check_same_backend, current_stream
 
 if TYPE_CHECKING:
@@ -142,7 +143,8 @@ class DeviceBuffer:
         self._finalizer: weakref.finalize | None = weakref.finalize(
             self, self._backend.device_free, self._handle
         )
-        self._dtype, self._shape = np.dtype(np.uint8), (self._nbytes,)
+        self._dtype: np.dtype = np.dtype(np.uint8)
+        self._shape: tuple[int, ...] = (self._nbytes,)
         self._base: DeviceBuffer | None = None
 
     @property

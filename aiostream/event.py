@@ -6,7 +6,8 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import _backends, _diagnostics, _waiting
-from .device import Device, device as _resolve_device
+from .device import Device
+from .device import device as _resolve_device
 from .stream import Stream, _check_same_backend, current_stream
 
 if TYPE_CHECKING:

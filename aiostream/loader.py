@@ -30,7 +30,8 @@ import anyio
 import numpy as np
 
 from .buffers import DeviceBuffer, HostBuffer, copy_async
-from .device import Device, device as _resolve_device
+from .device import Device
+from .device import device as _resolve_device
 from .event import Event
 from .stream import Stream, current_stream
 

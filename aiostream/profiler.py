@@ -30,7 +30,8 @@ import anyio
 
 from . import _backends, _profiling, _waiting
 from ._errors import AiostreamError
-from .device import Device, device as _resolve_device
+from .device import Device
+from .device import device as _resolve_device
 from .event import Event
 from .stream import Stream
 
@@ -62,8 +63,8 @@ class Span:
 
 def _task_name() -> str:
     try:
-        return anyio.get_current_task().name
-    except Exception:  # no event loop in this thread
+        return _waiting.task_name()
+    except RuntimeError:  # no event loop in this thread (sniffio's error is a RuntimeError)
         return threading.current_thread().name
 
 
@@ -445,7 +446,7 @@ def profile(device: Device | str | None = None) -> Profiler:
     return Profiler(device)
 
 
-class record_function:  # noqa: N801 - named as torch.profiler.record_function
+class record_function:  # named as torch.profiler.record_function
     """A named range: ``with``, ``async with``, or a decorator of sync and async functions.
 
     While a profiler is active it records a host span tagged with the task's name and, with

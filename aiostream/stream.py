@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import _backends, _diagnostics, _profiling, _waiting
 from ._errors import StaleHandleError
-from .device import Device, device as _resolve_device
+from .device import Device
+from .device import device as _resolve_device
 
 if TYPE_CHECKING:
     from ._backends.base import Backend
@@ -85,7 +86,7 @@ class Stream:
         """A Stream over a handle it does not own (the default stream, external streams)."""
         self = cls.__new__(cls)
         self._init(backend, dev, handle, priority)
-        self._finalizer = None
+        self._finalizer = None  # type: ignore[assignment]  # not owned: never destroyed
         return self
 
     # ------------------------------------------------------------------ properties

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-
+from typing import Any
 from types import TracebackType
 
 from . import _backends, _diagnostics
@@ -39,7 +39,8 @@ from ._backends.virtual import (
     VirtualStats,
     seconds_to_ns,
 )
-from .device import Device, device as _resolve_device
+from .device import Device
+from .device import device as _resolve_device
 from .stream import Stream
 
 __all__ = [
@@ -124,9 +125,9 @@ def reset(
         old.close()
 
 
-def _options(**options: object) -> dict[str, object]:
+def _options(**options: object) -> dict[str, Any]:
     """Validate the options of a virtual backend (reset() and the pytest marker share them)."""
-    checked: dict[str, object] = {}
+    checked: dict[str, Any] = {}
     for name, value in options.items():
         if name in ("devices", "compute_slots", "h2d_slots", "d2h_slots"):
             checked[name] = _count(value, name)
@@ -219,7 +220,7 @@ def now() -> float:
 
 def _fault_target(
     stream: Stream | None, engine: str | None, device: Device | str | None
-) -> tuple[VirtualBackend, int, object, str | None]:
+) -> tuple[VirtualBackend, int, Any, str | None]:
     if stream is not None:
         if not isinstance(stream, Stream):
             raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")

@@ -288,3 +288,21 @@ def test_diagnostics_bad_input() -> None:
         ais.set_watchdog("1")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="True or False"):
         ais.set_debug(1)  # type: ignore[arg-type]
+
+
+def test_a_cuda_backend_turns_nvtx_on_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from aiostream import _backends
+
+    fake_nvtx = types.ModuleType("nvtx")
+    monkeypatch.setitem(sys.modules, "nvtx", fake_nvtx)
+    monkeypatch.setattr(_profiling, "nvtx", None)
+    monkeypatch.setattr(_backends, "_create", lambda kind: object())
+    monkeypatch.setattr(_backends, "_instances", {})
+    monkeypatch.setattr(_backends, "_unavailable", {})
+    _backends.get("virtual")
+    assert _profiling.nvtx is None  # virtual devices: no NVTX
+    _backends.get("cuda")
+    assert _profiling.nvtx is fake_nvtx

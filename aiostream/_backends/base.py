@@ -100,5 +100,5 @@ class Backend(Protocol):
         Returns the function that unsubscribes.
         """
 
-    def wait_blocking(self, target: WaitTarget) -> None:
+    def wait_blocking(self, target: Any) -> None:
         """Block the calling thread until ``target`` is done (raising its error)."""

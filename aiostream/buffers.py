@@ -10,7 +10,7 @@ import numpy as np
 from . import _backends, _diagnostics, _profiling
 from .device import Device
 from .device import device as _resolve_device
-from .stream import Stream, _check_same_backend, current_stream
+from .stream import Stream, _check_same_backend, current_stream, stream_or_current
 
 if TYPE_CHECKING:
     from ._backends.base import Backend
@@ -238,10 +238,7 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
     dev_buf = dst if isinstance(dst, DeviceBuffer) else src
     if kind == "d2d" and src.device != dst.device:
         raise ValueError(f"copy_async copies within one device, got {src.device} and {dst.device}")
-    if stream is None:
-        stream = current_stream(dev_buf.device)
-    elif not isinstance(stream, Stream):
-        raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+    stream = stream_or_current(stream, dev_buf.device)
     if stream.device != dev_buf.device:
         raise ValueError(
             f"the device buffer is on {dev_buf.device}, but the stream is on {stream.device}"

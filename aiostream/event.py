@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from . import _backends, _diagnostics, _waiting
 from .device import Device
 from .device import device as _resolve_device
-from .stream import Stream, _check_same_backend, current_stream
+from .stream import Stream, _check_same_backend, stream_or_current
 
 if TYPE_CHECKING:
     from ._backends.base import Backend
@@ -123,10 +123,7 @@ class Event:
         Note:
             Wraps ``cuEventRecord`` on CUDA.
         """
-        if stream is None:
-            stream = current_stream(self._device)
-        elif not isinstance(stream, Stream):
-            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+        stream = stream_or_current(stream, self._device)
         if stream.device != self._device:
             raise ValueError(
                 f"cannot record an event of {self._device} on a stream of {stream.device}; "
@@ -140,11 +137,7 @@ class Event:
 
     def wait(self, stream: Stream | None = None) -> None:
         """Make later work on ``stream`` (the current stream when None) wait for this event."""
-        if stream is None:
-            stream = current_stream(self._device)
-        elif not isinstance(stream, Stream):
-            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
-        stream.wait_event(self)
+        stream_or_current(stream, self._device).wait_event(self)
 
     # ------------------------------------------------------------------ completion
 

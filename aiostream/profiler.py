@@ -26,8 +26,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 from xml.sax.saxutils import escape
 
-import anyio
-
 from . import _backends, _profiling, _waiting
 from ._errors import AiostreamError
 from .device import Device

@@ -251,6 +251,15 @@ def current_stream(device: Device | str | None = None) -> Stream:
     return default_stream(dev)
 
 
+def stream_or_current(stream: Stream | None, device: Device | str | None = None) -> Stream:
+    """``stream`` itself (checked), or the current stream of ``device`` when it is None."""
+    if stream is None:
+        return current_stream(device)
+    if not isinstance(stream, Stream):
+        raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+    return stream
+
+
 @contextlib.contextmanager
 def use_stream(stream: Stream) -> Iterator[Stream]:
     """Make ``stream`` the current stream of its device, for the current task only.
@@ -287,10 +296,7 @@ def delay(seconds: float, *, stream: Stream | None = None) -> None:
         raise TypeError(f"seconds must be a number (int or float), got {seconds!r}")
     if not seconds >= 0 or seconds == float("inf"):
         raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
-    if stream is None:
-        stream = current_stream()
-    elif not isinstance(stream, Stream):
-        raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+    stream = stream_or_current(stream)
     if _diagnostics._debug:
         stream._origin = _diagnostics.capture()
     with _profiling.device_range("delay", stream):

@@ -21,8 +21,8 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from types import TracebackType
+from typing import Any
 
 from . import _backends, _diagnostics
 from ._backends.virtual import (

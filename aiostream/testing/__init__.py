@@ -22,14 +22,14 @@ The option ``--aiostream-timelines=DIR`` writes each test's device timeline to
 
 from __future__ import annotations
 
-from ._plugin import (
+from ._plugin import (  # noqa: F401 - pytest finds the plugin's hooks in this module
     VirtualTime,
     aiostream_device,
     format_timeline,
-    pytest_addoption as pytest_addoption,  # the plugin's hooks, found here by pytest
-    pytest_configure as pytest_configure,
-    pytest_generate_tests as pytest_generate_tests,
-    pytest_runtest_makereport as pytest_runtest_makereport,
+    pytest_addoption,
+    pytest_configure,
+    pytest_generate_tests,
+    pytest_runtest_makereport,
     run_in_virtual_time,
     virtual_device,
     virtual_time,

@@ -119,7 +119,7 @@ def _run(main: object, loop: str) -> None:
 
 def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> str:
     stages = ", ".join(f"{name} {sec * 1000:.2f} ms" for name, sec in seq.stage_s.items())
-    ideal = seq.batches * max(seq.stage_s.values())
+    ideal = seq.ideal_s
     slowest = max(seq.stage_s, key=seq.stage_s.__getitem__)
     ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
     return "\n".join([

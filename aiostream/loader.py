@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import numpy as np
 
+from ._errors import AiostreamError
 from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device
 from .device import device as _resolve_device
@@ -240,6 +241,8 @@ class _Iteration(AsyncIterator[Batch]):
         with anyio.CancelScope(shield=True):
             try:
                 await self._copy_stream.synchronize()
+            except AiostreamError:
+                pass  # a failed (or reset) device: its awaits report that; cleanup must not
             finally:
                 self._free.clear()
                 if self._async and hasattr(self._source, "aclose"):

@@ -226,6 +226,22 @@ async def test_an_error_in_transform_stops_everything(virtual_time: VirtualTime)
         await loader._last.__anext__()  # type: ignore[union-attr]
 
 
+async def test_a_failed_device_does_not_mask_the_error_that_stopped_the_loader(
+    virtual_time: VirtualTime,
+) -> None:
+    def transform(a: np.ndarray) -> np.ndarray:
+        if a[0] == 2:
+            raise RuntimeError("bad item 2")
+        return a
+
+    ais.virtual.fail_next(engine="h2d", message="link down")
+    with pytest.raises(RuntimeError, match="bad item 2"):
+        async for _ in ais.DataLoader(arrays(5), transform=transform):
+            pass
+    with pytest.raises(ais.DeviceError, match="link down"):
+        await ais.current_stream().synchronize()
+
+
 async def test_cancelling_the_consumer_stops_everything(virtual_time: VirtualTime) -> None:
     async def slow(a: np.ndarray) -> np.ndarray:
         await anyio.sleep(1.0)

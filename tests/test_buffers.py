@@ -188,3 +188,16 @@ def test_copies_stay_on_one_device(virtual_device: ais.Device) -> None:
         ais.copy_async(d0, d1)
     with pytest.raises(ValueError, match="on virtual:0, but the stream is on virtual:1"):
         ais.copy_async(d0, ais.HostBuffer(8), stream=ais.Stream("virtual:1"))
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+async def test_round_trip_on_uvloop_in_real_time(virtual_device: ais.Device) -> None:
+    """uvloop cannot fake time, so here the virtual device runs on the monotonic clock."""
+    src, out, dev = ais.HostBuffer(32), ais.HostBuffer(32), ais.DeviceBuffer(32)
+    src.numpy(np.int32)[:] = np.arange(8)
+    s = ais.Stream()
+    ais.copy_async(dev, src, stream=s)
+    ais.copy_async(out, dev, stream=s)
+    await s.synchronize()
+    assert out.numpy(np.int32).tolist() == list(range(8))
+    ais.virtual.assert_no_races()

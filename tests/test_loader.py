@@ -291,3 +291,21 @@ async def test_items_must_be_arrays(virtual_time: VirtualTime) -> None:
         async for _ in ais.DataLoader([[1, 2, 3]]):
             pass
     quiet()
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+async def test_the_loader_on_uvloop_in_real_time(virtual_device: ais.Device) -> None:
+    """uvloop cannot fake time, so here the virtual device runs on the monotonic clock."""
+    consumer = ais.Stream()
+    results = []
+    with ais.use_stream(consumer):
+        async with ais.DataLoader(arrays(8, size=256), transform=lambda a: a + 1) as loader:
+            async for batch in loader:
+                ais.delay(0.001)
+                out = ais.HostBuffer(batch.data.nbytes)
+                ais.copy_async(out, batch.data)
+                results.append((batch.index, out))
+        await consumer.synchronize()
+    assert [int(out.numpy(np.float32)[0]) for _, out in results] == list(range(1, 9))
+    ais.virtual.assert_no_races()
+    quiet()

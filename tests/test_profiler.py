@@ -306,3 +306,21 @@ def test_a_cuda_backend_turns_nvtx_on_when_installed(monkeypatch: pytest.MonkeyP
     assert _profiling.nvtx is None  # virtual devices: no NVTX
     _backends.get("cuda")
     assert _profiling.nvtx is fake_nvtx
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+async def test_profiling_on_uvloop_in_real_time(virtual_device: ais.Device, tmp_path: Path) -> None:
+    """uvloop cannot fake time, so here the virtual device runs on the monotonic clock."""
+    s = ais.Stream()
+    with ais.profile() as prof:
+        async with ais.record_function("submit"):
+            ais.delay(0.005, stream=s)
+        await s.synchronize()
+    kinds = sorted({sp.kind for sp in prof.spans})
+    assert kinds == ["await", "device", "host"]
+    (op,) = [sp for sp in prof.spans if sp.kind == "device"]
+    assert op.duration == pytest.approx(0.005)
+    (wait,) = [sp for sp in prof.spans if sp.kind == "await"]
+    assert wait.end >= op.end  # resumed no earlier than the work completed
+    prof.export_chrome_trace(tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]

@@ -158,17 +158,12 @@ def pending_waits() -> list[PendingWait]:
     return sorted((r.report(now) for r in records), key=lambda w: -w.waited)
 
 
-def check_watchdog(records: list[_Record], *, force: bool = False) -> None:
-    """Warn once for each of ``records`` that has waited past the threshold.
-
-    With ``force`` the caller has already judged them late (on its loop's clock).
-    """
+def warn_late(late: list[_Record]) -> None:
+    """Warn once, with the pending-wait listing, about ``late``: waits the caller (a waiter,
+    on its loop's clock) found pending past the watchdog's threshold."""
     threshold = _watchdog
-    if threshold is None:
-        return
-    now = time.monotonic()
-    late = [r for r in records if not r.warned and (force or now - r.start >= threshold)]
-    if not late:
+    late = [r for r in late if not r.warned]
+    if threshold is None or not late:
         return
     for r in late:
         r.warned = True

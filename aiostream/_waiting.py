@@ -181,14 +181,21 @@ class _Waiter:
         """Warn about waits past the threshold; return the seconds until the next one is due."""
         threshold = _diagnostics.watchdog_threshold()
         ages = self._by_age
-        while ages and (ages[0].finished or ages[0].dead or ages[0].record.warned):
-            ages.popleft()
-        if threshold is None or not ages:
+        if threshold is None:
+            # Nothing to watch: drop settled entries cheaply, and compact now and then so that
+            # one long wait at the head does not keep every later, finished one alive.
+            while ages and (ages[0].finished or ages[0].dead):
+                ages.popleft()
+            if len(ages) > 2 * self._pending + _COMPACT_MIN:
+                self._by_age = deque(e for e in ages if not (e.finished or e.dead))
+            return None
+        watched = [e for e in ages if not (e.finished or e.dead or e.record.warned)]
+        self._by_age = deque(watched)
+        if not watched:
             return None
         now = anyio.current_time()
-        late = [e.record for e in ages if not e.record.warned and now - e.since >= threshold]
-        _diagnostics.check_watchdog(late, force=True)
-        pending = [e.since for e in ages if not e.record.warned]
+        _diagnostics.warn_late([e.record for e in watched if now - e.since >= threshold])
+        pending = [e.since for e in watched if not e.record.warned]
         return min(pending) + threshold - now if pending else None
 
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:

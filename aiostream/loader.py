@@ -142,11 +142,6 @@ class _Iteration(AsyncIterator[Batch]):
         self.allocations = 0
         self.peak_in_use = 0
 
-    @property
-    def copy_stream(self) -> Stream:
-        """The stream the loader copies on."""
-        return self._copy_stream
-
     async def __anext__(self) -> Batch:
         if self._closed:
             raise StopAsyncIteration

@@ -324,3 +324,22 @@ async def test_profiling_on_uvloop_in_real_time(virtual_device: ais.Device, tmp_
     assert wait.end >= op.end  # resumed no earlier than the work completed
     prof.export_chrome_trace(tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+
+
+async def test_watchdog_ignores_waits_that_already_finished(
+    virtual_time: VirtualTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    ais.set_watchdog(2.0)
+    try:
+        slow, quick = ais.Stream(), ais.Stream()
+        ais.delay(10.0, stream=slow)
+        ais.virtual.submit(quick, 1.0, engine="h2d")  # another engine: done at t=1
+        with caplog.at_level(logging.WARNING, logger="aiostream"):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow.synchronize)  # the oldest wait: at the head
+                tg.start_soon(quick.synchronize)  # finishes at t=1, behind it
+    finally:
+        ais.set_watchdog(None)
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "aiostream"]
+    assert warning.startswith("1 wait(s) pending for more than 2 s")
+    assert f"on stream {slow.stream_id} " in warning and f"on stream {quick.stream_id} " not in warning

@@ -14,16 +14,19 @@ from ._diagnostics import PendingWait, pending_waits, set_debug, set_watchdog
 from ._errors import (
     AiostreamError,
     BackendUnavailableError,
+    CudaError,
     DeviceError,
     NotReadyError,
     StaleHandleError,
 )
+from ._waiting import get_wait_strategy, set_wait_strategy
 from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device, device, device_count, is_available
 from .event import Event
+from .interop import as_event, as_stream
 from .loader import Batch, DataLoader, LoaderStats
 from .profiler import Profiler, Span, Summary, profile, record_function
-from .stream import Stream, current_stream, default_stream, delay, use_stream
+from .stream import ExternalStream, Stream, current_stream, default_stream, delay, use_stream
 
 try:
     __version__ = _version("aiostream-cuda")
@@ -34,11 +37,13 @@ __all__ = [
     "AiostreamError",
     "BackendUnavailableError",
     "Batch",
+    "CudaError",
     "DataLoader",
     "Device",
     "DeviceBuffer",
     "DeviceError",
     "Event",
+    "ExternalStream",
     "HostBuffer",
     "LoaderStats",
     "NotReadyError",
@@ -49,17 +54,21 @@ __all__ = [
     "Stream",
     "Summary",
     "__version__",
+    "as_event",
+    "as_stream",
     "copy_async",
     "current_stream",
     "default_stream",
     "delay",
     "device",
     "device_count",
+    "get_wait_strategy",
     "is_available",
     "pending_waits",
     "profile",
     "record_function",
     "set_debug",
+    "set_wait_strategy",
     "set_watchdog",
     "use_stream",
     "virtual",

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "AiostreamError",
     "BackendUnavailableError",
+    "CudaError",
     "DeviceError",
     "NotReadyError",
     "StaleHandleError",
@@ -28,6 +29,24 @@ class DeviceError(AiostreamError):
     def __init__(self, message: str, *, device: str) -> None:
         super().__init__(message)
         self.device = device
+
+
+class CudaError(DeviceError):
+    """A CUDA driver call failed.
+
+    The message names the call, the device and the driver's own description. Errors of
+    asynchronous work (a kernel that faulted) are sticky: the driver reports them from every
+    later call on that device's context.
+
+    Attributes:
+        code: the driver's ``CUresult`` value, such as 719.
+        name: its name, such as ``"CUDA_ERROR_LAUNCH_FAILED"``.
+    """
+
+    def __init__(self, message: str, *, device: str, code: int, name: str) -> None:
+        super().__init__(message, device=device)
+        self.code = code
+        self.name = name
 
 
 class BackendUnavailableError(AiostreamError):

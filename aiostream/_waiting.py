@@ -11,6 +11,22 @@ Between sweeps the waiter sleeps as long as the backend says nothing can change
 woken early by a new wait or by the backend's notification (a manual clock advanced, from any
 thread). It exits when nothing is pending, so an idle program has no task of ours.
 
+A backend that cannot tell when work completes (CUDA: ``completion_times`` is False) is watched
+with a *strategy*, chosen per wait (see :func:`set_wait_strategy`):
+
+- ``poll``: check on the next loop turns for ``SPIN_S`` after the last progress, then sleep for
+  half the time since then, up to ``POLL_CAP_S``: latency stays within half of the wait, and a
+  long wait costs one check every ``POLL_CAP_S``.
+- ``thread``: hand the wait to a thread at once; the thread blocks in the driver on a
+  blocking-sync marker (``Backend.block``, no CPU) and the loop resumes when it returns. Each
+  stream has at most one such thread, as only the head of each lane is handed over.
+- ``hybrid`` (the default): ``poll`` for the first ``HYBRID_HANDOFF_S`` of a wait, then
+  ``thread``: short waits are caught by the cheap checks, long ones cost no CPU.
+- ``callback``: the driver calls a host function when the work completes
+  (``Backend.notify_done``), which wakes the loop from the driver's thread. It runs Python on
+  that thread: see the deadlock caveat in the README. A slow check every
+  ``CALLBACK_SAFETY_S`` covers host functions the driver never runs (after a device failure).
+
 Everything else goes through anyio; the loop-specific pieces are how a background task is
 spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and uvloop,
 ``TrioToken.run_sync_soon`` on trio).
@@ -22,13 +38,16 @@ import asyncio
 import heapq
 import itertools
 import logging
+import os
 import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
+import anyio.to_thread
 import sniffio
 
 from . import _diagnostics
@@ -37,7 +56,17 @@ from ._errors import AiostreamError
 if TYPE_CHECKING:
     from ._backends.base import Backend, WaitTarget
 
-__all__ = ["Observer", "checkpoint", "in_loop_thread", "observed", "wait", "wait_blocking"]
+__all__ = [
+    "STRATEGIES",
+    "Observer",
+    "checkpoint",
+    "get_wait_strategy",
+    "in_loop_thread",
+    "observed",
+    "set_wait_strategy",
+    "wait",
+    "wait_blocking",
+]
 
 logger = logging.getLogger("aiostream")
 
@@ -47,6 +76,54 @@ _waiters: anyio.lowlevel.RunVar[dict[tuple[int, int], _Waiter]] = anyio.lowlevel
     "aiostream_waiters"
 )
 _COMPACT_MIN = 64
+
+STRATEGIES = ("hybrid", "poll", "thread", "callback")
+SPIN_S = 100e-6  #: poll: check every loop turn this long after progress
+POLL_CAP_S = 2e-3  #: poll: the longest sleep between checks
+HYBRID_HANDOFF_S = 1e-3  #: hybrid: a wait this old goes to a thread
+CALLBACK_SAFETY_S = 0.05  #: callback: the slow check for host functions that never run
+_ENV = "AIOSTREAM_WAIT_STRATEGY"
+_strategy: str | None = None  # set_wait_strategy(); None: $AIOSTREAM_WAIT_STRATEGY or hybrid
+
+
+def check_strategy(value: object, what: str = "strategy") -> str:
+    """Return ``value`` if it names a strategy; raise TypeError/ValueError otherwise."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, one of {', '.join(STRATEGIES)}; got {value!r}")
+    if value not in STRATEGIES:
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, STRATEGIES))}, got {value!r}")
+    return value
+
+
+def set_wait_strategy(strategy: str | None) -> None:
+    """Choose how waits on CUDA devices are watched, for every loop and thread.
+
+    Args:
+        strategy: ``"hybrid"`` (the default: poll briefly, then a thread), ``"poll"``,
+            ``"thread"`` or ``"callback"`` (opt-in: runs Python on a driver thread); None
+            goes back to ``$AIOSTREAM_WAIT_STRATEGY``, or ``"hybrid"`` when it is unset.
+            ``await x.synchronize(strategy=...)`` overrides it for one wait.
+
+    The virtual backend knows when its work completes, so it ignores the strategy: its waits
+    sleep on a loop timer until that moment.
+    """
+    global _strategy
+    _strategy = None if strategy is None else check_strategy(strategy)
+
+
+def get_wait_strategy() -> str:
+    """The strategy waits use when ``synchronize()`` is not given one."""
+    if _strategy is not None:
+        return _strategy
+    env = os.environ.get(_ENV)
+    if not env:
+        return "hybrid"
+    try:
+        return check_strategy(env)
+    except ValueError:
+        raise ValueError(
+            f"{_ENV}={env!r} is not a wait strategy; use one of {', '.join(STRATEGIES)}"
+        ) from None
 
 
 class Observer:
@@ -79,16 +156,30 @@ async def observed(subject: str, device: str) -> None:
 
 
 class _Entry:
-    __slots__ = ("dead", "error", "event", "finished", "record", "since", "target")
+    __slots__ = (
+        "dead",
+        "error",
+        "event",
+        "finished",
+        "handed",
+        "record",
+        "scope",
+        "since",
+        "strategy",
+        "target",
+    )
 
-    def __init__(self, target: WaitTarget, record: _diagnostics._Record) -> None:
+    def __init__(self, target: WaitTarget, record: _diagnostics._Record, strategy: str) -> None:
         self.target = target
         self.record = record
-        self.since = anyio.current_time()  # loop time, for the watchdog
+        self.strategy = strategy
+        self.since = anyio.current_time()  # loop time, for the watchdog and hybrid's hand-off
         self.event = anyio.Event()
         self.error: BaseException | None = None
         self.finished = False
         self.dead = False
+        self.handed = False  # given to a thread (thread, hybrid) or to the driver (callback)
+        self.scope: anyio.CancelScope | None = None  # the thread's task, to abandon it
 
 
 def _loop_hooks() -> tuple[
@@ -122,13 +213,18 @@ class _Waiter:
         self._kicked = False
         self._scope: anyio.CancelScope | None = None
         self._task: object = None
+        self._exact = backend.completion_times
+        self._progress_at = 0.0  # loop time of the last progress, for poll's back-off
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
         #: how many times a target was checked; the tests read it to prove stream-order sweeps
         self.checks = 0
 
     # ------------------------------------------------------------------ called by waiting tasks
 
-    def add(self, target: WaitTarget, record: _diagnostics._Record) -> _Entry:
-        entry = _Entry(target, record)
+    def add(self, target: WaitTarget, record: _diagnostics._Record, strategy: str) -> _Entry:
+        entry = _Entry(target, record, strategy)
+        self._progress_at = entry.since
         self._by_age.append(entry)
         heap = self._lanes.get(target.lane)
         if heap is None:
@@ -147,6 +243,8 @@ class _Waiter:
         if entry.finished or entry.dead:
             return
         entry.dead = True
+        if entry.scope is not None:
+            entry.scope.cancel()  # abandon its thread: the marker is returned when it is done
         self._pending -= 1
         self._dead += 1
         if self._dead >= _COMPACT_MIN and self._dead > self._pending:
@@ -199,13 +297,19 @@ class _Waiter:
         return min(pending) + threshold - now if pending else None
 
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:
+        if entry.scope is not None:
+            entry.scope.cancel()
         entry.finished = True
         entry.error = error
         self._pending -= 1
         entry.event.set()
 
-    def _sweep(self) -> None:
-        """Wake every wait whose work completed, checking only the head of each lane."""
+    def _sweep(self) -> list[_Entry]:
+        """Wake every wait whose work completed, checking only the head of each lane.
+
+        Returns the heads still pending.
+        """
+        heads = []
         for lane, heap in list(self._lanes.items()):
             while heap:
                 entry = heap[0][2]
@@ -221,36 +325,77 @@ class _Waiter:
                     heapq.heappop(heap)
                     continue
                 if not done:
+                    heads.append(entry)
                     break
                 self._finish(entry, None)
                 heapq.heappop(heap)
             if not heap:
                 del self._lanes[lane]
+        return heads
+
+    # ------------------------------------------------------------------ strategies
+
+    def _plan(self, heads: list[_Entry]) -> float | None:
+        """Apply each pending head's strategy; return how long to sleep (None: until kicked)."""
+        now = anyio.current_time()
+        delay: float | None = None
+        for entry in heads:
+            strategy = entry.strategy
+            if strategy == "thread":
+                self._hand_off(entry)
+                continue
+            if strategy == "callback":
+                self._notify(entry)
+                due = CALLBACK_SAFETY_S
+            else:
+                quiet = now - self._progress_at
+                due = 0.0 if quiet < SPIN_S else min(POLL_CAP_S, quiet / 2)
+                if strategy == "hybrid":
+                    age = now - entry.since
+                    if age >= HYBRID_HANDOFF_S:
+                        self._hand_off(entry)
+                        continue
+                    due = min(due, HYBRID_HANDOFF_S - age)
+            delay = due if delay is None else min(delay, due)
+        return delay
+
+    def _hand_off(self, entry: _Entry) -> None:
+        if not entry.handed:
+            entry.handed = True
+            assert self._tg is not None
+            self._tg.start_soon(self._block, entry)
+
+    async def _block(self, entry: _Entry) -> None:
+        with anyio.CancelScope() as scope:
+            entry.scope = scope
+            await anyio.to_thread.run_sync(
+                self._backend.block, entry.target, abandon_on_cancel=True, limiter=self._limiter
+            )
+        entry.scope = None
+        self._kick()
+
+    def _notify(self, entry: _Entry) -> None:
+        if not entry.handed:
+            entry.handed = True
+            try:
+                self._backend.notify_done(entry.target, self._kick_threadsafe)
+            except AiostreamError:
+                pass  # the device failed: the next check raises its error into the wait
 
     async def _run(self) -> None:
         unsubscribe = self._backend.subscribe(self._index, self._kick_threadsafe)
         try:
-            while self._pending:
-                self._kicked = False
-                # The hint first, then the sweep: the hint brings the backend up to date, so
-                # a completion it processes is seen by the sweep. (The other way round, a wait
-                # completing between the two could be slept on for ever.)
-                delay = self._backend.wake_hint(self._index)
-                self._sweep()
-                if not self._pending:
-                    break
-                due = self._watchdog()
-                if due is not None:
-                    delay = due if delay is None else min(delay, due)
-                if self._kicked:
-                    continue
-                with anyio.CancelScope() as scope:
-                    self._scope = scope
-                    if delay is None:
-                        await anyio.sleep_forever()
-                    else:
-                        await anyio.sleep(delay)
-                self._scope = None
+            if self._exact:
+                await self._watch()
+            else:
+                self._limiter = anyio.CapacityLimiter(1_000_000)  # one thread per stream at most
+                while self._pending:  # again if a wait came while the task group was closing
+                    async with anyio.create_task_group() as tg:
+                        self._tg = tg
+                        try:
+                            await self._watch()
+                        finally:
+                            tg.cancel_scope.cancel()  # abandon threads of waits no one needs
         except anyio.get_cancelled_exc_class():
             self._abandon(
                 AiostreamError(
@@ -264,10 +409,39 @@ class _Waiter:
             self._abandon(AiostreamError(f"aiostream's waiter failed: {exc!r}"))
         finally:
             self._scope = None
+            self._tg = None
             self._running = False
             unsubscribe()
             if not self._pending and self._registry.get(self._key) is self:
                 del self._registry[self._key]
+
+    async def _watch(self) -> None:
+        while self._pending:
+            self._kicked = False
+            # The hint first, then the sweep: the hint brings the backend up to date, so a
+            # completion it processes is seen by the sweep. (The other way round, a wait
+            # completing between the two could be slept on for ever.)
+            delay = self._backend.wake_hint(self._index)
+            pending = self._pending
+            heads = self._sweep()
+            if not self._pending:
+                break
+            if not self._exact:
+                if self._pending < pending:
+                    self._progress_at = anyio.current_time()
+                delay = self._plan(heads)
+            due = self._watchdog()
+            if due is not None:
+                delay = due if delay is None else min(delay, due)
+            if self._kicked:
+                continue
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                if delay is None:
+                    await anyio.sleep_forever()
+                else:
+                    await anyio.sleep(delay)
+            self._scope = None
 
     def _abandon(self, error: BaseException) -> None:
         for heap in self._lanes.values():
@@ -297,12 +471,14 @@ async def wait(
     target: WaitTarget,
     subject: str,
     recorded: _diagnostics.Origin | None = None,
+    strategy: str | None = None,
 ) -> None:
     """Suspend the calling task until ``target`` is done; raise its error if it failed.
 
     ``subject`` names what is awaited and ``recorded`` is where its work was recorded (debug
-    mode), for :func:`aiostream.pending_waits`. Cancelling the call removes the wait at once;
-    the device work goes on.
+    mode), for :func:`aiostream.pending_waits`; ``strategy`` (checked by the caller) overrides
+    :func:`get_wait_strategy`. Cancelling the call removes the wait at once; the device work
+    goes on.
     """
     obs = observer
     start = obs.now() if obs is not None else 0.0
@@ -312,7 +488,7 @@ async def wait(
     key = _diagnostics.register(record)
     try:
         waiter = _waiter(backend, index)
-        entry = waiter.add(target, record)
+        entry = waiter.add(target, record, strategy or get_wait_strategy())
         try:
             await entry.event.wait()
         except BaseException:

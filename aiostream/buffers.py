@@ -181,14 +181,14 @@ class DeviceBuffer:
     def __cuda_array_interface__(self) -> dict[str, Any]:
         """Version 3 of the CUDA array interface (CUDA devices only)."""
         ptr = self._backend.device_ptr(self._handle)
-        stream = self._stream._handle if self._stream is not None else None
+        stream = self._stream.stream_id if self._stream is not None else 0
         return {
             "shape": self._shape,
             "typestr": self._dtype.str,
             "data": (ptr, False),
             "version": 3,
             "strides": None,
-            "stream": int(stream) if stream else 1,
+            "stream": stream or 1,  # 1: the legacy default stream (0 is not allowed)
         }
 
     def __repr__(self) -> str:

@@ -81,6 +81,23 @@ class Event:
         self._finalizer: weakref.finalize | None = None
         self._origin: _diagnostics.Origin | None = None  # where it was recorded (debug mode)
 
+    @classmethod
+    def _wrap(cls, backend: Backend, dev: Device, handle: Any) -> Event:
+        """An Event over a handle it does not own (``as_event``): never destroyed here.
+
+        Its flags are unknown, so timing is left to the driver to refuse.
+        """
+        self = cls.__new__(cls)
+        self._timing = True
+        self._blocking = False
+        self._interprocess = False
+        self._device = dev
+        self._backend = backend
+        self._handle = handle
+        self._finalizer = None
+        self._origin = None
+        return self
+
     def _create(self) -> Any:
         handle = self._backend.event_create(
             self._device.index,
@@ -149,12 +166,18 @@ class Event:
         """
         return True if self._handle is None else self._backend.event_query(self._handle)
 
-    async def synchronize(self) -> None:
+    async def synchronize(self, *, strategy: str | None = None) -> None:
         """Suspend the calling task until the captured work completes.
 
         Raises ``DeviceError`` if that work failed. Cancelling it (or a timeout around it)
         removes the wait and leaks nothing; the device work goes on.
+
+        Args:
+            strategy: how a CUDA wait is watched, for this call only: ``"hybrid"``, ``"poll"``,
+                ``"thread"`` or ``"callback"`` (see :func:`aiostream.set_wait_strategy`).
         """
+        if strategy is not None:
+            _waiting.check_strategy(strategy)
         handle = self._handle
         backend = self._backend
         if handle is None or backend.event_query(handle):
@@ -165,7 +188,7 @@ class Event:
             return
         target = backend.event_capture(handle)
         subject = f"event {self.event_id}"
-        await _waiting.wait(backend, self._device.index, target, subject, self._origin)
+        await _waiting.wait(backend, self._device.index, target, subject, self._origin, strategy)
 
     def synchronize_blocking(self) -> None:
         """Block the calling thread until the captured work completes.

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ._backends.base import Backend
     from .event import Event
 
-__all__ = ["Stream", "current_stream", "default_stream", "delay", "use_stream"]
+__all__ = ["ExternalStream", "Stream", "current_stream", "default_stream", "delay", "use_stream"]
 
 
 class Stream:
@@ -126,12 +126,18 @@ class Stream:
         """
         return self._backend.stream_query(self._handle)
 
-    async def synchronize(self) -> None:
+    async def synchronize(self, *, strategy: str | None = None) -> None:
         """Suspend the calling task until all work submitted so far has completed.
 
         Raises ``DeviceError`` if that work failed. Cancelling it removes the wait and leaks
         nothing; the device work goes on.
+
+        Args:
+            strategy: how a CUDA wait is watched, for this call only (see
+                :func:`aiostream.set_wait_strategy`).
         """
+        if strategy is not None:
+            _waiting.check_strategy(strategy)
         backend = self._backend
         if backend.stream_query(self._handle):
             if _waiting.observer is None:
@@ -140,7 +146,9 @@ class Stream:
                 await _waiting.observed(f"stream {self._id}", str(self._device))
             return
         target = backend.stream_capture(self._handle)
-        await _waiting.wait(backend, self._device.index, target, f"stream {self._id}", self._origin)
+        await _waiting.wait(
+            backend, self._device.index, target, f"stream {self._id}", self._origin, strategy
+        )
 
     def synchronize_blocking(self) -> None:
         """Block the calling thread until all work submitted so far has completed.
@@ -189,6 +197,20 @@ class Stream:
         event.record(self)
         return event
 
+    # ------------------------------------------------------------------ interop
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        """``(0, handle)``: the CUDA stream interop protocol (as in cuda-python's cuda.core).
+
+        Lets libraries that accept ``__cuda_stream__`` objects run their work on this stream.
+
+        Raises:
+            TypeError: the stream is not on a CUDA device.
+        """
+        if self._device.type != "cuda":
+            raise TypeError(f"{self!r} is not a CUDA stream, so it has no CUDA handle")
+        return (0, self._id)
+
     # ------------------------------------------------------------------ identity
 
     def __eq__(self, other: object) -> bool:
@@ -201,6 +223,39 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"<aiostream.Stream device={self._device} id={self._id} priority={self._priority}>"
+
+
+class ExternalStream(Stream):
+    """A CUDA stream made elsewhere (PyTorch, CuPy, a C library), wrapped without owning it.
+
+    aiostream never destroys it: keep the stream alive in its owner while this object is used.
+    Its ``stream_id`` is the handle, so two wrappers of one stream compare equal.
+
+    Args:
+        stream_ptr: the ``CUstream`` handle, as an int (0 is the default stream).
+        device: the CUDA device the stream belongs to; None for ``cuda:0``.
+
+    Example:
+        >>> s = ExternalStream(torch.cuda.current_stream().cuda_stream)  # doctest: +SKIP
+    """
+
+    __slots__ = ()
+
+    def __init__(self, stream_ptr: int, device: Device | str | None = None) -> None:
+        if isinstance(stream_ptr, bool) or not isinstance(stream_ptr, int):
+            raise TypeError(f"stream_ptr must be an int (a CUstream handle), got {stream_ptr!r}")
+        if stream_ptr < 0:
+            raise ValueError(f"stream_ptr must be a handle (>= 0), got {stream_ptr}")
+        dev = _resolve_device("cuda:0" if device is None else device)
+        if dev.type != "cuda":
+            raise ValueError(f"ExternalStream wraps CUDA streams; device must be cuda:N, got {dev}")
+        backend = _backends.get(dev.type)
+        handle, priority = backend.stream_wrap(dev.index, stream_ptr)
+        self._init(backend, dev, handle, priority)
+        self._finalizer = None  # type: ignore[assignment]  # not owned: never destroyed
+
+    def __repr__(self) -> str:
+        return f"<aiostream.ExternalStream device={self._device} handle={self._id:#x}>"
 
 
 def _check_same_backend(a: Any, b: Any) -> None:

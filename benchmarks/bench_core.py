@@ -29,6 +29,8 @@ import anyio.lowlevel
 
 import aiostream as ais
 
+DEVICE = "virtual:0"  # the waiter's own costs, on the simulated device (bench_cuda.py: GPUs)
+
 
 def run_on(loop: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     # Each phase starts from a collected heap, so that no phase pays for an earlier one's
@@ -45,7 +47,7 @@ def run_on(loop: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
 async def fast_path(n: int, rounds: int) -> tuple[float, float]:
     """Median seconds per await: (complete event, bare checkpoint)."""
     ais.virtual.reset()
-    e = ais.Stream().record_event()
+    e = ais.Stream(DEVICE).record_event()
     assert e.query()
     checkpoint = anyio.lowlevel.checkpoint
     ours, base = [], []
@@ -71,7 +73,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def lateness_ours(n: int, gap: float, streams: int) -> list[float]:
     ais.virtual.reset()  # the monotonic clock: device work takes real time
-    lanes = [ais.Stream() for _ in range(streams)]
+    lanes = [ais.Stream(DEVICE) for _ in range(streams)]
     events = []
     lead = 0.05  # time to start every task before the first completion
     ais.delay(lead, stream=lanes[0])
@@ -142,7 +144,7 @@ async def cpu_pending(n: int, seconds: float, busy: bool) -> tuple[float, float]
     """CPU seconds of this process while n tasks wait `seconds` for device work: in the steady
     window from 10 % to 90 % of the wait, and over the whole run (start-up and wake-up too)."""
     ais.virtual.reset()
-    s = ais.Stream()
+    s = ais.Stream(DEVICE)
     ais.delay(seconds, stream=s)
     events = [s.record_event() for _ in range(n)]
 

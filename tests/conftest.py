@@ -42,11 +42,17 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict]:
 
 @pytest.fixture(autouse=True)
 def fresh_virtual() -> Iterator[None]:
-    """Each test starts on a fresh virtual backend (real time, one device)."""
-    ais.virtual.reset()
-    yield
-    gc.collect()
-    ais.virtual.reset()
+    """Each test starts on a fresh virtual backend (real time, one device), the default device.
+
+    Tests of other backends name their device (see ``aiostream_device``), so the suite runs the
+    same on machines with and without a GPU.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AIOSTREAM_DEVICE", "virtual")
+        ais.virtual.reset()
+        yield
+        gc.collect()
+        ais.virtual.reset()
 
 
 @pytest.fixture

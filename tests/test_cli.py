@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import aiostream as ais
 from aiostream.__main__ import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,6 +115,15 @@ def test_core_benchmark_smoke_run() -> None:
     for heading in ("1. await on a complete event", "2. wake lateness", "3. CPU while"):
         assert heading in proc.stdout
     assert proc.stdout.count("ratio") >= 6
+
+
+def test_cuda_benchmark_says_why_it_skips_without_a_gpu() -> None:
+    ok, reason = ais._backends.probe("cuda")
+    if ok:
+        pytest.skip("a CUDA device works here: test_fake_driver.py and the GPU run cover it")
+    proc = run_python("benchmarks/bench_cuda.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert f"bench_cuda: skipped, no CUDA device here: {reason}" in proc.stdout
 
 
 def test_loader_benchmark_smoke_run() -> None:

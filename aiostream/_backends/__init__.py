@@ -24,12 +24,9 @@ def _create(kind: str) -> Backend:
         from .virtual import VirtualBackend
 
         return VirtualBackend()
-    # The CUDA backend lands with its own change; until then it says so instead of guessing.
-    raise BackendUnavailableError(
-        "cuda",
-        "this release of aiostream has no CUDA backend yet; use a virtual device "
-        "('virtual:0') or set AIOSTREAM_DEVICE=virtual",
-    )
+    from .cuda import CudaBackend
+
+    return CudaBackend()
 
 
 def get(kind: str) -> Backend:

@@ -37,6 +37,9 @@ class Backend(Protocol):
     """A device runtime: the ``virtual`` simulator or the CUDA driver."""
 
     kind: ClassVar[str]
+    #: whether :meth:`wake_hint` gives exact completion times (virtual); if not (CUDA), the
+    #: waiter watches with a strategy and uses :meth:`block` and :meth:`notify_done`
+    completion_times: ClassVar[bool]
 
     def device_count(self) -> int: ...
     def close(self) -> None: ...
@@ -47,6 +50,9 @@ class Backend(Protocol):
 
     def stream_create(self, index: int, priority: int) -> Handle: ...
     def stream_default(self, index: int) -> Handle: ...
+    def stream_wrap(self, index: int, handle: int) -> tuple[Handle, int]:
+        """A stream made elsewhere, not owned, and its priority (CUDA only)."""
+
     def stream_destroy(self, stream: Handle) -> None: ...
     def stream_id(self, stream: Handle) -> int: ...
     def stream_query(self, stream: Handle) -> bool: ...
@@ -57,6 +63,9 @@ class Backend(Protocol):
     def event_create(
         self, index: int, *, timing: bool, blocking: bool, interprocess: bool
     ) -> Handle: ...
+    def event_wrap(self, index: int, handle: int) -> Handle:
+        """An event made elsewhere, not owned (CUDA only)."""
+
     def event_destroy(self, event: Handle) -> None: ...
     def event_id(self, event: Handle) -> int: ...
     def event_record(self, event: Handle, stream: Handle) -> None: ...
@@ -102,3 +111,13 @@ class Backend(Protocol):
 
     def wait_blocking(self, target: Any) -> None:
         """Block the calling thread until ``target`` is done (raising its error)."""
+
+    def block(self, target: Any) -> None:
+        """Block the calling thread until ``target`` is done or failed; never raise.
+
+        Safe to run while the target is released from another thread: what the target holds
+        is given back when both are over.
+        """
+
+    def notify_done(self, target: Any, fn: Callable[[], None]) -> None:
+        """Call ``fn`` from a driver thread when ``target`` completes (at most once)."""

@@ -35,7 +35,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .._errors import DeviceError, NotReadyError, StaleHandleError
+from .._errors import AiostreamError, DeviceError, NotReadyError, StaleHandleError
 
 __all__ = [
     "DEFAULT_BANDWIDTH",
@@ -374,6 +374,8 @@ class VirtualBackend:
     """The simulated device runtime behind ``virtual:N`` devices."""
 
     kind: ClassVar[str] = "virtual"
+    #: wake_hint() gives the exact time of the next completion: the waiter needs no strategy
+    completion_times: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -986,6 +988,25 @@ class VirtualBackend:
                 changed.clear()
         finally:
             unsubscribe()
+
+    def stream_wrap(self, index: int, handle: int) -> tuple[object, int]:
+        raise ValueError("virtual devices have no foreign streams: ExternalStream wraps CUDA ones")
+
+    def event_wrap(self, index: int, handle: int) -> object:
+        raise ValueError("virtual devices have no foreign events: as_event wraps CUDA ones")
+
+    def block(self, target: _Target) -> None:
+        try:
+            self.wait_blocking(target)
+        except AiostreamError:
+            pass  # the caller learns the outcome from target.done()
+
+    def notify_done(self, target: _Target, fn: Callable[[], None]) -> None:
+        def watch() -> None:
+            self.block(target)
+            fn()
+
+        threading.Thread(target=watch, name="aiostream virtual notify", daemon=True).start()
 
     # ------------------------------------------------------------------ inspection
 

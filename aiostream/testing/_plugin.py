@@ -248,7 +248,10 @@ def _timeline_path(config: pytest.Config, nodeid: str) -> Path | None:
 
 @pytest.fixture
 def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
-    """A fresh virtual backend for this test, checked for leaks at teardown; yields ``virtual:0``."""
+    """A fresh virtual backend for this test, checked for leaks at teardown; yields ``virtual:0``.
+
+    It is also the default device during the test, on machines with a GPU too.
+    """
     options = _marker_options(request.node)
     check_leaks = options.pop("check_leaks", True)
     check_races = options.pop("check_races", True)
@@ -261,7 +264,9 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
     backend = VirtualBackend(clock=clock, **kwargs)
     previous = _backends.replace("virtual", backend)
     try:
-        yield Device("virtual", 0)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("AIOSTREAM_DEVICE", "virtual:0")
+            yield Device("virtual", 0)
     finally:
         gc.collect()  # objects the test dropped release their handles now
         leaks = backend.leaks()

@@ -1,0 +1,193 @@
+"""CUDA waits: wake latency and CPU of each strategy, against the ways people wait today.
+
+Run on a machine with an NVIDIA GPU (``python benchmarks/bench_cuda.py``). Every row is
+measured in this run, on this device:
+
+1. Short kernels: ``--short`` awaits, one after another, each of a ``--kernel-us`` sleep kernel
+   on an idle stream. Latency is the time from submission to the waiting code resuming, minus the
+   kernel's duration: what the wait itself adds (launch overhead included, the same for all).
+2. Long waits: a ``--long-s`` kernel, awaited once per strategy; the CPU this process used
+   meanwhile, as a share of one core.
+
+Baselines: (a) ``cuEventSynchronize`` in a plain thread with no event loop (the floor), and (b)
+``await asyncio.to_thread(torch_event.synchronize)`` (what users write today; needs torch).
+Goals: hybrid's median latency within 2x of (a) and below (b); under 5 % of a core while a
+long wait is pending in ``thread`` and ``hybrid``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiostream as ais
+from aiostream import _backends
+
+DEVICE = "cuda:0"
+STRATEGIES = ("hybrid", "poll", "thread", "callback")
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
+
+
+def short_awaits(
+    n: int, kernel_s: float, wait: Callable[[ais.Stream, ais.Event], Awaitable[None]]
+) -> tuple[list[float], float]:
+    """Latencies (s) of n sequential awaits of one kernel each, and the CPU seconds used."""
+
+    async def main() -> tuple[list[float], float]:
+        s = ais.Stream(DEVICE)
+        e = ais.Event(DEVICE)
+        for _ in range(20):  # warm-up: module loaded, pools filled, threads started
+            ais.delay(kernel_s, stream=s)
+            e.record(s)
+            await wait(s, e)
+        out = []
+        cpu = time.process_time()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            ais.delay(kernel_s, stream=s)
+            e.record(s)
+            await wait(s, e)
+            out.append(time.perf_counter() - t0 - kernel_s)
+        return out, time.process_time() - cpu
+
+    return asyncio.run(main())
+
+
+def floor_thread(n: int, kernel_s: float) -> tuple[list[float], float]:
+    """(a): the same work, waited with cuEventSynchronize in a plain thread (no loop)."""
+    from cuda.bindings import driver
+
+    result: list[Any] = []
+
+    def run() -> None:
+        s = ais.Stream(DEVICE)
+        e = ais.Event(DEVICE)
+        for _ in range(20):
+            ais.delay(kernel_s, stream=s)
+            e.record(s)
+            driver.cuEventSynchronize(e._handle.ptr)
+        out = []
+        cpu = time.process_time()
+        for _ in range(n):
+            t0 = time.perf_counter()
+            ais.delay(kernel_s, stream=s)
+            e.record(s)
+            driver.cuEventSynchronize(e._handle.ptr)
+            out.append(time.perf_counter() - t0 - kernel_s)
+        result.extend([out, time.process_time() - cpu])
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return result[0], result[1]
+
+
+def torch_wait() -> Callable[[ais.Stream, ais.Event], Awaitable[None]] | None:
+    """(b): await asyncio.to_thread(torch_event.synchronize), on the same stream."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    events: dict[int, Any] = {}
+
+    async def wait(s: ais.Stream, e: ais.Event) -> None:
+        ext = torch.cuda.ExternalStream(s.stream_id)
+        te = events.get(s.stream_id)
+        if te is None:
+            te = events[s.stream_id] = torch.cuda.Event()
+        te.record(ext)
+        await asyncio.to_thread(te.synchronize)
+
+    return wait
+
+
+def strategy_wait(strategy: str) -> Callable[[ais.Stream, ais.Event], Awaitable[None]]:
+    async def wait(s: ais.Stream, e: ais.Event) -> None:
+        await e.synchronize(strategy=strategy)
+
+    return wait
+
+
+def long_wait_cpu(seconds: float, strategy: str) -> tuple[float, float]:
+    """(wall s, CPU share of one core) while one wait of ``seconds`` is pending."""
+
+    async def main() -> tuple[float, float]:
+        s = ais.Stream(DEVICE)
+        ais.delay(0.001, stream=s)
+        await s.synchronize(strategy=strategy)  # warm-up
+        ais.delay(seconds, stream=s)
+        e = s.record_event()
+        cpu, wall = time.process_time(), time.perf_counter()
+        await e.synchronize(strategy=strategy)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        return wall, cpu / wall
+
+    return asyncio.run(main())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", type=int, default=1000, help="awaits of short kernels")
+    parser.add_argument("--kernel-us", type=float, default=20.0, help="short kernel length")
+    parser.add_argument("--long-s", type=float, default=1.0, help="long wait length")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.short, args.long_s = 50, 0.1
+    ok, reason = _backends.probe("cuda")
+    if not ok:
+        print(f"bench_cuda: skipped, no CUDA device here: {reason}")
+        return
+    name = _backends.get("cuda").device_name(0)  # type: ignore[attr-defined]
+    kernel_s = args.kernel_us * 1e-6
+    print(f"CUDA wait benchmark, {datetime.date.today()}, {name} ({DEVICE}), "
+          f"Python {platform.python_version()}")
+    print(f"\n1. {args.short} awaits of {args.kernel_us:g} us kernels: latency beyond the kernel")
+    print(f"   {'method':44} {'median us':>10} {'p99 us':>10} {'CPU s':>8}")
+    rows: dict[str, tuple[float, float, float]] = {}
+
+    def row(label: str, lat: list[float], cpu: float) -> None:
+        med, p99 = statistics.median(lat) * 1e6, pct(lat, 0.99) * 1e6
+        rows[label] = (med, p99, cpu)
+        print(f"   {label:44} {med:10.1f} {p99:10.1f} {cpu:8.3f}")
+
+    lat, cpu = floor_thread(args.short, kernel_s)
+    row("(a) cuEventSynchronize, plain thread", lat, cpu)
+    tw = torch_wait()
+    if tw is None:
+        print("   (b) asyncio.to_thread(torch_event.synchronize): skipped, torch has no GPU here")
+    else:
+        lat, cpu = short_awaits(args.short, kernel_s, tw)
+        row("(b) await asyncio.to_thread(torch...synchronize)", lat, cpu)
+    for strategy in STRATEGIES:
+        lat, cpu = short_awaits(args.short, kernel_s, strategy_wait(strategy))
+        row(f"aiostream {strategy}", lat, cpu)
+    floor = rows["(a) cuEventSynchronize, plain thread"][0]
+    hybrid = rows["aiostream hybrid"][0]
+    print(f"   ratio hybrid / (a) median: {hybrid / floor:.2f} (goal: at most 2)")
+    if "(b) await asyncio.to_thread(torch...synchronize)" in rows:
+        b = rows["(b) await asyncio.to_thread(torch...synchronize)"][0]
+        print(f"   ratio hybrid / (b) median: {hybrid / b:.2f} (goal: below 1)")
+
+    print(f"\n2. one {args.long_s:g} s wait: CPU of this process while it is pending")
+    for strategy in STRATEGIES:
+        wall, share = long_wait_cpu(args.long_s, strategy)
+        goal = " (goal: under 5 %)" if strategy in ("thread", "hybrid") else ""
+        print(f"   aiostream {strategy:10} {share * 100:6.2f} % of a core over {wall:.3f} s{goal}")
+
+
+if __name__ == "__main__":
+    main()

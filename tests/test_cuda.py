@@ -1,0 +1,376 @@
+"""The CUDA backend: run where ``cuda:0`` works (a GPU, or the stand-in driver of test_fake_driver).
+
+Without either, every test here skips and says why; ``test_fake_driver.py`` then builds the
+stand-in ``libcuda.so.1`` and runs this file against it in a subprocess. Tests that use the
+stand-in's hooks (fault injection, handle counts) skip on a real GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import aiostream as ais
+from aiostream import _backends
+
+_OK, _REASON = _backends.probe("cuda")
+pytestmark = pytest.mark.skipif(not _OK, reason=f"needs a CUDA device: {_REASON}")
+
+DEV = "cuda:0"
+STREAMS, EVENTS, CONTEXTS, MODULES = 0, 1, 2, 5
+
+
+def _stand_in() -> Any:
+    if not _OK:
+        return None
+    lib = ctypes.CDLL("libcuda.so.1")
+    if not hasattr(lib, "fake_cuda_live"):
+        return None
+    lib.fake_cuda_live.restype = ctypes.c_long
+    lib.fake_cuda_violations.restype = ctypes.c_long
+    lib.fake_cuda_host_calls.restype = ctypes.c_long
+    return lib
+
+
+FAKE = _stand_in()
+needs_stand_in = pytest.mark.skipif(
+    FAKE is None, reason="uses the stand-in driver's hooks (test_fake_driver.py runs it)"
+)
+
+
+@pytest.fixture
+def fake() -> Iterator[Any]:
+    yield FAKE
+    FAKE.fake_cuda_clear_error()
+
+
+@pytest.fixture(autouse=True)
+def default_strategy() -> Iterator[None]:
+    yield
+    ais.set_wait_strategy(None)
+
+
+# ---------------------------------------------------------------------- detection and streams
+
+
+def test_cuda_is_available_but_not_the_default_in_tests() -> None:
+    assert ais.is_available("cuda")
+    assert ais.device_count("cuda") >= 1
+    assert ais.device(DEV) == ais.Device("cuda", 0)
+
+
+def test_priorities_are_checked_against_the_drivers_range() -> None:
+    lowest, highest = _backends.get("cuda").priority_range(0)
+    s = ais.Stream(DEV, priority=highest)
+    assert s.priority == highest
+    with pytest.raises(ValueError, match=rf"between {highest} \(highest\) and {lowest}"):
+        ais.Stream(DEV, priority=lowest + 1)
+
+
+def test_cuda_stream_protocol_and_external_streams() -> None:
+    s = ais.Stream(DEV)
+    version, handle = s.__cuda_stream__()
+    assert (version, handle) == (0, s.stream_id) and handle != 0
+    ext = ais.ExternalStream(handle, DEV)
+    assert ext == s and isinstance(ext, ais.Stream)
+    assert "ExternalStream" in repr(ext)
+    del ext
+    gc.collect()
+    s.record_event()  # dropping the wrapper did not destroy the stream
+    assert ais.ExternalStream(0, DEV) == ais.default_stream(DEV)
+    with pytest.raises(TypeError, match="is not a CUDA stream"):
+        ais.Stream("virtual:0").__cuda_stream__()
+    with pytest.raises(TypeError, match="stream_ptr must be an int"):
+        ais.ExternalStream("0x1234")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="device must be cuda:N"):
+        ais.ExternalStream(handle, "virtual:0")
+
+
+class _Proto:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __cuda_stream__(self) -> object:
+        return self.value
+
+
+class _TorchLikeStream:
+    def __init__(self, handle: int) -> None:
+        self.cuda_stream = handle
+        self.device = type("device", (), {"index": 0})()
+
+
+class _CupyLikeStream:
+    def __init__(self, handle: int) -> None:
+        self.ptr = handle
+        self.device_id = 0
+
+
+def test_as_stream_accepts_every_kind_of_stream() -> None:
+    s = ais.Stream(DEV)
+    handle = s.stream_id
+    assert ais.as_stream(s) is s
+    for obj in (_Proto((0, handle)), _TorchLikeStream(handle), _CupyLikeStream(handle), handle):
+        wrapped = ais.as_stream(obj)
+        assert wrapped == s and wrapped.device == ais.Device("cuda", 0)
+    with pytest.raises(ValueError, match=r"must return \(0, handle\)"):
+        ais.as_stream(_Proto((3, handle)))
+    with pytest.raises(TypeError, match="as_stream"):
+        ais.as_stream("stream")
+
+
+async def test_awaiting_an_external_stream(anyio_backend: object) -> None:
+    s = ais.Stream(DEV)
+    ext = ais.as_stream(_TorchLikeStream(s.stream_id))
+    ais.delay(0.01, stream=s)
+    await ext.synchronize()
+    assert s.query()
+
+
+# ---------------------------------------------------------------------- events
+
+
+async def test_events_time_device_work(anyio_backend: object) -> None:
+    s = ais.Stream(DEV)
+    start, end = ais.Event(DEV, enable_timing=True), ais.Event(DEV, enable_timing=True)
+    start.record(s)
+    ais.delay(0.02, stream=s)
+    end.record(s)
+    await end.synchronize()
+    assert 15 <= start.elapsed_time(end) <= 1000
+
+
+async def test_blocking_events_are_awaited_like_any(anyio_backend: object) -> None:
+    s = ais.Stream(DEV)
+    e = ais.Event(DEV, blocking=True)
+    ais.delay(0.01, stream=s)
+    e.record(s)
+    await e.synchronize()
+    assert e.query()
+
+
+async def test_as_event_wraps_a_foreign_event_without_owning_it(anyio_backend: object) -> None:
+    owner = ais.Event(DEV)
+    s = ais.Stream(DEV)
+    owner.record(s)
+    foreign = type("TorchLikeEvent", (), {"cuda_event": owner.event_id, "device": None})()
+    wrapped = ais.as_event(foreign)
+    assert wrapped.event_id == owner.event_id
+    ais.delay(0.01, stream=s)
+    wrapped.record(s)
+    await wrapped.synchronize()
+    del wrapped
+    gc.collect()
+    assert owner.query()  # still alive: the wrapper did not destroy it
+    assert ais.as_event(owner) is owner
+    with pytest.raises(ValueError, match="record it first"):
+        ais.as_event(type("Unrecorded", (), {"cuda_event": 0})())
+    with pytest.raises(TypeError, match="as_event"):
+        ais.as_event(1.5)
+
+
+def test_driver_errors_become_cuda_errors() -> None:
+    s = ais.Stream(DEV)
+    untimed = ais.Event(DEV)
+    untimed.record(s)
+    untimed.synchronize_blocking()
+    wrapped = ais.as_event(untimed.event_id, DEV)  # its flags are unknown to the wrapper
+    with pytest.raises(ais.CudaError) as info:
+        wrapped.elapsed_time(wrapped)
+    err = info.value
+    assert isinstance(err, ais.DeviceError)
+    assert err.code == 400 and err.name == "CUDA_ERROR_INVALID_HANDLE"
+    assert err.device == DEV
+    assert "cuEventElapsedTime" in str(err) and "CUDA_ERROR_INVALID_HANDLE" in str(err)
+
+
+@needs_stand_in
+async def test_ipc_handles_round_trip(anyio_backend: object) -> None:
+    s = ais.Stream(DEV)
+    e = ais.Event(DEV, interprocess=True)
+    ais.delay(0.01, stream=s)
+    e.record(s)
+    handle = e.ipc_handle()
+    assert isinstance(handle, bytes) and len(handle) == 64
+    opened = ais.Event.from_ipc_handle(DEV, handle)
+    assert opened.query() is False
+    await opened.synchronize()
+    assert e.query()
+
+
+def test_bad_ipc_handles_are_refused_cleanly() -> None:
+    with pytest.raises(ValueError, match="64 bytes"):
+        ais.Event.from_ipc_handle(DEV, b"short")
+    with pytest.raises(TypeError, match="handle must be bytes"):
+        ais.Event.from_ipc_handle(DEV, "x" * 64)  # type: ignore[arg-type]
+    with pytest.raises((ValueError, ais.CudaError)):
+        ais.Event.from_ipc_handle(DEV, b"\x00" * 64)
+
+
+@needs_stand_in
+async def test_device_failures_are_sticky_cuda_errors(anyio_backend: object, fake: Any) -> None:
+    s = ais.Stream(DEV)
+    fake.fake_cuda_fail_next_launch(719)
+    ais.delay(0.01, stream=s)
+    e = s.record_event()
+    with pytest.raises(ais.CudaError) as info:
+        await e.synchronize()
+    assert info.value.code == 719 and info.value.name == "CUDA_ERROR_LAUNCH_FAILED"
+    assert "unspecified launch failure" in str(info.value)
+    with pytest.raises(ais.CudaError, match="CUDA_ERROR_LAUNCH_FAILED"):
+        e.query()
+    with pytest.raises(ais.CudaError, match="CUDA_ERROR_LAUNCH_FAILED"):
+        await ais.Stream(DEV).synchronize()
+
+
+# ---------------------------------------------------------------------- waiting strategies
+
+
+@pytest.mark.parametrize("strategy", ais._waiting.STRATEGIES)
+async def test_every_strategy_waits_for_the_work(anyio_backend: object, strategy: str) -> None:
+    s, other = ais.Stream(DEV), ais.Stream(DEV)
+    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    for i in range(10):  # back to back: each wait starts as the previous one's waiter closes
+        ais.delay(0.002 * (i % 3), stream=s)
+        e = s.record_event()
+        ais.delay(0.001, stream=other)
+        await e.synchronize(strategy=strategy)
+        assert e.query()
+        await other.synchronize(strategy=strategy)
+        assert other.query()
+    if FAKE is not None:
+        launched = FAKE.fake_cuda_host_calls() - calls
+        # No Python runs on a driver thread unless the callback strategy was asked for.
+        assert (launched > 0) if strategy == "callback" else (launched == 0)
+
+
+async def test_the_global_strategy_applies_to_waits(anyio_backend: object) -> None:
+    ais.set_wait_strategy("thread")
+    s = ais.Stream(DEV)
+    ais.delay(0.01, stream=s)
+    await s.record_event().synchronize()
+    assert s.query()
+
+
+async def test_waits_on_many_streams_complete_in_any_order(anyio_backend: object) -> None:
+    streams = [ais.Stream(DEV) for _ in range(4)]
+    done: list[int] = []
+
+    async def one(i: int, strategy: str) -> None:
+        ais.delay(0.005 * (4 - i), stream=streams[i])
+        await streams[i].record_event().synchronize(strategy=strategy)
+        done.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i, strategy in enumerate(("thread", "hybrid", "poll", "thread")):
+            tg.start_soon(one, i, strategy)
+    assert sorted(done) == [0, 1, 2, 3]
+    assert done[0] == 3  # the shortest work finished first: no wait blocked another
+
+
+@pytest.mark.parametrize("strategy", ["thread", "hybrid"])
+async def test_long_waits_cost_no_cpu(anyio_backend: object, strategy: str) -> None:
+    s = ais.Stream(DEV)
+    ais.delay(0.4, stream=s)
+    e = s.record_event()
+    cpu, wall = time.process_time(), time.perf_counter()
+    await e.synchronize(strategy=strategy)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    assert wall >= 0.35
+    assert cpu < 0.25 * wall, f"{strategy}: {cpu:.3f} s of CPU in a {wall:.3f} s wait"
+
+
+@pytest.mark.parametrize("strategy", ["thread", "hybrid", "callback", "poll"])
+async def test_cancelled_waits_leak_nothing(anyio_backend: object, strategy: str) -> None:
+    s = ais.Stream(DEV)
+    ais.delay(0.1, stream=s)
+    e = s.record_event()
+    for _ in range(20):
+        with anyio.move_on_after(0.002):
+            await e.synchronize(strategy=strategy)
+    assert ais.pending_waits() == []
+    await e.synchronize(strategy=strategy)
+    await anyio.sleep(0.05)  # threads of cancelled waits return once the work is done
+    # Every marker a wait took is back in the pool (threads of cancelled waits gave theirs back
+    # when they returned), and every watcher stream is free again.
+    dev = _backends.get("cuda")._devices[0]
+    markers = sum(1 for kind, _ in dev.internal if kind == "event")
+    assert len(dev.markers) == markers
+    assert not dev.lanes
+
+
+def test_late_wake_ups_after_the_loop_closed_are_harmless(monkeypatch: pytest.MonkeyPatch) -> None:
+    errors: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", errors.append)
+    monkeypatch.setattr(sys, "unraisablehook", errors.append)
+
+    async def leave_waits_behind() -> None:
+        s = ais.Stream(DEV)
+        ais.delay(0.1, stream=s)
+        e = s.record_event()
+        for strategy in ("thread", "callback"):
+            with anyio.move_on_after(0.01):
+                await e.synchronize(strategy=strategy)
+
+    asyncio.run(leave_waits_behind())
+    anyio.run(leave_waits_behind, backend="trio")
+    time.sleep(0.25)  # the device work completes; threads and host functions wake closed loops
+    assert errors == []
+
+
+# ---------------------------------------------------------------------- memory and lifetimes
+
+
+async def test_copies_round_trip_through_device_memory(anyio_backend: object) -> None:
+    s = ais.Stream(DEV)
+    data = np.arange(1024, dtype=np.float32)
+    up, down = ais.HostBuffer(data.nbytes, device=DEV), ais.HostBuffer(data.nbytes, device=DEV)
+    up.numpy(np.float32)[:] = data
+    with ais.use_stream(s):  # allocated in order with the stream's work
+        dev = ais.DeviceBuffer(data.nbytes, DEV)
+    assert dev.__cuda_array_interface__["data"][0] != 0
+    ais.copy_async(dev, up, stream=s)
+    ais.delay(0.005, stream=s)
+    ais.copy_async(down, dev, stream=s)
+    await s.synchronize()
+    np.testing.assert_array_equal(down.numpy(np.float32), data)
+
+
+@needs_stand_in
+def test_handles_dropped_in_other_threads_are_released_once() -> None:
+    gc.collect()
+    streams_before, events_before = FAKE.fake_cuda_live(STREAMS), FAKE.fake_cuda_live(EVENTS)
+    objs: list[object] = [ais.Stream(DEV) for _ in range(10)]
+    objs += [stream.record_event() for stream in objs]  # type: ignore[attr-defined]
+    assert FAKE.fake_cuda_live(STREAMS) == streams_before + 10
+    assert FAKE.fake_cuda_live(EVENTS) == events_before + 10
+
+    def drop() -> None:
+        objs.clear()
+        gc.collect()
+
+    t = threading.Thread(target=drop)
+    t.start()
+    t.join()
+    assert FAKE.fake_cuda_live(STREAMS) == streams_before
+    assert FAKE.fake_cuda_live(EVENTS) == events_before
+    assert FAKE.fake_cuda_violations() == 0
+
+
+@needs_stand_in
+def test_the_sleep_kernel_is_loaded_once() -> None:
+    s = ais.Stream(DEV)
+    for _ in range(3):
+        ais.delay(0.0, stream=s)
+    s.synchronize_blocking()
+    assert FAKE.fake_cuda_live(MODULES) == 1

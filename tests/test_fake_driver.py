@@ -1,0 +1,196 @@
+"""The CUDA backend's own control flow on machines without a GPU.
+
+The machine's C compiler builds ``tests/fake_cuda/fake_cuda.c`` into a stand-in ``libcuda.so.1``
+(the driver entry points the backend uses, in memory on the CPU). Each test runs Python in a
+subprocess whose ``LD_LIBRARY_PATH`` points at it, as the driver is looked up when the process
+starts: detection, the CUDA tests of ``test_cuda.py`` and the conformance suite on ``cuda:0``
+(on asyncio, uvloop and trio), and releasing everything at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "tests" / "fake_cuda" / "fake_cuda.c"
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or importlib.util.find_spec("cuda.bindings") is None,
+    reason="the stand-in driver is a Linux shared library used through cuda-python",
+)
+
+
+@pytest.fixture(scope="session")
+def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the stand-in libcuda.so.1, built for this session."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("needs a C compiler (cc or gcc) to build the stand-in driver")
+    folder = tmp_path_factory.mktemp("fake_cuda")
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-o", str(folder / "libcuda.so.1"), str(SOURCE),
+         "-lpthread"],
+        check=True,
+        capture_output=True,
+    )
+    return folder
+
+
+def run(
+    folder: Path | None, *args: str, timeout: float = 120, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python *args`` with the stand-in (or, with None, no driver at all) on the path."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    environ.pop("AIOSTREAM_DEVICE", None)
+    if folder is not None:
+        environ["LD_LIBRARY_PATH"] = str(folder)
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=environ,
+    )
+
+
+DETECT = """
+import aiostream as ais
+print("available", ais.is_available("cuda"))
+print("default", ais.device())
+try:
+    ais.Stream("cuda:0")
+except ais.BackendUnavailableError as exc:
+    print("refused", exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"FAKE_CUDA_DEVICES": "0"}, "the NVIDIA driver found no CUDA device"),
+        ({"FAKE_CUDA_STUB": "1"}, "stub library, not a driver"),
+    ],
+    ids=["no-device", "stub-driver"],
+)
+def test_detection_falls_back_to_virtual_and_says_why(
+    stand_in: Path, env: dict[str, str], reason: str
+) -> None:
+    proc = run(stand_in, "-c", DETECT, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert "available False" in proc.stdout
+    assert "default virtual:0" in proc.stdout
+    assert "refused the 'cuda' backend is unavailable: " in proc.stdout
+    assert reason in proc.stdout
+    info = run(stand_in, "-m", "aiostream", "info", **env)
+    assert info.returncode == 0, info.stderr
+    assert re.search(r"cuda +unavailable: .*" + re.escape(reason), info.stdout), info.stdout
+
+
+def test_a_working_driver_is_the_default_device(stand_in: Path) -> None:
+    proc = run(stand_in, "-c", DETECT)
+    assert proc.returncode == 0, proc.stderr
+    assert "available True\ndefault cuda:0\n" in proc.stdout
+    info = run(stand_in, "-m", "aiostream", "info")
+    assert re.search(r"cuda +available, 1 device: cuda:0", info.stdout), info.stdout
+
+
+def test_no_driver_library_is_reported(tmp_path: Path) -> None:
+    if ctypes.util.find_library("cuda") is not None:
+        pytest.skip("this machine has an NVIDIA driver library, so its absence cannot be shown")
+    proc = run(tmp_path, "-c", DETECT)
+    assert proc.returncode == 0, proc.stderr
+    assert "default virtual:0" in proc.stdout
+    assert "no NVIDIA driver library (libcuda.so.1) could be loaded" in proc.stdout
+
+
+def test_missing_cuda_python_is_reported() -> None:
+    code = "import sys; sys.modules['cuda.bindings'] = None\n" + DETECT
+    proc = run(None, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert "cuda-python is not installed" in proc.stdout and "pip install cuda-python" in proc.stdout
+
+
+def test_cuda_suites_pass_on_the_stand_in(stand_in: Path) -> None:
+    """test_cuda.py, and the conformance suite on cuda:0, on every loop: none may skip."""
+    proc = run(
+        stand_in,
+        "-m",
+        "pytest",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_cuda.py",
+        "tests/test_conformance.py",
+        "-k",
+        "cuda or test_cuda",
+        timeout=300,
+    )
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    passed = int(re.search(r"(\d+) passed", summary).group(1))  # type: ignore[union-attr]
+    assert passed >= 100, summary
+    assert "skipped" not in summary and "deselected" in summary, summary
+    for loop in ("asyncio", "uvloop", "trio"):
+        if loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            continue
+        assert f"[{loop}-cuda:0] PASSED" in proc.stdout, f"no conformance test ran on {loop}"
+
+
+AT_EXIT = """
+import atexit, ctypes, gc, threading
+lib = ctypes.CDLL("libcuda.so.1")
+lib.fake_cuda_live.restype = lib.fake_cuda_violations.restype = ctypes.c_long
+
+def report():  # registered first, so it runs last, after aiostream's own clean-up
+    live = [lib.fake_cuda_live(kind) for kind in range(6)]
+    print("live", live, "violations", lib.fake_cuda_violations(), flush=True)
+
+atexit.register(report)
+import anyio
+import aiostream as ais
+
+async def main():
+    s = ais.Stream("cuda:0")
+    ais.delay(0.01, stream=s)
+    await s.record_event().synchronize(strategy="thread")
+    return s
+
+kept = [anyio.run(main), ais.Event("cuda:0", enable_timing=True), ais.HostBuffer(64, device="cuda:0")]
+kept[1].record(kept[0])
+ais.delay(0.01, stream=kept[0])
+dropped = [ais.Stream("cuda:0") for _ in range(5)]
+worker = threading.Thread(target=lambda: (dropped.clear(), gc.collect()))
+worker.start(); worker.join()
+print("ok", flush=True)
+"""
+
+
+def test_everything_is_released_once_at_interpreter_exit(stand_in: Path) -> None:
+    proc = run(stand_in, "-c", AT_EXIT)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok" in proc.stdout
+    # Streams, events, contexts, pinned host buffers, device buffers and modules: every handle
+    # released, the contexts last (a handle released after them counts as a violation), and
+    # nothing twice.
+    assert "live [0, 0, 0, 0, 0, 0] violations 0" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
+def test_the_cuda_benchmark_runs_on_the_stand_in(stand_in: Path) -> None:
+    """End to end, tiny sizes; figures from a stand-in driver mean nothing and are not judged."""
+    proc = run(stand_in, "benchmarks/bench_cuda.py", "--quick", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "aiostream fake GPU 0" in proc.stdout
+    for strategy in ("hybrid", "poll", "thread", "callback"):
+        assert proc.stdout.count(f"aiostream {strategy}") == 2, proc.stdout
+    assert "ratio hybrid / (a) median" in proc.stdout

@@ -93,6 +93,7 @@ def test_python_dash_m_entry_point() -> None:
     [
         ("examples/loader.py", "32 batches, 8 device buffers allocated"),
         ("examples/overlap_two_streams.py", "8 chunks of 4 MiB copied and computed"),
+        ("examples/wait_strategies.py", "default strategy is now 'thread'"),
     ],
 )
 def test_examples_run(script: str, expected: str) -> None:

@@ -649,11 +649,10 @@ class CudaBackend:
 
     def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> _Memory:
         dev = self._device(index)
-        if not pinned:
+        if not pinned:  # pageable: the driver stages copies from it before the call returns
             array = bytearray(nbytes)
-            ptr = ctypes.addressof((ctypes.c_char * max(nbytes, 1)).from_buffer(array or bytearray(1)))
-            mem = _Memory(index, nbytes, ptr if nbytes else 0, device=False, array=array)
-            return mem
+            ptr = ctypes.addressof((ctypes.c_char * nbytes).from_buffer(array)) if nbytes else 0
+            return _Memory(index, nbytes, ptr, device=False, array=array)
         with self._lock, self._pushed(dev):
             self._reap(dev)
             ptr = self._check(self._driver.cuMemHostAlloc(max(nbytes, 1), 0), index, "cuMemHostAlloc")

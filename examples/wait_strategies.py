@@ -1,0 +1,39 @@
+"""Choosing how a wait is watched: globally, or for one await.
+
+On CUDA devices the strategy decides how the loop learns that work completed: ``hybrid``
+(the default) checks on the next loop turns and hands long waits to a thread, ``poll`` keeps
+checking with a growing back-off, ``thread`` blocks a worker thread in the driver at once, and
+``callback`` has the driver call back (opt-in; see the README's caveat). A virtual device knows
+when its work completes, so there every strategy sleeps until that moment.
+
+Run it with ``python examples/wait_strategies.py``: on ``cuda:0`` where a GPU works, else on
+``virtual:0``.
+"""
+
+import time
+
+import anyio
+
+import aiostream as ais
+
+
+async def main() -> None:
+    device = ais.device()
+    s = ais.Stream(device)
+    for strategy in ("hybrid", "poll", "thread", "callback"):
+        ais.delay(0.02, stream=s)
+        done = s.record_event()
+        t0 = time.perf_counter()
+        await done.synchronize(strategy=strategy)  # this await only
+        print(f"{strategy:8} resumed after {(time.perf_counter() - t0) * 1000:5.1f} ms on {device}")
+    ais.set_wait_strategy("thread")  # every await from now on (or AIOSTREAM_WAIT_STRATEGY)
+    try:
+        ais.delay(0.02, stream=s)
+        await s.synchronize()
+        print(f"default strategy is now {ais.get_wait_strategy()!r}")
+    finally:
+        ais.set_wait_strategy(None)
+
+
+if __name__ == "__main__":
+    anyio.run(main)

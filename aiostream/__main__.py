@@ -40,7 +40,8 @@ def info() -> str:
         ok, reason = _backends.probe(kind)
         if ok:
             n = ais.device_count(kind)
-            names = ", ".join(f"{kind}:{i}" for i in range(n))
+            backend = _backends.get(kind)
+            names = ", ".join(f"{kind}:{i} ({backend.device_name(i)})" for i in range(n))
             lines.append(f"  {kind:8} available, {n} device{'s' if n != 1 else ''}: {names}")
         else:
             lines.append(f"  {kind:8} unavailable: {reason}")

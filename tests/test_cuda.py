@@ -69,6 +69,20 @@ def test_cuda_is_available_but_not_the_default_in_tests() -> None:
     assert ais.device(DEV) == ais.Device("cuda", 0)
 
 
+def test_each_device_keeps_to_its_own_work() -> None:
+    if ais.device_count("cuda") < 2:
+        pytest.skip("needs two CUDA devices")
+    s0, s1 = ais.Stream(DEV), ais.Stream("cuda:1")
+    with pytest.raises(ValueError, match="cannot record an event of cuda:0 on a stream of cuda:1"):
+        ais.Event(DEV).record(s1)
+    ais.delay(0.005, stream=s1)
+    e1 = s1.record_event()
+    assert e1.device == ais.Device("cuda", 1) and not e1.query()
+    assert s0.query()  # work on cuda:1 is not on cuda:0's streams
+    e1.synchronize_blocking()
+    assert ais.default_stream("cuda:1") != ais.default_stream(DEV)
+
+
 def test_priorities_are_checked_against_the_drivers_range() -> None:
     lowest, highest = _backends.get("cuda").priority_range(0)
     s = ais.Stream(DEV, priority=highest)
@@ -370,7 +384,10 @@ def test_handles_dropped_in_other_threads_are_released_once() -> None:
 @needs_stand_in
 def test_the_sleep_kernel_is_loaded_once() -> None:
     s = ais.Stream(DEV)
+    ais.delay(0.0, stream=s)
+    loaded = FAKE.fake_cuda_live(MODULES)
+    assert 1 <= loaded <= ais.device_count("cuda")  # one per device that ran a delay
     for _ in range(3):
         ais.delay(0.0, stream=s)
     s.synchronize_blocking()
-    assert FAKE.fake_cuda_live(MODULES) == 1
+    assert FAKE.fake_cuda_live(MODULES) == loaded

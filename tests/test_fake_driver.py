@@ -134,6 +134,7 @@ def test_cuda_suites_pass_on_the_stand_in(stand_in: Path) -> None:
         "-k",
         "cuda or test_cuda",
         timeout=300,
+        FAKE_CUDA_DEVICES="2",
     )
     summary = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -42,6 +42,9 @@ class Backend(Protocol):
     completion_times: ClassVar[bool]
 
     def device_count(self) -> int: ...
+    def device_name(self, index: int) -> str:
+        """A name for ``python -m aiostream info``: the GPU's, or what the device is."""
+
     def close(self) -> None: ...
 
     # streams

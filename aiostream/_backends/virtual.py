@@ -989,6 +989,9 @@ class VirtualBackend:
         finally:
             unsubscribe()
 
+    def device_name(self, index: int) -> str:
+        return "simulated"
+
     def stream_wrap(self, index: int, handle: int) -> tuple[object, int]:
         raise ValueError("virtual devices have no foreign streams: ExternalStream wraps CUDA ones")
 

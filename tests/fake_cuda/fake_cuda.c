@@ -564,14 +564,18 @@ static CUresult cuMemFreeAsync(CUdeviceptr p, void *hs) {
     return OK;
 }
 
+/* Data moves in order with the stream's earlier work: the call waits for it (unlike a real
+ * driver, which returns at once), then copies. */
 static CUresult copy(void *dst, const void *src, size_t n, void *hs) {
     pthread_mutex_lock(&lock);
     Stream *s = stream_of(hs);
-    CUresult r = s ? failed() : INVALID_HANDLE;
-    if (r == OK) {
-        sleep_until(s->tail);  /* data moves in order with the stream's earlier work */
-        memcpy(dst, src, n);
-    }
+    uint64_t t = s ? s->tail : 0;
+    pthread_mutex_unlock(&lock);
+    if (!s) return INVALID_HANDLE;
+    sleep_until(t);
+    pthread_mutex_lock(&lock);
+    CUresult r = failed();
+    if (r == OK) memcpy(dst, src, n);
     pthread_mutex_unlock(&lock);
     return r;
 }

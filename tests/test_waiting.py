@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import aiostream as ais
@@ -235,3 +238,122 @@ async def test_virtual_waits_take_any_strategy_and_sleep_until_completion(
         assert not e.query()
         clock.advance(1.0)
     assert e.query()
+
+
+# ---------------------------------------------------------------------- strategies, in Python
+#
+# A backend that, like the CUDA driver, cannot say when work will complete: its waits finish
+# when the test says so, from another thread. It runs the strategies' control flow on every
+# loop without a driver (test_cuda.py runs it against the stand-in driver and on GPUs).
+
+
+class _Work:
+    def __init__(self, lane: str, seq: int) -> None:
+        self.lane, self.seq = lane, seq
+        self.complete = threading.Event()
+        self.checks = 0
+        self.released = False
+
+    def done(self) -> bool:
+        self.checks += 1
+        return self.complete.is_set()
+
+    def release(self) -> None:
+        self.released = True
+
+
+class _ManualBackend:
+    kind = "manual"
+    completion_times = False
+
+    def __init__(self) -> None:
+        self.blocked: list[_Work] = []
+        self.notified: list[_Work] = []
+
+    def wake_hint(self, index: int) -> float | None:
+        return None
+
+    def subscribe(self, index: int, callback: object) -> object:
+        return lambda: None
+
+    def block(self, target: _Work) -> None:
+        self.blocked.append(target)
+        target.complete.wait()
+
+    def notify_done(self, target: _Work, fn: Any) -> None:
+        self.notified.append(target)
+        threading.Thread(target=lambda: (target.complete.wait(), fn()), daemon=True).start()
+
+
+def _complete_later(work: _Work, seconds: float) -> None:
+    threading.Timer(seconds, work.complete.set).start()
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    _complete_later(work, 0.03)
+    with anyio.fail_after(5):
+        await _waiting.wait(backend, 0, work, "work", strategy=strategy)  # type: ignore[arg-type]
+    assert work.complete.is_set() and work.released
+    assert backend.blocked == ([work] if strategy in ("hybrid", "thread") else [])
+    assert backend.notified == ([work] if strategy == "callback" else [])
+    if strategy == "poll":
+        assert 3 <= work.checks < 200  # backed off: far fewer checks than loop turns in 30 ms
+
+
+async def test_hybrid_catches_short_waits_without_a_thread(anyio_backend: object) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+
+    async def finish_soon() -> None:
+        await anyio.lowlevel.checkpoint()
+        work.complete.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(finish_soon)
+        await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+    assert backend.blocked == []
+
+
+async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:
+    """Each wait starts while the previous one's waiter may still be closing its task group."""
+    backend = _ManualBackend()
+    for i in range(30):
+        work = _Work("s", i)
+        _complete_later(work, 0.001)
+        with anyio.fail_after(5):
+            await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
+
+
+async def test_a_cancelled_thread_wait_is_abandoned_at_once(anyio_backend: object) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    with anyio.move_on_after(0.02) as scope:
+        await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
+    assert scope.cancelled_caught and work.released
+    assert backend.blocked == [work]  # its thread still waits for the work, not for us
+    await anyio.sleep(0.01)
+    assert _waiting._waiters.get() == {}  # the waiter exited
+    work.complete.set()
+
+
+async def test_waits_on_different_lanes_do_not_queue_behind_each_other(
+    anyio_backend: object,
+) -> None:
+    backend = _ManualBackend()
+    slow, fast = _Work("a", 0), _Work("b", 0)
+    order: list[str] = []
+
+    async def wait(work: _Work, name: str) -> None:
+        await _waiting.wait(backend, 0, work, name, strategy="thread")  # type: ignore[arg-type]
+        order.append(name)
+
+    _complete_later(fast, 0.01)
+    _complete_later(slow, 0.1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, slow, "slow")
+            tg.start_soon(wait, fast, "fast")
+    assert order == ["fast", "slow"]

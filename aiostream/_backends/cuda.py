@@ -373,14 +373,10 @@ class CudaBackend:
 
     def stream_destroy(self, stream: _Stream) -> None:
         with self._lock:
-            if not (stream.owned and stream.alive):
-                return
-            stream.alive = False
-            dev = self._devices.get(stream.index)
-            if dev is None or self._closed:
-                return  # close() released it with its context
-            dev.streams.discard(stream)
-            self._quiet(self._driver.cuStreamDestroy(stream.ptr), stream.index, "cuStreamDestroy")
+            if stream.owned and self._retire(stream, "streams"):
+                self._quiet(
+                    self._driver.cuStreamDestroy(stream.ptr), stream.index, "cuStreamDestroy"
+                )
 
     def stream_id(self, stream: _Stream) -> int:
         return stream.id
@@ -442,14 +438,8 @@ class CudaBackend:
 
     def event_destroy(self, event: _Event) -> None:
         with self._lock:
-            if not (event.owned and event.alive):
-                return
-            event.alive = False
-            dev = self._devices.get(event.index)
-            if dev is None or self._closed:
-                return
-            dev.events.discard(event)
-            self._quiet(self._driver.cuEventDestroy(event.ptr), event.index, "cuEventDestroy")
+            if event.owned and self._retire(event, "events"):
+                self._quiet(self._driver.cuEventDestroy(event.ptr), event.index, "cuEventDestroy")
 
     def event_id(self, event: _Event) -> int:
         return event.id
@@ -675,15 +665,10 @@ class CudaBackend:
             host.alive = False
             return
         with self._lock:
-            if not host.alive:
-                return
-            host.alive = False
-            dev = self._devices.get(host.index)
-            if dev is None or self._closed:
-                return
-            dev.memory.discard(host)
-            dev.freeing.append(host)  # freed by _reap once its copies have completed
-            self._reap(dev)
+            dev = self._retire(host, "memory")
+            if dev is not None:
+                dev.freeing.append(host)  # freed by _reap once its copies have completed
+                self._reap(dev)
 
     def _reap(self, dev: _Device) -> None:
         """Free host memory whose copies have completed (lock held)."""
@@ -722,13 +707,9 @@ class CudaBackend:
         """Free on an internal stream, after every copy that used the memory (on the device)."""
         d = self._driver
         with self._lock:
-            if not mem.alive:
+            dev = self._retire(mem, "memory")
+            if dev is None:
                 return
-            mem.alive = False
-            dev = self._devices.get(mem.index)
-            if dev is None or self._closed:
-                return
-            dev.memory.discard(mem)
             if dev.free_stream is None:
                 with self._pushed(dev):
                     dev.free_stream = self._check(
@@ -810,6 +791,20 @@ class CudaBackend:
         target.done()  # raises the device's error, if the work failed
 
     # ------------------------------------------------------------------ lifetime
+
+    def _retire(self, handle: _Stream | _Event | _Memory, owner: str) -> _Device | None:
+        """Mark ``handle`` released (lock held): its device, if the caller must release it.
+
+        None if it was released before, or if close() released it with its context.
+        """
+        if not handle.alive:
+            return None
+        handle.alive = False
+        dev = self._devices.get(handle.index)
+        if dev is None or self._closed:
+            return None
+        getattr(dev, owner).discard(handle)
+        return dev
 
     def _quiet(self, result: tuple[Any, ...], index: int, call: str) -> None:
         """Release calls never raise (they run in finalizers): log what went wrong."""

@@ -391,3 +391,19 @@ def test_the_sleep_kernel_is_loaded_once() -> None:
         ais.delay(0.0, stream=s)
     s.synchronize_blocking()
     assert FAKE.fake_cuda_live(MODULES) == loaded
+
+
+async def test_the_loader_delivers_every_batch_intact(anyio_backend: object) -> None:
+    async def source():  # type: ignore[no-untyped-def]
+        for i in range(8):
+            yield np.full(256, i, dtype=np.float32)
+
+    out = ais.HostBuffer(1024, device=DEV)
+    seen = []
+    async with ais.DataLoader(source(), device=DEV, prefetch=2) as loader:
+        async for batch in loader:
+            ais.copy_async(out, batch.data)  # on the current stream, which waits for the batch
+            await ais.current_stream(DEV).synchronize()
+            seen.append(float(out.numpy(np.float32).mean()))
+    assert seen == [float(i) for i in range(8)]
+    assert loader.stats.peak_in_use <= 2 + 2

@@ -23,11 +23,12 @@ becomes an :class:`aiostream.CudaError`.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from importlib import resources
 from typing import Any, ClassVar
 
@@ -307,31 +308,26 @@ class CudaBackend:
                     d.cuDevicePrimaryCtxRetain(cu_dev), index, "cuDevicePrimaryCtxRetain"
                 )
                 dev = _Device(index, ctx, (0, 0))
-                with self._pushed(dev):
-                    err, least, greatest = d.cuCtxGetStreamPriorityRange()
-                    if err != _SUCCESS:
-                        raise self._error(err, index, "cuCtxGetStreamPriorityRange")
+                try:
+                    with self._pushed(dev):
+                        err, least, greatest = d.cuCtxGetStreamPriorityRange()
+                        if err != _SUCCESS:
+                            raise self._error(err, index, "cuCtxGetStreamPriorityRange")
+                except CudaError:
+                    d.cuDevicePrimaryCtxRelease(cu_dev)
+                    raise
                 dev.priorities = (int(least), int(greatest))
                 self._devices[index] = dev
             return dev
 
-    class _Pushed:
-        __slots__ = ("backend", "dev")
-
-        def __init__(self, backend: CudaBackend, dev: _Device) -> None:
-            self.backend = backend
-            self.dev = dev
-
-        def __enter__(self) -> None:
-            b = self.backend
-            b._check(b._driver.cuCtxPushCurrent(self.dev.ctx), self.dev.index, "cuCtxPushCurrent")
-
-        def __exit__(self, *exc: object) -> None:
-            self.backend._driver.cuCtxPopCurrent()
-
-    def _pushed(self, dev: _Device) -> CudaBackend._Pushed:
+    @contextlib.contextmanager
+    def _pushed(self, dev: _Device) -> Iterator[None]:
         """Make ``dev``'s context current for a block, restoring the thread's own afterwards."""
-        return CudaBackend._Pushed(self, dev)
+        self._check(self._driver.cuCtxPushCurrent(dev.ctx), dev.index, "cuCtxPushCurrent")
+        try:
+            yield
+        finally:
+            self._driver.cuCtxPopCurrent()
 
     def _on_default(self, stream: _Stream) -> None:
         """Work on the default stream goes to the calling thread's current context: make it ours."""

@@ -256,3 +256,21 @@ def test_format_timeline_is_canonical() -> None:
         "# device stream engine start end name error\n"
         "virtual:0 3 compute 0.500000000 1.250000000 'k' None\n"
     )
+
+
+def test_virtual_device_is_the_default_device_whatever_the_environment_says(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIOSTREAM_DEVICE", "cuda:0")  # as on a machine set up for its GPU
+    result = run(pytester, '''
+import os
+import aiostream as ais
+
+def test_default(virtual_device):
+    assert ais.device() == virtual_device
+    assert ais.Stream().device == virtual_device
+
+def test_restored_after():
+    assert os.environ["AIOSTREAM_DEVICE"] == "cuda:0"
+''')
+    result.assert_outcomes(passed=2)

@@ -153,8 +153,10 @@ def main() -> None:
         return
     name = _backends.get("cuda").device_name(0)  # type: ignore[attr-defined]
     kernel_s = args.kernel_us * 1e-6
-    print(f"CUDA wait benchmark, {datetime.date.today()}, {name} ({DEVICE}), "
-          f"Python {platform.python_version()}")
+    print(
+        f"CUDA wait benchmark, {datetime.date.today()}, {name} ({DEVICE}), "
+        f"Python {platform.python_version()}"
+    )
     print(f"\n1. {args.short} awaits of {args.kernel_us:g} us kernels: latency beyond the kernel")
     print(f"   {'method':44} {'median us':>10} {'p99 us':>10} {'CPU s':>8}")
     rows: dict[str, tuple[float, float, float]] = {}

@@ -37,8 +37,16 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("needs a C compiler (cc or gcc) to build the stand-in driver")
     folder = tmp_path_factory.mktemp("fake_cuda")
     subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", "-o", str(folder / "libcuda.so.1"), str(SOURCE),
-         "-lpthread"],
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-o",
+            str(folder / "libcuda.so.1"),
+            str(SOURCE),
+            "-lpthread",
+        ],
         check=True,
         capture_output=True,
     )
@@ -117,7 +125,9 @@ def test_missing_cuda_python_is_reported() -> None:
     code = "import sys; sys.modules['cuda.bindings'] = None\n" + DETECT
     proc = run(None, "-c", code)
     assert proc.returncode == 0, proc.stderr
-    assert "cuda-python is not installed" in proc.stdout and "pip install cuda-python" in proc.stdout
+    assert (
+        "cuda-python is not installed" in proc.stdout and "pip install cuda-python" in proc.stdout
+    )
 
 
 def test_cuda_suites_pass_on_the_stand_in(stand_in: Path) -> None:

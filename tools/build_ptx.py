@@ -73,7 +73,7 @@ def main() -> None:
                 subprocess.run(
                     [args.ptxas, "-arch=sm_90", str(target), "-o", f"{tmp}/out.cubin"], check=True
                 )
-            print(f"  ptxas -arch=sm_90: ok")
+            print("  ptxas -arch=sm_90: ok")
 
 
 if __name__ == "__main__":

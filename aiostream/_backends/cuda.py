@@ -177,7 +177,17 @@ class _Lane:
 class _Target:
     """One wait: a marker event recorded after the captured work."""
 
-    __slots__ = ("backend", "blockers", "index", "lane", "marker", "released", "seq", "token", "watcher")
+    __slots__ = (
+        "backend",
+        "blockers",
+        "index",
+        "lane",
+        "marker",
+        "released",
+        "seq",
+        "token",
+        "watcher",
+    )
 
     def __init__(self, backend: CudaBackend, index: int, lane: Hashable, seq: int, marker: Any):
         self.backend = backend
@@ -461,7 +471,9 @@ class CudaBackend:
             target.watcher = lane
             lane.pending += 1
             try:
-                self._check(d.cuStreamWaitEvent(lane.stream, event.ptr, 0), index, "cuStreamWaitEvent")
+                self._check(
+                    d.cuStreamWaitEvent(lane.stream, event.ptr, 0), index, "cuStreamWaitEvent"
+                )
                 self._check(d.cuEventRecord(marker, lane.stream), index, "cuEventRecord")
             except CudaError:
                 self._release_target(target)
@@ -641,7 +653,9 @@ class CudaBackend:
             return _Memory(index, nbytes, ptr, device=False, array=array)
         with self._lock, self._pushed(dev):
             self._reap(dev)
-            ptr = self._check(self._driver.cuMemHostAlloc(max(nbytes, 1), 0), index, "cuMemHostAlloc")
+            ptr = self._check(
+                self._driver.cuMemHostAlloc(max(nbytes, 1), 0), index, "cuMemHostAlloc"
+            )
             mem = _Memory(index, nbytes, int(ptr), device=False)
             dev.memory.add(mem)
         return mem
@@ -715,10 +729,14 @@ class CudaBackend:
                     )
                 dev.internal.append(("stream", dev.free_stream))
             for marker in mem.uses.values():
-                self._quiet(d.cuStreamWaitEvent(dev.free_stream, marker, 0), dev.index, "cuStreamWaitEvent")
+                self._quiet(
+                    d.cuStreamWaitEvent(dev.free_stream, marker, 0), dev.index, "cuStreamWaitEvent"
+                )
             self._drop_uses(dev, mem)
             self._quiet(
-                d.cuMemFreeAsync(d.CUdeviceptr(mem.ptr), dev.free_stream), dev.index, "cuMemFreeAsync"
+                d.cuMemFreeAsync(d.CUdeviceptr(mem.ptr), dev.free_stream),
+                dev.index,
+                "cuMemFreeAsync",
             )
 
     def device_ptr(self, mem: _Memory) -> int:

@@ -7,13 +7,29 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["pytester"]
 
 import aiostream as ais
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python *args`` from the checkout, with ``env`` added and no AIOSTREAM_DEVICE."""
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    environ.pop("AIOSTREAM_DEVICE", None)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env=environ,
+    )
 
 _LOOPS = [
     pytest.param(("asyncio", {}), id="asyncio"),

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +10,7 @@ import pytest
 import aiostream as ais
 from aiostream.__main__ import main
 
-ROOT = Path(__file__).resolve().parent.parent
+from .conftest import run_python
 
 
 def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,14 +69,6 @@ def test_bad_arguments_exit_with_a_message(
         main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
-
-
-def run_python(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("AIOSTREAM_DEVICE", None)
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
-    )
 
 
 def test_python_dash_m_entry_point() -> None:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .conftest import ROOT, run_python
+
 SOURCE = ROOT / "tests" / "fake_cuda" / "fake_cuda.c"
 
 pytestmark = pytest.mark.skipif(
@@ -57,18 +58,9 @@ def run(
     folder: Path | None, *args: str, timeout: float = 120, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python *args`` with the stand-in (or, with None, no driver at all) on the path."""
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    environ.pop("AIOSTREAM_DEVICE", None)
     if folder is not None:
-        environ["LD_LIBRARY_PATH"] = str(folder)
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=environ,
-    )
+        env["LD_LIBRARY_PATH"] = str(folder)
+    return run_python(*args, timeout=timeout, **env)
 
 
 DETECT = """

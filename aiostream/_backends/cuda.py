@@ -416,7 +416,7 @@ class CudaBackend:
                 self._driver.cuEventRecord(marker, stream.ptr), stream.index, "cuEventRecord"
             )
         except CudaError:
-            self._put_marker(dev, marker)
+            dev.markers.append(marker)
             raise
         return _Target(self, stream.index, ("stream", stream.id), next(stream.seq), marker)
 
@@ -526,9 +526,6 @@ class CudaBackend:
                 )
             dev.internal.append(("event", marker))
             return marker
-
-    def _put_marker(self, dev: _Device, marker: Any) -> None:
-        dev.markers.append(marker)
 
     def _lane(self, dev: _Device, key: Hashable) -> _Lane:
         """The watcher stream of a lane of captures (called with the lock held)."""
@@ -684,14 +681,14 @@ class CudaBackend:
         """Free host memory whose copies have completed (lock held)."""
         still = []
         for mem in dev.freeing:
-            if all(self._quiet_done(m, dev.index) for m in mem.uses.values()):
+            if all(self._quiet_done(m) for m in mem.uses.values()):
                 self._drop_uses(dev, mem)
                 self._quiet(self._driver.cuMemFreeHost(mem.ptr), dev.index, "cuMemFreeHost")
             else:
                 still.append(mem)
         dev.freeing = still
 
-    def _quiet_done(self, marker: Any, index: int) -> bool:
+    def _quiet_done(self, marker: Any) -> bool:
         (err,) = self._driver.cuEventQuery(marker)
         return err != _NOT_READY  # complete, or failed: either way the copy is over
 
@@ -834,7 +831,7 @@ class CudaBackend:
             self._closed = True
             for dev in self._devices.values():
                 for mem in list(dev.freeing):
-                    if all(self._quiet_done(m, dev.index) for m in mem.uses.values()):
+                    if all(self._quiet_done(m) for m in mem.uses.values()):
                         d.cuMemFreeHost(mem.ptr)
                 dev.freeing.clear()
                 for event in dev.events:

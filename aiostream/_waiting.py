@@ -35,11 +35,14 @@ spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asy
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
+import math
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING
@@ -196,7 +199,13 @@ def _loop_hooks() -> tuple[
 
 
 class _Waiter:
-    """Watches the pending waits of one device for one event loop."""
+    """Watches the pending waits of one device for one event loop.
+
+    The base keeps the task's life (spawned on the first wait, gone when none is left), the
+    wake-ups (:meth:`_kick`, coalesced: one per loop turn however many arrive), the watchdog,
+    and the failure of every wait if the task dies. Each wake calls :meth:`_sweep`, which
+    the two kinds below define: neither visits waits that cannot have progressed.
+    """
 
     def __init__(self, backend: Backend, index: int, registry: dict[tuple[int, int], _Waiter]):
         self._backend = backend
@@ -204,36 +213,27 @@ class _Waiter:
         self._registry = registry
         self._key = (id(backend), index)
         self._spawn, self._call_soon_threadsafe = _loop_hooks()
-        self._lanes: dict[Hashable, list[tuple[int, int, _Entry]]] = {}
-        self._by_age: deque[_Entry] = deque()  # for the watchdog: oldest first
-        self._order = itertools.count()
+        self._thread = threading.get_ident()
+        self._by_age: deque[_Entry] = deque()  # every unsettled wait, oldest first
         self._pending = 0
-        self._dead = 0
         self._running = False
         self._kicked = False
         self._scope: anyio.CancelScope | None = None
+        # The task, strongly referenced: asyncio keeps only weak references to its tasks.
         self._task: object = None
-        self._exact = backend.completion_times
-        self._progress_at = 0.0  # loop time of the last progress, for poll's back-off
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
-        #: how many times a target was checked; the tests read it to prove stream-order sweeps
+        #: how many times a target was checked, and how many times the waiter looked; the tests
+        #: read them to prove that a wake visits only what can have progressed
         self.checks = 0
+        self.wakes = 0
 
     # ------------------------------------------------------------------ called by waiting tasks
 
     def add(self, target: WaitTarget, record: _diagnostics._Record, strategy: str) -> _Entry:
         entry = _Entry(target, record, strategy)
-        self._progress_at = entry.since
         self._by_age.append(entry)
-        heap = self._lanes.get(target.lane)
-        if heap is None:
-            heap = self._lanes[target.lane] = []
-        heapq.heappush(heap, (target.seq, next(self._order), entry))
         self._pending += 1
-        if self._running:
-            self._kick()
-        else:
+        self._added(entry)
+        if not self._running:
             self._running = True
             self._task = self._spawn(self._run)
         return entry
@@ -246,34 +246,33 @@ class _Waiter:
         if entry.scope is not None:
             entry.scope.cancel()  # abandon its thread: the marker is returned when it is done
         self._pending -= 1
-        self._dead += 1
-        if self._dead >= _COMPACT_MIN and self._dead > self._pending:
-            self._compact()
+        self._discarded(entry)
         if not self._pending:
             self._kick()  # let the waiter see it has nothing left and exit
+
+    def _added(self, entry: _Entry) -> None:
+        raise NotImplementedError
+
+    def _discarded(self, entry: _Entry) -> None:
+        pass
 
     # ------------------------------------------------------------------ the waiter task
 
     def _kick(self) -> None:
+        if self._kicked:
+            return  # one wake-up is on its way already
         self._kicked = True
         if self._scope is not None:
             self._scope.cancel()
 
     def _kick_threadsafe(self) -> None:
+        if threading.get_ident() == self._thread:
+            self._kick()
+            return
         try:
             self._call_soon_threadsafe(self._kick)
         except RuntimeError:
             pass  # the loop has closed: a late wake-up is harmless
-
-    def _compact(self) -> None:
-        for lane, heap in list(self._lanes.items()):
-            live = [item for item in heap if not item[2].dead]
-            if live:
-                heapq.heapify(live)
-                self._lanes[lane] = live
-            else:
-                del self._lanes[lane]
-        self._dead = 0
 
     def _watchdog(self) -> float | None:
         """Warn about waits past the threshold; return the seconds until the next one is due."""
@@ -304,98 +303,27 @@ class _Waiter:
         self._pending -= 1
         entry.event.set()
 
-    def _sweep(self) -> list[_Entry]:
-        """Wake every wait whose work completed, checking only the head of each lane.
+    def _check(self, entry: _Entry) -> bool:
+        """Check one wait; finish it if its work completed or failed. Return whether it did."""
+        self.checks += 1
+        try:
+            done = entry.target.done()
+        except AiostreamError as exc:  # the device failed, or the backend was reset
+            self._finish(entry, exc)
+            return True
+        if done:
+            self._finish(entry, None)
+        return done
 
-        Returns the heads still pending.
-        """
-        heads = []
-        for lane, heap in list(self._lanes.items()):
-            while heap:
-                entry = heap[0][2]
-                if entry.dead:
-                    heapq.heappop(heap)
-                    self._dead -= 1
-                    continue
-                self.checks += 1
-                try:
-                    done = entry.target.done()
-                except AiostreamError as exc:  # the device failed, or the backend was reset
-                    self._finish(entry, exc)
-                    heapq.heappop(heap)
-                    continue
-                if not done:
-                    heads.append(entry)
-                    break
-                self._finish(entry, None)
-                heapq.heappop(heap)
-            if not heap:
-                del self._lanes[lane]
-        return heads
-
-    # ------------------------------------------------------------------ strategies
-
-    def _plan(self, heads: list[_Entry]) -> float | None:
-        """Apply each pending head's strategy; return how long to sleep (None: until kicked)."""
-        now = anyio.current_time()
-        delay: float | None = None
-        for entry in heads:
-            strategy = entry.strategy
-            if strategy == "thread":
-                self._hand_off(entry)
-                continue
-            if strategy == "callback":
-                self._notify(entry)
-                due = CALLBACK_SAFETY_S
-            else:
-                quiet = now - self._progress_at
-                due = 0.0 if quiet < SPIN_S else min(POLL_CAP_S, quiet / 2)
-                if strategy == "hybrid":
-                    age = now - entry.since
-                    if age >= HYBRID_HANDOFF_S:
-                        self._hand_off(entry)
-                        continue
-                    due = min(due, HYBRID_HANDOFF_S - age)
-            delay = due if delay is None else min(delay, due)
-        return delay
-
-    def _hand_off(self, entry: _Entry) -> None:
-        if not entry.handed:
-            entry.handed = True
-            assert self._tg is not None
-            self._tg.start_soon(self._block, entry)
-
-    async def _block(self, entry: _Entry) -> None:
-        with anyio.CancelScope() as scope:
-            entry.scope = scope
-            await anyio.to_thread.run_sync(
-                self._backend.block, entry.target, abandon_on_cancel=True, limiter=self._limiter
-            )
-        entry.scope = None
-        self._kick()
-
-    def _notify(self, entry: _Entry) -> None:
-        if not entry.handed:
-            entry.handed = True
-            try:
-                self._backend.notify_done(entry.target, self._kick_threadsafe)
-            except AiostreamError:
-                pass  # the device failed: the next check raises its error into the wait
+    def _sweep(self) -> float | None:
+        """Finish the waits that can have completed; return how long to sleep at most
+        (None: until kicked)."""
+        raise NotImplementedError
 
     async def _run(self) -> None:
         unsubscribe = self._backend.subscribe(self._index, self._kick_threadsafe)
         try:
-            if self._exact:
-                await self._watch()
-            else:
-                self._limiter = anyio.CapacityLimiter(1_000_000)  # one thread per stream at most
-                while self._pending:  # again if a wait came while the task group was closing
-                    async with anyio.create_task_group() as tg:
-                        self._tg = tg
-                        try:
-                            await self._watch()
-                        finally:
-                            tg.cancel_scope.cancel()  # abandon threads of waits no one needs
+            await self._serve()
         except anyio.get_cancelled_exc_class():
             self._abandon(
                 AiostreamError(
@@ -409,27 +337,21 @@ class _Waiter:
             self._abandon(AiostreamError(f"aiostream's waiter failed: {exc!r}"))
         finally:
             self._scope = None
-            self._tg = None
             self._running = False
             unsubscribe()
             if not self._pending and self._registry.get(self._key) is self:
                 del self._registry[self._key]
 
+    async def _serve(self) -> None:
+        await self._watch()
+
     async def _watch(self) -> None:
         while self._pending:
             self._kicked = False
-            # The hint first, then the sweep: the hint brings the backend up to date, so a
-            # completion it processes is seen by the sweep. (The other way round, a wait
-            # completing between the two could be slept on for ever.)
-            delay = self._backend.wake_hint(self._index)
-            pending = self._pending
-            heads = self._sweep()
+            self.wakes += 1
+            delay = self._sweep()
             if not self._pending:
                 break
-            if not self._exact:
-                if self._pending < pending:
-                    self._progress_at = anyio.current_time()
-                delay = self._plan(heads)
             due = self._watchdog()
             if due is not None:
                 delay = due if delay is None else min(delay, due)
@@ -444,12 +366,236 @@ class _Waiter:
             self._scope = None
 
     def _abandon(self, error: BaseException) -> None:
-        for heap in self._lanes.values():
-            for _, _, entry in heap:
-                if not entry.dead and not entry.finished:
-                    self._finish(entry, error)
-        self._lanes.clear()
+        for entry in self._by_age:
+            if not entry.dead and not entry.finished:
+                self._finish(entry, error)
         self._by_age.clear()
+        self._abandoned()
+
+    def _abandoned(self) -> None:
+        pass
+
+
+class _TimedWaiter(_Waiter):
+    """For backends that know when work completes (the virtual one).
+
+    Each wait asks its target to be told of the completion (``WaitTarget.watch``); the
+    backend tells it from whichever thread processes the completion, and the waiter finishes
+    just those waits. Between wakes it sleeps until the backend's next completion
+    (``Backend.wake_hint``), or until kicked by a manual clock or by work that ends sooner.
+    A wake costs O(1) per completed wait; pending waits are never visited.
+    """
+
+    def __init__(self, backend: Backend, index: int, registry: dict[tuple[int, int], _Waiter]):
+        super().__init__(backend, index, registry)
+        self._due: deque[_Entry] = deque()  # told complete, not finished yet (any thread appends)
+
+    def _added(self, entry: _Entry) -> None:
+        entry.target.watch(functools.partial(self._completed, entry))  # type: ignore[attr-defined]
+
+    def _completed(self, entry: _Entry) -> None:
+        """A target's work completed (or failed, or its backend closed); any thread."""
+        self._due.append(entry)
+        if threading.get_ident() != self._thread:
+            try:
+                self._call_soon_threadsafe(self._kick)
+            except RuntimeError:
+                pass  # the loop has closed: a late wake-up is harmless
+        elif self._scope is not None:  # told by another task of this loop while we sleep
+            self._kick()
+
+    def _sweep(self) -> float | None:
+        # The hint first: it brings the backend up to date, which tells the targets whose
+        # work completed; then those are finished. (The other way round, a completion
+        # between the two could be slept on.)
+        delay = self._backend.wake_hint(self._index)
+        due = self._due
+        while due:
+            entry = due.popleft()
+            if not (entry.dead or entry.finished):
+                self._check(entry)
+        return delay
+
+
+class _StrategyWaiter(_Waiter):
+    """For backends that cannot tell when work completes (CUDA): waits watched by strategy.
+
+    Waits on one stream (a *lane*) complete in order, so only the head of each lane is
+    watched, by its strategy: polled heads in one batch when the poll is due, heads handed to
+    a thread or to a host function when that reports back. A wake visits only those lanes.
+    """
+
+    def __init__(self, backend: Backend, index: int, registry: dict[tuple[int, int], _Waiter]):
+        super().__init__(backend, index, registry)
+        self._lanes: dict[Hashable, list[tuple[int, int, _Entry]]] = {}
+        self._order = itertools.count()
+        self._dead = 0
+        self._visit: dict[Hashable, None] = {}  # lanes that may have progressed
+        self._polled: dict[Hashable, None] = {}  # lanes whose head is polled (poll, hybrid)
+        self._called: dict[Hashable, None] = {}  # lanes whose head waits for a host function
+        self._poll_at = 0.0  # loop time of the next poll of ``_polled`` (back-off)
+        self._handoff_at = math.inf  # loop time of the next hybrid hand-off among them
+        self._safety_at = 0.0  # loop time of the next check for host functions that never ran
+        self._progress_at = 0.0  # loop time of the last progress, for poll's back-off
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._limiter: anyio.CapacityLimiter | None = None
+
+    def _added(self, entry: _Entry) -> None:
+        self._progress_at = entry.since
+        lane = entry.target.lane
+        heap = self._lanes.get(lane)
+        if heap is None:
+            heap = self._lanes[lane] = []
+        heapq.heappush(heap, (entry.target.seq, next(self._order), entry))
+        if heap[0][2] is entry:  # a new head: it needs a look
+            self._visit[lane] = None
+            self._kick()
+
+    def _discarded(self, entry: _Entry) -> None:
+        self._dead += 1
+        if self._dead >= _COMPACT_MIN and self._dead > self._pending:
+            self._compact()
+        self._visit[entry.target.lane] = None  # its lane may have a new head to watch
+        self._kick()
+
+    def _compact(self) -> None:
+        for lane, heap in list(self._lanes.items()):
+            live = [item for item in heap if not item[2].dead]
+            if live:
+                heapq.heapify(live)
+                self._lanes[lane] = live
+            else:
+                del self._lanes[lane]
+                self._polled.pop(lane, None)
+                self._called.pop(lane, None)
+        self._dead = 0
+
+    def _report(self, lane: Hashable) -> None:
+        """The thread or host function watching ``lane``'s head returned (loop thread)."""
+        self._visit[lane] = None
+        self._kick()
+
+    async def _serve(self) -> None:
+        # A private limiter: lane heads handed to threads must not queue behind anyio's
+        # default 40 threads, nor take them from the user's own to_thread calls.
+        self._limiter = anyio.CapacityLimiter(1_000_000)
+        try:
+            while self._pending:  # again if a wait came while the task group was closing
+                async with anyio.create_task_group() as tg:
+                    self._tg = tg
+                    try:
+                        await self._watch()
+                    finally:
+                        tg.cancel_scope.cancel()  # abandon threads of waits no one needs
+        finally:
+            self._tg = None
+
+    def _sweep(self) -> float | None:
+        now = anyio.current_time()
+        visit, self._visit = self._visit, {}
+        poll = bool(self._polled) and now >= min(self._poll_at, self._handoff_at)
+        if poll:
+            visit.update(self._polled)
+            self._handoff_at = math.inf  # the visits below set it again
+        if self._called and now >= self._safety_at:
+            # Host functions never run once a device failed: one check of one head tells
+            # (errors are sticky per device), and then every such lane is visited.
+            self._safety_at = now + CALLBACK_SAFETY_S
+            lane = next(iter(self._called))
+            heap = self._lanes.get(lane)
+            if heap is None or heap[0][2].dead or self._check(heap[0][2]):
+                visit.update(self._called)
+        pending = self._pending
+        for lane in visit:
+            self._sweep_lane(lane, now)
+        if self._pending < pending:
+            self._progress_at = now
+        if poll or self._pending < pending:
+            quiet = now - self._progress_at
+            self._poll_at = now + (0.0 if quiet < SPIN_S else min(POLL_CAP_S, quiet / 2))
+        delay: float | None = None
+        if self._polled:
+            delay = max(0.0, min(self._poll_at, self._handoff_at) - now)
+        if self._called:
+            safety = max(0.0, self._safety_at - now)
+            delay = safety if delay is None else min(delay, safety)
+        if self._visit:  # a lane reported back while we swept
+            delay = 0.0
+        return delay
+
+    def _sweep_lane(self, lane: Hashable, now: float) -> None:
+        """Finish the lane's completed waits in order, then watch its new head."""
+        heap = self._lanes.get(lane)
+        while heap:
+            entry = heap[0][2]
+            if entry.dead:
+                heapq.heappop(heap)
+                self._dead -= 1
+                continue
+            if entry.finished or self._check(entry):
+                heapq.heappop(heap)
+                continue
+            self._plan(lane, entry, now)
+            return
+        self._lanes.pop(lane, None)
+        self._polled.pop(lane, None)
+        self._called.pop(lane, None)
+
+    def _plan(self, lane: Hashable, entry: _Entry, now: float) -> None:
+        """Watch a pending head by its strategy."""
+        strategy = entry.strategy
+        if strategy == "hybrid" and now - entry.since >= HYBRID_HANDOFF_S:
+            strategy = "thread"
+        if strategy == "thread":
+            self._polled.pop(lane, None)
+            self._hand_off(lane, entry)
+        elif strategy == "callback":
+            self._polled.pop(lane, None)
+            self._called[lane] = None
+            self._notify(lane, entry)
+        else:  # poll, or hybrid until its hand-off
+            if lane not in self._polled:
+                self._polled[lane] = None
+                self._poll_at = min(self._poll_at, now)  # a new head: poll it next turn
+            if strategy == "hybrid":
+                self._handoff_at = min(self._handoff_at, entry.since + HYBRID_HANDOFF_S)
+
+    def _hand_off(self, lane: Hashable, entry: _Entry) -> None:
+        if not entry.handed:
+            entry.handed = True
+            assert self._tg is not None
+            self._tg.start_soon(self._block, lane, entry)
+
+    async def _block(self, lane: Hashable, entry: _Entry) -> None:
+        with anyio.CancelScope() as scope:
+            entry.scope = scope
+            await anyio.to_thread.run_sync(
+                self._backend.block, entry.target, abandon_on_cancel=True, limiter=self._limiter
+            )
+        entry.scope = None
+        entry.handed = False  # were it somehow not done, the next look hands it again
+        self._report(lane)
+
+    def _notify(self, lane: Hashable, entry: _Entry) -> None:
+        if not entry.handed:
+            entry.handed = True
+            report = functools.partial(self._report_threadsafe, lane)
+            try:
+                self._backend.notify_done(entry.target, report)
+            except AiostreamError:
+                pass  # the device failed: the next check raises its error into the wait
+
+    def _report_threadsafe(self, lane: Hashable) -> None:
+        try:
+            self._call_soon_threadsafe(functools.partial(self._report, lane))
+        except RuntimeError:
+            pass  # the loop has closed: a late wake-up is harmless
+
+    def _abandoned(self) -> None:
+        self._lanes.clear()
+        self._polled.clear()
+        self._called.clear()
+        self._visit.clear()
         self._dead = 0
 
 
@@ -461,7 +607,8 @@ def _waiter(backend: Backend, index: int) -> _Waiter:
         _waiters.set(registry)
     waiter = registry.get((id(backend), index))
     if waiter is None or waiter._backend is not backend:
-        waiter = registry[(id(backend), index)] = _Waiter(backend, index, registry)
+        kind = _TimedWaiter if backend.completion_times else _StrategyWaiter
+        waiter = registry[(id(backend), index)] = kind(backend, index, registry)
     return waiter
 
 

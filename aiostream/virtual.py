@@ -36,6 +36,7 @@ from ._backends.virtual import (
     Race,
     VirtualBackend,
     VirtualClock,
+    VirtualOptions,
     VirtualStats,
     seconds_to_ns,
 )
@@ -79,14 +80,6 @@ def _count(value: object, name: str) -> int:
     return value
 
 
-def _rate(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not (0 < value < float("inf")):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def reset(
     *,
     devices: int = 1,
@@ -116,28 +109,19 @@ def reset(
         d2d_bandwidth: bytes per second of device-to-device copies, which run on the compute
             engine (default 1e12).
     """
-    backend = VirtualBackend(**_options(
-        devices=devices, compute_slots=compute_slots, h2d_slots=h2d_slots, d2h_slots=d2h_slots,
-        bandwidth=bandwidth, latency=latency, d2d_bandwidth=d2d_bandwidth,
-    ), clock=clock)
+    options = VirtualOptions(
+        devices=devices,
+        compute_slots=compute_slots,
+        h2d_slots=h2d_slots,
+        d2h_slots=d2h_slots,
+        bandwidth=bandwidth,
+        latency=latency,
+        d2d_bandwidth=d2d_bandwidth,
+    )
+    backend = VirtualBackend(options, clock=clock)
     old = _backends.replace("virtual", backend)
     if old is not None:
         old.close()
-
-
-def _options(**options: object) -> dict[str, Any]:
-    """Validate the options of a virtual backend (reset() and the pytest marker share them)."""
-    checked: dict[str, Any] = {}
-    for name, value in options.items():
-        if name in ("devices", "compute_slots", "h2d_slots", "d2h_slots"):
-            checked[name] = _count(value, name)
-        elif name in ("bandwidth", "d2d_bandwidth"):
-            checked[name] = _rate(value, name)
-        elif name == "latency":
-            checked[name] = seconds_to_ns(value, name) / 1e9
-        else:
-            raise TypeError(f"unknown virtual backend option {name!r}")
-    return checked
 
 
 def submit(

@@ -17,22 +17,11 @@ import pytest
 import sniffio
 
 from .. import _backends
-from .._backends.virtual import OpRecord, VirtualBackend
+from .._backends.virtual import OpRecord, VirtualBackend, VirtualOptions
 from ..device import Device
-from ..virtual import _options
 from . import _fake_time
 
-_OPTIONS = (
-    "devices",
-    "compute_slots",
-    "h2d_slots",
-    "d2h_slots",
-    "bandwidth",
-    "latency",
-    "d2d_bandwidth",
-    "check_leaks",
-    "check_races",
-)
+_OPTIONS = (*VirtualOptions.names(), "check_leaks", "check_races")
 _TIME_KEY = pytest.StashKey["VirtualTime"]()
 _REPORT_KEY = pytest.StashKey[pytest.TestReport]()
 _TRIO_CLOCK_HINT = (
@@ -154,7 +143,7 @@ def run_in_virtual_time(
     if backend not in ("asyncio", "trio"):
         raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
     vtime = VirtualTime()
-    virtual = VirtualBackend(clock=vtime.now, **_options(**options))
+    virtual = VirtualBackend(VirtualOptions.from_kwargs(**options), clock=vtime.now)
     previous = _backends.replace("virtual", virtual)
 
     async def main() -> T:
@@ -255,13 +244,13 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
     options = _marker_options(request.node)
     check_leaks = options.pop("check_leaks", True)
     check_races = options.pop("check_races", True)
-    kwargs = _options(**options)
+    virtual_options = VirtualOptions.from_kwargs(**options)
     clock: Any = None
     if "virtual_time" in request.fixturenames:
         vtime = VirtualTime()
         request.node.stash[_TIME_KEY] = vtime
         clock = vtime.now
-    backend = VirtualBackend(clock=clock, **kwargs)
+    backend = VirtualBackend(virtual_options, clock=clock)
     previous = _backends.replace("virtual", backend)
     try:
         with pytest.MonkeyPatch.context() as patch:

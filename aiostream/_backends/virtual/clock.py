@@ -1,0 +1,109 @@
+"""Time for the virtual backend: integer nanoseconds, the manual clock, and listener lists."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["Listeners", "VirtualClock", "resolve_clock", "seconds_to_ns"]
+
+
+def seconds_to_ns(value: object, name: str, *, allow_negative: bool = False) -> int:
+    """Validate a duration in seconds and return it in integer nanoseconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds (int or float), got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+    if value < 0 and not allow_negative:
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    return round(value * 1_000_000_000)
+
+
+class Listeners:
+    """Callbacks to call, from any thread, when something happens; each can unsubscribe."""
+
+    __slots__ = ("_callbacks", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def add(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Register ``callback``; return the function that removes it (idempotent)."""
+        with self._lock:
+            self._callbacks.append(callback)
+
+        def remove() -> None:
+            with self._lock:
+                if callback in self._callbacks:
+                    self._callbacks.remove(callback)
+
+        return remove
+
+    def __call__(self) -> None:
+        """Call every callback, outside the lock (a callback may add or remove others)."""
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:
+            callback()
+
+
+class VirtualClock:
+    """A manual clock for the virtual backend: device time moves only when advanced.
+
+    Waits on a device driven by this clock resume when an :meth:`advance` passes the completion
+    of their work. It may be advanced from any thread.
+
+    Example:
+        >>> clock = VirtualClock()
+        >>> clock.advance(0.5)
+        >>> clock.now()
+        0.5
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._ns = seconds_to_ns(start, "start", allow_negative=True)
+        self._lock = threading.Lock()
+        self._advanced = Listeners()
+
+    def now(self) -> float:
+        """The clock's time in seconds."""
+        return self._ns / 1e9
+
+    def now_ns(self) -> int:
+        """The clock's time in integer nanoseconds."""
+        return self._ns
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds`` (>= 0) and wake the waits that came due."""
+        ns = seconds_to_ns(seconds, "seconds")
+        with self._lock:
+            self._ns += ns
+        self._advanced()
+
+    def _listen(self, callback: Callable[[], None]) -> Callable[[], None]:
+        return self._advanced.add(callback)
+
+    def __repr__(self) -> str:
+        return f"VirtualClock(now={self.now()!r})"
+
+
+def resolve_clock(clock: object) -> tuple[Callable[[], int], VirtualClock | None]:
+    """Return (read the clock in nanoseconds, the manual clock or None) for a ``clock`` option."""
+    if clock is None:
+        return time.monotonic_ns, None
+    if isinstance(clock, VirtualClock):
+        return clock.now_ns, clock
+    if callable(clock):
+        read: Callable[[], float] = clock
+
+        def now_ns() -> int:
+            return round(read() * 1_000_000_000)
+
+        return now_ns, None
+    raise TypeError(
+        "clock must be None (the monotonic clock), a VirtualClock, or a callable returning "
+        f"seconds, got {clock!r}"
+    )

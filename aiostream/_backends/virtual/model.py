@@ -1,0 +1,294 @@
+"""The virtual device's data: devices, engines, streams, work items, events, memory, records.
+
+Plain records with slots and no behaviour beyond their own bookkeeping; the scheduler
+(``scheduler.py``) moves items through their states and the facade (``backend.py``) hands them
+out as opaque handles.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..._errors import DeviceError
+
+__all__ = [
+    "DONE",
+    "ENGINES",
+    "PENDING",
+    "PRIORITY_RANGE",
+    "RUNNING",
+    "Device",
+    "Engine",
+    "Event",
+    "EventState",
+    "Failure",
+    "Fault",
+    "Item",
+    "Memory",
+    "OpRecord",
+    "Race",
+    "Stream",
+    "VirtualStats",
+]
+
+ENGINES = ("compute", "h2d", "d2h")
+#: (lowest, highest) stream priority, as ``cuCtxGetStreamPriorityRange`` reports on recent GPUs.
+PRIORITY_RANGE = (0, -5)
+
+#: An item's states: submitted, started on its engine (operations only), completed.
+PENDING, RUNNING, DONE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class VirtualStats:
+    """What is alive on a virtual backend; all zero when a program leaked nothing."""
+
+    streams: int
+    """Streams created and not yet destroyed (default streams are not counted)."""
+    events: int
+    """Events created (at their first record) and not yet destroyed."""
+    operations: int
+    """Operations submitted and not yet completed."""
+    waits: int
+    """Waits (awaits and blocking waits) in progress."""
+    buffers: int = 0
+    """Host and device buffers allocated and not yet freed."""
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One completed operation of the timeline, times in device seconds."""
+
+    name: str
+    device: int
+    stream: int
+    engine: str
+    submitted: float
+    start: float
+    end: float
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Race:
+    """The host touched a buffer while a copy into it was in flight."""
+
+    nbytes: int
+    copy: str
+    where: str
+
+    def __str__(self) -> str:
+        return f"host access to a {self.nbytes}-byte buffer while {self.copy} was in flight\n{self.where}"
+
+
+class Failure:
+    """Why a device failed: its first failed operation. Device errors are sticky."""
+
+    __slots__ = ("device", "message")
+
+    def __init__(self, device: str, message: str) -> None:
+        self.device = device
+        self.message = message
+
+    def error(self) -> DeviceError:
+        # A fresh exception per raise: concurrent tasks must not share one traceback.
+        return DeviceError(self.message, device=self.device)
+
+
+class Engine:
+    """One engine of a device: slots, and the operations ready to start on it.
+
+    ``ready`` is a heap ordered by (stream priority, ready time, submission time, device,
+    stream id, submission order): the order in which waiting operations take a free slot.
+    ``provisional`` holds the operations started at instant ``provisional_t``, which a
+    submission at that same instant may decide again (see ``Scheduler._reopen``): a heap
+    whose top is the one that goes last.
+    """
+
+    __slots__ = (
+        "busy",
+        "device",
+        "dirty",
+        "name",
+        "provisional",
+        "provisional_t",
+        "ready",
+        "slots",
+        "stalled",
+    )
+
+    def __init__(self, device: Device, name: str, slots: int) -> None:
+        self.device = device
+        self.name = name
+        self.slots = slots
+        self.busy = 0
+        self.stalled = False
+        self.dirty = False  # may be able to start something: the scheduler will look
+        self.ready: list[tuple[int, int, int, int, int, int, Item]] = []
+        self.provisional: list[tuple[int, int, int, int, int, int, Item]] = []
+        self.provisional_t = -1
+
+
+class Fault:
+    """An injected fault: the next ``remaining`` matching operations fail or run slower."""
+
+    __slots__ = ("engine", "factor", "message", "remaining", "stream")
+
+    def __init__(
+        self,
+        stream: Stream | None,
+        engine: str | None,
+        remaining: int,
+        message: str | None,
+        factor: float | None,
+    ) -> None:
+        self.stream = stream
+        self.engine = engine
+        self.remaining = remaining
+        self.message = message
+        self.factor = factor
+
+    def matches(self, stream: Stream, engine: str) -> bool:
+        return (self.stream is None or self.stream is stream) and (
+            self.engine is None or self.engine == engine
+        )
+
+
+class Device:
+    """A simulated device: engines, streams' ids, injected faults, and its unfinished items."""
+
+    __slots__ = ("default", "engines", "failure", "faults", "index", "live", "name", "stream_ids")
+
+    def __init__(self, index: int, slots: dict[str, int]) -> None:
+        self.index = index
+        self.name = f"virtual:{index}"
+        self.engines = {name: Engine(self, name, n) for name, n in slots.items()}
+        self.failure: Failure | None = None
+        self.faults: list[Fault] = []
+        self.stream_ids = itertools.count(1)
+        #: items submitted and not completed, in submission order (a dict as an ordered set)
+        self.live: dict[Item, None] = {}
+        self.default = Stream(self, 0, 0, default=True)
+
+
+class Stream:
+    __slots__ = ("default", "destroyed", "device", "id", "last", "priority", "waits")
+
+    def __init__(self, device: Device, sid: int, priority: int, *, default: bool = False):
+        self.device = device
+        self.id = sid
+        self.priority = priority
+        self.default = default
+        self.destroyed = False
+        self.last: Item | None = None  # the last item submitted
+        self.waits: list[Item] = []  # event captures the next item waits for
+
+
+class Item:
+    """An operation (``engine`` set) or a marker (``engine`` None) on a stream.
+
+    An item waits for ``deps_left`` others (the previous item of its stream, the events its
+    stream waits on); each of them, when it completes, counts it down and raises ``ready`` to
+    its own end. Markers (event records, wait captures) take no engine slot: they complete the
+    moment they are ready.
+    """
+
+    __slots__ = (
+        "dependents",
+        "deps_left",
+        "device",
+        "duration",
+        "end",
+        "engine",
+        "error",
+        "fn",
+        "name",
+        "on_start",
+        "ready",
+        "seq",
+        "start",
+        "state",
+        "stream",
+        "submit",
+        "token",
+        "watchers",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        stream: Stream,
+        submit: int,
+        duration: int,
+        engine: Engine | None,
+        fn: Callable[[], object] | None,
+        error: str | None,
+        name: str,
+    ) -> None:
+        self.seq = seq
+        self.stream = stream
+        self.device = stream.device
+        self.submit = submit
+        self.duration = duration
+        self.engine = engine
+        self.fn = fn
+        self.error = error
+        self.name = name
+        self.on_start: Callable[[], object] | None = None
+        self.deps_left = 0
+        self.dependents: list[Item] | None = None
+        #: called once when it completes (waits watching it); a dict as an ordered set
+        self.watchers: dict[Callable[[], None], None] | None = None
+        self.ready = submit
+        self.start = -1
+        self.end = -1
+        self.state = PENDING
+        self.token = 0  # bumped at every start: tells a live completion entry from a stale one
+
+    def key(self) -> tuple[int, int, int, int, int, int, Item]:
+        """Its place in its engine's ready queue."""
+        return (
+            self.stream.priority,
+            self.ready,
+            self.submit,
+            self.device.index,
+            self.stream.id,
+            self.seq,
+            self,
+        )
+
+
+class EventState:
+    """What a recorded event captured; shared by every handle opened on one event (IPC)."""
+
+    __slots__ = ("__weakref__", "id", "item", "timing")
+
+    def __init__(self, eid: int, timing: bool) -> None:
+        self.id = eid
+        self.timing = timing
+        self.item: Item | None = None
+
+
+class Event:
+    __slots__ = ("destroyed", "device", "interprocess", "state")
+
+    def __init__(self, device: Device, state: EventState, interprocess: bool) -> None:
+        self.device = device
+        self.state = state
+        self.interprocess = interprocess
+        self.destroyed = False
+
+
+class Memory:
+    """Host or device memory of the simulator: bytes, and the copies that will write them."""
+
+    __slots__ = ("data", "device", "host", "writers")
+
+    def __init__(self, nbytes: int, device: Device, *, host: bool) -> None:
+        self.data = bytearray(nbytes)
+        self.device = device
+        self.host = host
+        #: copies into it submitted and not completed, in submission order
+        self.writers: dict[Item, None] = {}

@@ -1,0 +1,105 @@
+"""The options of a virtual backend, in one frozen, validated record.
+
+``aiostream.virtual.reset``, the pytest marker ``@pytest.mark.aiostream`` and
+``run_in_virtual_time`` all take these names; this is the one place they are defined and
+checked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .clock import seconds_to_ns
+
+__all__ = [
+    "DEFAULT_BANDWIDTH",
+    "DEFAULT_D2D_BANDWIDTH",
+    "DEFAULT_LATENCY",
+    "MAX_DEVICES",
+    "VirtualOptions",
+]
+
+#: Bytes per second of host-device copies: near a PCIe 4.0 x16 link in practice.
+DEFAULT_BANDWIDTH = 25e9
+#: Seconds every copy adds to its transfer time.
+DEFAULT_LATENCY = 10e-6
+#: Device-to-device copies run on the compute engine at device-memory speed.
+DEFAULT_D2D_BANDWIDTH = 1e12
+#: More simulated devices than any machine has GPUs is a mistake, not a configuration.
+MAX_DEVICES = 1024
+_MAX_SLOTS = 1 << 20
+
+
+def _count(value: object, name: str, limit: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    if value > limit:
+        raise ValueError(f"{name} must be at most {limit}, got {value}")
+    return value
+
+
+def _rate(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not (0 < value and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class VirtualOptions:
+    """How a virtual backend simulates its devices; every field is checked when it is made.
+
+    Example:
+        >>> VirtualOptions(devices=2, compute_slots=4).compute_slots
+        4
+    """
+
+    devices: int = 1
+    """How many devices (``virtual:0`` .. ``virtual:{devices-1}``)."""
+    compute_slots: int = 1
+    """Operations the compute engine of each device runs at once."""
+    h2d_slots: int = 1
+    """Likewise for the host-to-device copy engine."""
+    d2h_slots: int = 1
+    """Likewise for the device-to-host copy engine."""
+    bandwidth: float = DEFAULT_BANDWIDTH
+    """Bytes per second of host-device copies."""
+    latency: float = DEFAULT_LATENCY
+    """Seconds every copy adds: a copy takes ``latency + nbytes / bandwidth``."""
+    d2d_bandwidth: float = DEFAULT_D2D_BANDWIDTH
+    """Bytes per second of device-to-device copies, which run on the compute engine."""
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise through the base class
+        set_(self, "devices", _count(self.devices, "devices", MAX_DEVICES))
+        for name in ("compute_slots", "h2d_slots", "d2h_slots"):
+            set_(self, name, _count(getattr(self, name), name, _MAX_SLOTS))
+        set_(self, "bandwidth", _rate(self.bandwidth, "bandwidth"))
+        set_(self, "d2d_bandwidth", _rate(self.d2d_bandwidth, "d2d_bandwidth"))
+        set_(self, "latency", seconds_to_ns(self.latency, "latency") / 1e9)
+
+    @classmethod
+    def from_kwargs(cls, **options: Any) -> VirtualOptions:
+        """Build from keyword options, naming any that is not an option."""
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise TypeError(
+                f"unknown virtual backend option(s) {', '.join(map(repr, unknown))}; "
+                f"accepted: {', '.join(cls.names())}"
+            )
+        return cls(**options)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names, in their documented order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def slots(self) -> dict[str, int]:
+        """Slots per engine."""
+        return {"compute": self.compute_slots, "h2d": self.h2d_slots, "d2h": self.d2h_slots}

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
@@ -114,18 +115,40 @@ class PendingWait:
 
 
 class _Record:
-    __slots__ = ("device", "origin", "recorded", "start", "subject", "task", "warned")
+    """A wait in progress; the task's name is read only when someone looks."""
+
+    __slots__ = (
+        "device",
+        "name_of",
+        "origin",
+        "recorded",
+        "start",
+        "subject",
+        "task_ref",
+        "warned",
+    )
 
     def __init__(
-        self, task: str, subject: str, device: str, origin: Origin | None, recorded: Origin | None
+        self,
+        task: object,
+        name_of: Callable[[object], str],
+        subject: str,
+        device: str,
+        origin: Origin | None,
+        recorded: Origin | None,
     ) -> None:
-        self.task = task
+        self.task_ref = task
+        self.name_of = name_of
         self.subject = subject
         self.device = device
         self.origin = origin
         self.recorded = recorded
         self.start = time.monotonic()
         self.warned = False
+
+    @property
+    def task(self) -> str:
+        return self.name_of(self.task_ref)
 
     def report(self, now: float) -> PendingWait:
         return PendingWait(

@@ -45,7 +45,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.abc
@@ -57,7 +57,7 @@ from . import _diagnostics
 from ._errors import AiostreamError
 
 if TYPE_CHECKING:
-    from ._backends.base import Backend, WaitTarget
+    from ._backends.base import Backend, WaitTarget, WatchedTarget
 
 __all__ = [
     "STRATEGIES",
@@ -149,6 +149,23 @@ def task_name() -> str:
     return info.name or f"task {info.id}"
 
 
+def _current_task() -> object:
+    """The running task itself (asyncio's or trio's), whose name is read only if needed."""
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        return trio.lowlevel.current_task()
+    return asyncio.current_task()
+
+
+def _task_name_of(task: object) -> str:
+    name = getattr(task, "name", None)  # trio
+    if name is None:
+        get_name = getattr(task, "get_name", None)  # asyncio
+        name = get_name() if get_name is not None else None
+    return name or f"task {id(task)}"
+
+
 async def observed(subject: str, device: str) -> None:
     """The fast path's checkpoint, reported to the observer as a zero-wait await."""
     obs = observer
@@ -159,43 +176,64 @@ async def observed(subject: str, device: str) -> None:
 
 
 class _Entry:
+    """One pending wait. Small on purpose: a program may have 100,000 of them."""
+
     __slots__ = (
         "dead",
         "error",
-        "event",
         "finished",
         "handed",
+        "parked",
         "record",
         "scope",
         "since",
         "strategy",
         "target",
+        "waiter",
     )
 
-    def __init__(self, target: WaitTarget, record: _diagnostics._Record, strategy: str) -> None:
+    def __init__(
+        self,
+        waiter: _Waiter,
+        target: WaitTarget,
+        record: _diagnostics._Record,
+        strategy: str,
+        parked: Any,
+    ) -> None:
+        self.waiter = waiter
         self.target = target
         self.record = record
         self.strategy = strategy
         self.since = anyio.current_time()  # loop time, for the watchdog and hybrid's hand-off
-        self.event = anyio.Event()
+        # what the waiting task sleeps on: a future (asyncio, uvloop) or a trio.Event, both
+        # far smaller than an anyio.Event with its queue of waiters
+        self.parked = parked
         self.error: BaseException | None = None
         self.finished = False
         self.dead = False
         self.handed = False  # given to a thread (thread, hybrid) or to the driver (callback)
         self.scope: anyio.CancelScope | None = None  # the thread's task, to abandon it
 
+    def __call__(self) -> None:
+        """The backend says the work completed (``WaitTarget.watch``); any thread."""
+        self.waiter._completed(self)
+
 
 def _loop_hooks() -> tuple[
-    Callable[[Callable[[], Awaitable[None]]], object], Callable[[Callable[[], object]], object]
+    Callable[[Callable[[], Awaitable[None]]], object],
+    Callable[[Callable[[], object]], object],
+    Callable[[], Any] | None,
 ]:
-    """Return (spawn a background task, schedule a callback from any thread) for this loop."""
+    """Return (spawn a background task, schedule a callback from any thread, make a future)
+    for this loop; trio has no futures (None): its waits park on a ``trio.Event``."""
     if sniffio.current_async_library() == "trio":
         import trio
 
         token = trio.lowlevel.current_trio_token()
-        return trio.lowlevel.spawn_system_task, token.run_sync_soon
+        return trio.lowlevel.spawn_system_task, token.run_sync_soon, None
     loop = asyncio.get_running_loop()
-    return (lambda fn: loop.create_task(fn())), loop.call_soon_threadsafe  # type: ignore[arg-type,return-value]
+    spawn = lambda fn: loop.create_task(fn())  # noqa: E731
+    return spawn, loop.call_soon_threadsafe, loop.create_future  # type: ignore[return-value]
 
 
 class _Waiter:
@@ -212,9 +250,12 @@ class _Waiter:
         self._index = index
         self._registry = registry
         self._key = (id(backend), index)
-        self._spawn, self._call_soon_threadsafe = _loop_hooks()
+        self._spawn, self._call_soon_threadsafe, self._future = _loop_hooks()
         self._thread = threading.get_ident()
+        #: the device's name, shared by every wait's record
+        self.device = f"{backend.kind}:{index}"
         self._by_age: deque[_Entry] = deque()  # every unsettled wait, oldest first
+        self._due: deque[_Entry] = deque()  # told complete, not finished yet (any thread appends)
         self._pending = 0
         self._running = False
         self._kicked = False
@@ -229,7 +270,13 @@ class _Waiter:
     # ------------------------------------------------------------------ called by waiting tasks
 
     def add(self, target: WaitTarget, record: _diagnostics._Record, strategy: str) -> _Entry:
-        entry = _Entry(target, record, strategy)
+        if self._future is not None:
+            parked = self._future()
+        else:
+            import trio
+
+            parked = trio.Event()
+        entry = _Entry(self, target, record, strategy, parked)
         self._by_age.append(entry)
         self._pending += 1
         self._added(entry)
@@ -255,6 +302,17 @@ class _Waiter:
 
     def _discarded(self, entry: _Entry) -> None:
         pass
+
+    def _completed(self, entry: _Entry) -> None:
+        """A target's work completed (or failed, or its backend closed); any thread."""
+        self._due.append(entry)
+        if threading.get_ident() != self._thread:
+            try:
+                self._call_soon_threadsafe(self._kick)
+            except RuntimeError:
+                pass  # the loop has closed: a late wake-up is harmless
+        elif self._scope is not None:  # told by another task of this loop while we sleep
+            self._kick()
 
     # ------------------------------------------------------------------ the waiter task
 
@@ -301,7 +359,11 @@ class _Waiter:
         entry.finished = True
         entry.error = error
         self._pending -= 1
-        entry.event.set()
+        parked = entry.parked
+        if self._future is None:
+            parked.set()
+        elif not parked.done():  # else cancelled: its task is on its way out
+            parked.set_result(None)
 
     def _check(self, entry: _Entry) -> bool:
         """Check one wait; finish it if its work completed or failed. Return whether it did."""
@@ -386,23 +448,9 @@ class _TimedWaiter(_Waiter):
     A wake costs O(1) per completed wait; pending waits are never visited.
     """
 
-    def __init__(self, backend: Backend, index: int, registry: dict[tuple[int, int], _Waiter]):
-        super().__init__(backend, index, registry)
-        self._due: deque[_Entry] = deque()  # told complete, not finished yet (any thread appends)
-
     def _added(self, entry: _Entry) -> None:
-        entry.target.watch(functools.partial(self._completed, entry))  # type: ignore[attr-defined]
-
-    def _completed(self, entry: _Entry) -> None:
-        """A target's work completed (or failed, or its backend closed); any thread."""
-        self._due.append(entry)
-        if threading.get_ident() != self._thread:
-            try:
-                self._call_soon_threadsafe(self._kick)
-            except RuntimeError:
-                pass  # the loop has closed: a late wake-up is harmless
-        elif self._scope is not None:  # told by another task of this loop while we sleep
-            self._kick()
+        target = cast("WatchedTarget", entry.target)  # completion_times promises it
+        target.watch(entry)
 
     def _sweep(self) -> float | None:
         # The hint first: it brings the backend up to date, which tells the targets whose
@@ -629,15 +677,18 @@ async def wait(
     """
     obs = observer
     start = obs.now() if obs is not None else 0.0
-    task = task_name()
-    device = f"{backend.kind}:{index}"
-    record = _diagnostics._Record(task, subject, device, _diagnostics.capture(2), recorded)
+    task = _current_task()
+    waiter = _waiter(backend, index)
+    device = waiter.device
+    record = _diagnostics._Record(
+        task, _task_name_of, subject, device, _diagnostics.capture(2), recorded
+    )
     key = _diagnostics.register(record)
     try:
-        waiter = _waiter(backend, index)
         entry = waiter.add(target, record, strategy or get_wait_strategy())
         try:
-            await entry.event.wait()
+            parked = entry.parked
+            await (parked if waiter._future is not None else parked.wait())
         except BaseException:
             waiter.discard(entry)
             raise
@@ -645,7 +696,7 @@ async def wait(
         target.release()
         _diagnostics.unregister(key)
         if obs is not None:
-            obs.on_await(task, subject, device, start, obs.now())
+            obs.on_await(_task_name_of(task), subject, device, start, obs.now())
     if entry.error is not None:
         raise entry.error
 

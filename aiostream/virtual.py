@@ -51,6 +51,7 @@ __all__ = [
     "OpRecord",
     "Race",
     "VirtualClock",
+    "VirtualOptions",
     "Stall",
     "VirtualStats",
     "assert_no_races",

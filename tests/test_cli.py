@@ -107,6 +107,19 @@ def test_core_benchmark_smoke_run() -> None:
     assert proc.stdout.count("ratio") >= 6
 
 
+def test_scale_benchmark_smoke_run(tmp_path: Path) -> None:
+    """The scale benchmark runs end to end and draws its curves (small sizes; not judged)."""
+    svg = tmp_path / "scaling.svg"
+    proc = run_python(
+        "benchmarks/bench_scale.py", "--quick", "--loops", "asyncio,trio", "--svg", str(svg)
+    )
+    assert proc.returncode == 0, proc.stderr
+    for heading in ("1. waits, real time", "2. memory per pending wait", "3. the simulator"):
+        assert heading in proc.stdout
+    assert proc.stdout.count("us/op") == 4  # two sizes, ours and SimPy's
+    assert svg.read_text().startswith("<svg ")
+
+
 def test_cuda_benchmark_says_why_it_skips_without_a_gpu() -> None:
     ok, reason = ais._backends.probe("cuda")
     if ok:

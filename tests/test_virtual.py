@@ -224,6 +224,48 @@ def test_reset_rejects_bad_input() -> None:
         ais.virtual.reset(compute_slots=1.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="clock must be None"):
         ais.virtual.reset(clock=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="devices must be at most 1024, got 1180591620717411"):
+        ais.virtual.reset(devices=1 << 70)  # refused at once, not built
+    with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
+        ais.virtual.reset(bandwidth=float("nan"))
+
+
+def test_options_are_one_frozen_record() -> None:
+    options = ais.virtual.VirtualOptions(devices=2, compute_slots=3)
+    assert options.slots() == {"compute": 3, "h2d": 1, "d2h": 1}
+    with pytest.raises(AttributeError):
+        options.devices = 3  # type: ignore[misc]
+    with pytest.raises(TypeError, match="unknown virtual backend option.*'slots'"):
+        ais.virtual.VirtualOptions.from_kwargs(slots=2)
+    assert ais.virtual.VirtualOptions.names()[:2] == ("devices", "compute_slots")
+
+
+async def test_twenty_thousand_waits_on_as_many_streams(clock: VirtualClock) -> None:
+    """Scale is ordinary: every wait resumes, in order of completion, and nothing is left.
+    (benchmarks/bench_scale.py goes to 100,000.)"""
+    n = 20_000
+    ais.virtual.reset(clock=clock, compute_slots=n)
+    streams = [ais.Stream() for _ in range(n)]
+    for i, s in enumerate(streams):
+        ais.delay((i % 1000 + 1) * 1e-3, stream=s)
+    resumed: list[int] = []
+
+    async def wait(i: int) -> None:
+        await streams[i].synchronize()
+        resumed.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(wait, i)
+        await anyio.wait_all_tasks_blocked()
+        assert ais.virtual.stats().waits == n
+        clock.advance(0.5)  # the first half of the durations
+        await anyio.wait_all_tasks_blocked()
+        assert len(resumed) == n // 2
+        assert all(i % 1000 < 500 for i in resumed)
+        clock.advance(0.5)
+    assert len(resumed) == n
+    assert ais.virtual.stats().waits == 0 and ais.virtual.stats().operations == 0
 
 
 def test_submit_rejects_bad_input() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, ClassVar, Protocol
 
-__all__ = ["Backend", "WaitTarget"]
+__all__ = ["Backend", "WaitTarget", "WatchedTarget"]
 
 Handle = Any
 
@@ -33,12 +33,22 @@ class WaitTarget(Protocol):
         """Forget the wait (idempotent); the work itself goes on."""
 
 
+class WatchedTarget(WaitTarget, Protocol):
+    """A target of a backend with ``completion_times``: it tells when its work completes."""
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, from any thread, when the work completes or fails or the
+        backend closes (at once if it already has); :meth:`release` cancels it. The waiter
+        thereby finishes just the waits that completed, never visiting the pending ones."""
+
+
 class Backend(Protocol):
     """A device runtime: the ``virtual`` simulator or the CUDA driver."""
 
     kind: ClassVar[str]
-    #: whether :meth:`wake_hint` gives exact completion times (virtual); if not (CUDA), the
-    #: waiter watches with a strategy and uses :meth:`block` and :meth:`notify_done`
+    #: whether :meth:`wake_hint` gives exact completion times and targets are
+    #: :class:`WatchedTarget` (virtual); if not (CUDA), the waiter watches lane heads with a
+    #: strategy and uses :meth:`block` and :meth:`notify_done`
     completion_times: ClassVar[bool]
 
     def device_count(self) -> int: ...
@@ -103,7 +113,8 @@ class Backend(Protocol):
         """Seconds after which pending work on device ``index`` may have made progress.
 
         ``None`` means: nothing will change until a listener given to :meth:`subscribe` is
-        called (a manual clock advanced, an engine released, the backend closed).
+        called (a manual clock advanced, an engine released, the backend closed, or work
+        submitted that ends before the time last hinted).
         """
 
     def subscribe(self, index: int, callback: Callable[[], None]) -> Callable[[], None]:

@@ -24,7 +24,7 @@ def leaks(
     stream, live event and live buffer; each group in a stable order."""
     lines = [
         f"pending wait on {item.device.name} stream {item.stream.id} "
-        f"(for the work before its {item.name!r} at {_at(item.submit)})"
+        f"(for the work up to its {item.name!r}, submitted at {_at(item.submit)})"
         for item in waits
     ]
     for item in operations:

@@ -239,8 +239,8 @@ class Item:
         self.on_start: Callable[[], object] | None = None
         self.deps_left = 0
         self.dependents: list[Item] | None = None
-        #: called once when it completes (waits watching it); a dict as an ordered set
-        self.watchers: dict[Callable[[], None], None] | None = None
+        #: called once when it completes (the waits watching it, a copy's bookkeeping)
+        self.watchers: list[Callable[[], None]] | None = None
         self.ready = submit
         self.start = -1
         self.end = -1

@@ -53,9 +53,10 @@ class Scheduler:
         self.devices = devices
         self.t = t  # the instant processed last; never goes back
         self.pending_ops = 0  # operations submitted and not completed
-        # (end, device, stream id, seq, token, item); entries whose token is no longer the
-        # item's (restarted or aborted) are stale and skipped
-        self._running: list[tuple[int, int, int, int, int, Item]] = []
+        # The completion heap: (end, device, stream id, seq, token, item); entries whose token
+        # is no longer the item's (restarted or aborted) are stale and skipped. Read without
+        # the lock by the facade's fast paths (VirtualBackend._settled).
+        self.running: list[tuple[int, int, int, int, int, Item]] = []
         self._dirty: list[Engine] = []  # engines that may be able to start something
         self._seq = itertools.count(1)
         self._timeline: deque[_Entry] = deque(maxlen=TIMELINE_LIMIT)
@@ -64,7 +65,7 @@ class Scheduler:
 
     def advance(self, now: int) -> None:
         """Process, in time order, every completion due by ``now``, and what it starts."""
-        running = self._running
+        running = self.running
         while True:
             if self._dirty:
                 self._dispatch(self.t)
@@ -81,7 +82,7 @@ class Scheduler:
 
     def next_end(self) -> int | None:
         """The end of the next running operation, or None when nothing runs."""
-        running = self._running
+        running = self.running
         while running:
             top = running[0]
             item = top[5]
@@ -89,14 +90,6 @@ class Scheduler:
                 return top[0]
             heapq.heappop(running)  # stale: restarted or aborted since
         return None
-
-    def settled(self, now: int) -> bool:
-        """Whether no completion is due by ``now`` (lock-free; in doubt, False)."""
-        running = self._running
-        try:
-            return not running or running[0][0] > now
-        except IndexError:  # emptied by another thread meanwhile
-            return False
 
     # ------------------------------------------------------------------ submission
 
@@ -216,7 +209,7 @@ class Scheduler:
         item.end = end = t + item.duration
         item.token += 1
         heapq.heappush(
-            self._running, (end, item.device.index, item.stream.id, item.seq, item.token, item)
+            self.running, (end, item.device.index, item.stream.id, item.seq, item.token, item)
         )
         if item.duration > 0:  # provisional while the clock stays at t (see _reopen)
             if engine.provisional_t != t:

@@ -192,6 +192,8 @@ class VirtualBackend:
         than they sleep."""
         self._now()
         item = self._sched.submit(stream, duration, engine, fn, error, name)
+        # A waiter told "nothing runs" (_NEVER) needs no wake: with nothing running, all
+        # pending work is held by a stalled engine, which only a release (it notifies) frees.
         if engine is not None and self._hinted != _NEVER:
             end = self._sched.next_end()
             if end is not None and end < self._hinted:

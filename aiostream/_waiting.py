@@ -222,18 +222,20 @@ class _Entry:
 def _loop_hooks() -> tuple[
     Callable[[Callable[[], Awaitable[None]]], object],
     Callable[[Callable[[], object]], object],
-    Callable[[], Any] | None,
+    Callable[[], Any],
+    bool,
 ]:
-    """Return (spawn a background task, schedule a callback from any thread, make a future)
-    for this loop; trio has no futures (None): its waits park on a ``trio.Event``."""
+    """Return (spawn a background task, schedule a callback from any thread, make what a
+    wait parks on, whether that is a ``trio.Event``) for this loop: a future on asyncio and
+    uvloop; trio has no futures."""
     if sniffio.current_async_library() == "trio":
         import trio
 
         token = trio.lowlevel.current_trio_token()
-        return trio.lowlevel.spawn_system_task, token.run_sync_soon, None
+        return trio.lowlevel.spawn_system_task, token.run_sync_soon, trio.Event, True
     loop = asyncio.get_running_loop()
     spawn = lambda fn: loop.create_task(fn())  # noqa: E731
-    return spawn, loop.call_soon_threadsafe, loop.create_future  # type: ignore[return-value]
+    return spawn, loop.call_soon_threadsafe, loop.create_future, False  # type: ignore[return-value]
 
 
 class _Waiter:
@@ -250,7 +252,7 @@ class _Waiter:
         self._index = index
         self._registry = registry
         self._key = (id(backend), index)
-        self._spawn, self._call_soon_threadsafe, self._future = _loop_hooks()
+        self._spawn, self._call_soon_threadsafe, self._park, self._trio = _loop_hooks()
         self._thread = threading.get_ident()
         #: the device's name, shared by every wait's record
         self.device = f"{backend.kind}:{index}"
@@ -270,13 +272,7 @@ class _Waiter:
     # ------------------------------------------------------------------ called by waiting tasks
 
     def add(self, target: WaitTarget, record: _diagnostics._Record, strategy: str) -> _Entry:
-        if self._future is not None:
-            parked = self._future()
-        else:
-            import trio
-
-            parked = trio.Event()
-        entry = _Entry(self, target, record, strategy, parked)
+        entry = _Entry(self, target, record, strategy, self._park())
         self._by_age.append(entry)
         self._pending += 1
         self._added(entry)
@@ -306,13 +302,10 @@ class _Waiter:
     def _completed(self, entry: _Entry) -> None:
         """A target's work completed (or failed, or its backend closed); any thread."""
         self._due.append(entry)
-        if threading.get_ident() != self._thread:
-            try:
-                self._call_soon_threadsafe(self._kick)
-            except RuntimeError:
-                pass  # the loop has closed: a late wake-up is harmless
-        elif self._scope is not None:  # told by another task of this loop while we sleep
-            self._kick()
+        # In the loop's thread a kick is needed only while we sleep (told by another task);
+        # awake, we are in our own sweep, which finishes what it was told.
+        if self._scope is not None or threading.get_ident() != self._thread:
+            self._kick_threadsafe()
 
     # ------------------------------------------------------------------ the waiter task
 
@@ -326,9 +319,13 @@ class _Waiter:
     def _kick_threadsafe(self) -> None:
         if threading.get_ident() == self._thread:
             self._kick()
-            return
+        else:
+            self._soon_threadsafe(self._kick)
+
+    def _soon_threadsafe(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` in the loop's thread soon; from any thread."""
         try:
-            self._call_soon_threadsafe(self._kick)
+            self._call_soon_threadsafe(fn)
         except RuntimeError:
             pass  # the loop has closed: a late wake-up is harmless
 
@@ -360,7 +357,7 @@ class _Waiter:
         entry.error = error
         self._pending -= 1
         parked = entry.parked
-        if self._future is None:
+        if self._trio:
             parked.set()
         elif not parked.done():  # else cancelled: its task is on its way out
             parked.set_result(None)
@@ -634,10 +631,7 @@ class _StrategyWaiter(_Waiter):
                 pass  # the device failed: the next check raises its error into the wait
 
     def _report_threadsafe(self, lane: Hashable) -> None:
-        try:
-            self._call_soon_threadsafe(functools.partial(self._report, lane))
-        except RuntimeError:
-            pass  # the loop has closed: a late wake-up is harmless
+        self._soon_threadsafe(functools.partial(self._report, lane))
 
     def _abandoned(self) -> None:
         self._lanes.clear()
@@ -688,7 +682,7 @@ async def wait(
         entry = waiter.add(target, record, strategy or get_wait_strategy())
         try:
             parked = entry.parked
-            await (parked if waiter._future is not None else parked.wait())
+            await (parked.wait() if waiter._trio else parked)
         except BaseException:
             waiter.discard(entry)
             raise

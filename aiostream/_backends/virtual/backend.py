@@ -102,12 +102,12 @@ class VirtualBackend:
         self._latency = options.latency
         self._lock = threading.RLock()
         self._clock_ns, self._manual = resolve_clock(clock)
-        self._unlisten = self._manual._listen(self._notify) if self._manual else None
         slots = options.slots()
         self._devices = [Device(i, slots) for i in range(options.devices)]
         self._sched = Scheduler(self._devices, self._clock_ns())
         self._closed = False
         self._listeners = Listeners()
+        self._unlisten = self._manual._listen(self._listeners) if self._manual else None
         self._hinted: float = _NEVER  # the earliest completion a waiter was told to sleep until
         self._live_memory: set[Memory] = set()
         self._races: list[Race] = []
@@ -137,7 +137,7 @@ class VirtualBackend:
             targets = list(self._live_targets)
         for target in targets:  # pending waits wake up and see the error
             target()
-        self._notify()
+        self._listeners()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -200,9 +200,6 @@ class VirtualBackend:
                 self._hinted = end
                 self._listeners()
         return item
-
-    def _notify(self) -> None:
-        self._listeners()
 
     # ------------------------------------------------------------------ streams
 
@@ -404,7 +401,7 @@ class VirtualBackend:
             self._now()
             self._sched.set_stalled(self._devices[index].engines[engine], stalled)
             self._now()
-        self._notify()
+        self._listeners()
 
     # ------------------------------------------------------------------ memory and copies
 

@@ -19,6 +19,8 @@ import weakref
 from collections.abc import Callable
 from typing import ClassVar
 
+import numpy as np
+
 from ..._errors import AiostreamError, NotReadyError, StaleHandleError
 from . import inspect
 from .clock import Listeners, resolve_clock, seconds_to_ns
@@ -44,7 +46,6 @@ __all__ = ["POISON", "Target", "VirtualBackend"]
 
 #: The byte value that fills a copy's destination from the copy's start until it completes.
 POISON = 0xA5
-_POISON_BYTE = bytes([POISON])
 _COPY_ENGINES = {"h2d": "h2d", "d2h": "d2h", "d2d": "compute"}
 _IPC_MAGIC = b"aiostream:virt\x00\x01"  # 16 bytes
 _IPC_SIZE = 64
@@ -459,11 +460,14 @@ class VirtualBackend:
         engine = _COPY_ENGINES[kind]
         seconds = self._latency + nbytes / self._bandwidth[kind]
 
+        # Both run on whichever thread advances the simulation, usually the host's own: in
+        # place (a fill and a memcpy), never building a temporary of the copy's size, whose
+        # fresh pages would cost the host more than the copy itself.
         def begin() -> None:  # the destination holds poison from the copy's start
-            dst.data[:nbytes] = _POISON_BYTE * nbytes
+            np.frombuffer(dst.data, np.uint8, nbytes).fill(POISON)
 
         def land() -> None:  # data moves when the copy completes
-            dst.data[:nbytes] = src.data[:nbytes]
+            memoryview(dst.data)[:nbytes] = memoryview(src.data)[:nbytes]
 
         def settle() -> None:  # completed or aborted: no longer in flight
             dst.writers.pop(item, None)

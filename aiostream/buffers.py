@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +36,7 @@ def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0 for d in dims):
         raise ValueError(f"shape must be non-negative ints, got {shape!r}")
-    need = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+    need = math.prod(int(d) for d in dims) * dt.itemsize  # exact: no int64 overflow
     if need != nbytes:
         raise ValueError(
             f"shape {tuple(dims)} of {dt} needs {need} bytes, but the buffer has {nbytes}"

@@ -119,18 +119,26 @@ def _run(main: object, loop: str) -> None:
 
 
 def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> str:
-    stages = ", ".join(f"{name} {sec * 1000:.2f} ms" for name, sec in seq.stage_s.items())
-    ideal = seq.ideal_s
-    slowest = max(seq.stage_s, key=seq.stage_s.__getitem__)
+    def stage(name: str, sec: float) -> str:
+        text = f"{name} {sec * 1000:.2f} ms"
+        if name == "host" and seq.workers > 1:
+            text += f" ({seq.per_batch_s[name] * 1000:.2f} ms per batch with {seq.workers} workers)"
+        return text
+
+    stages = ", ".join(stage(name, sec) for name, sec in seq.stage_s.items())
+    slowest, per_batch = _demo.bound(seq, pipe)
+    ideal = seq.batches * per_batch
     ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
     return "\n".join([
         f"pipelined:  {pipe.batches} batches in {pipe.seconds:.3f} s = "
         f"{pipe.batches_per_s:7.1f} batches/s ({ok[pipe.checksum_ok]})",
         f"sequential: {seq.batches} batches in {seq.seconds:.3f} s = "
         f"{seq.batches_per_s:7.1f} batches/s ({ok[seq.checksum_ok]})",
-        f"stages per batch (from the sequential run): {stages}",
-        f"overlap efficiency: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = "
-        f"{seq.batches} x the {slowest} stage, over the measured {pipe.seconds:.3f} s)",
+        f"stages per item (measured in the sequential run): {stages}",
+        f"event loop CPU per batch (pipelined run): {pipe.loop_cpu_s * 1000:.2f} ms",
+        f"bottleneck: {slowest}, {per_batch * 1000:.2f} ms per batch",
+        f"overlap efficiency: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = {seq.batches} "
+        f"batches x {per_batch * 1000:.2f} ms, over the measured {pipe.seconds:.3f} s)",
         f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
         f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
     ])
@@ -143,12 +151,13 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         host_s=args.host_ms / 1000,
         compute_s=args.compute_ms / 1000,
         prefetch=args.prefetch,
+        workers=args.workers,
         device=device,
     )
     print(
         f"aiostream demo on {device}, {args.loop} loop: {cfg.batches} batches of "
         f"{args.batch_kb} KiB, host {args.host_ms:g} ms, compute {args.compute_ms:g} ms, "
-        f"prefetch {cfg.prefetch}"
+        f"prefetch {cfg.prefetch or 2 * cfg.workers}, workers {cfg.workers}"
     )
     live = sys.stderr.isatty()
     def to_stderr(text: str) -> None:
@@ -216,7 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="host transform per batch, ms (default 2)")
     p_demo.add_argument("--compute-ms", type=_positive(float, "--compute-ms"), default=3.0,
                         help="device compute per batch, ms (default 3)")
-    p_demo.add_argument("--prefetch", type=_positive(int, "--prefetch"), default=2)
+    p_demo.add_argument("--prefetch", type=_positive(int, "--prefetch"), default=None,
+                        help="items the loader works on ahead (default: 2 x workers)")
+    p_demo.add_argument("--workers", type=_positive(int, "--workers"), default=2,
+                        help="host transforms at once (default 2)")
     p_demo.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
     p_demo.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
     p_demo.add_argument("--svg", metavar="PATH", help="draw the timeline as an SVG picture")
@@ -238,6 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.loop != "asyncio" and _dist_version(args.loop) is None:
         parser.error(f"--loop {args.loop} needs the {args.loop!r} package: pip install {args.loop}")
     if args.command == "demo":
+        if args.prefetch is not None and args.prefetch < args.workers:
+            parser.error(
+                f"--prefetch {args.prefetch} must be >= --workers {args.workers}: each worker "
+                "transforms an item ahead of the consumer"
+            )
         return _run_demo(args, device)
 
     out: list[str] = []

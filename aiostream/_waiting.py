@@ -238,6 +238,13 @@ def _loop_hooks() -> tuple[
     return spawn, loop.call_soon_threadsafe, loop.create_future, False  # type: ignore[return-value]
 
 
+def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
+    """For the running loop: a function any thread may call with a callback, which the loop
+    then runs soon (``call_soon_threadsafe`` on asyncio and uvloop, the trio token's
+    ``run_sync_soon``). It does not wait for the loop."""
+    return _loop_hooks()[1]
+
+
 class _Waiter:
     """Watches the pending waits of one device for one event loop.
 

@@ -2,9 +2,26 @@
 
 How it works, per item: the host takes it from the source and transforms it, writes it into a
 pinned staging buffer, and enqueues its copy to device buffers on the loader's own copy stream;
-an event recorded after the copies is the batch's ``ready``. Up to ``prefetch`` batches are in
-flight ahead of the consumer. Buffers come from a pool of ``prefetch + 2`` slots that is reused,
-never reallocated per batch (unless an item's shapes change).
+an event recorded after the copies is the batch's ``ready``. Buffers come from a pool of
+``prefetch + 2`` slots that is reused, never reallocated per batch (unless an item's shapes
+change): up to ``prefetch`` batches ahead of the consumer, the one it holds, and one whose
+device work may still be running.
+
+Inside ``async with loader:`` production runs ahead in the loader's own tasks, which live in a
+task group that the block owns (structured concurrency: nothing outlives the block)::
+
+    source -> producer -> workers -> stager -> consumer
+
+The producer takes items from the source in order, each with one of ``prefetch`` credits (so
+at most ``prefetch`` items are between the source and the consumer) and a free slot, and queues
+them for the ``workers``: threads for a sync transform with ``to_thread`` (each takes its next
+item itself as soon as it is done with one, transforms it and writes it into the slot's staging
+buffers), tasks on the loop otherwise. The stager enqueues the copies in source order and hands
+batches, or the first error in its turn, to the consumer; taking a batch returns its credit.
+
+A plain ``async for`` (no ``async with``) has no task group to run tasks in, so it produces
+inside ``__anext__``: the same staging and reuse, without running ahead while the consumer
+works.
 
 Reuse is safe without blocking the host on the consumer's work (the ``record_stream`` problem):
 when the consumer asks for the next batch, an event is recorded on its current stream, after all
@@ -12,23 +29,26 @@ the work it submitted with the previous batch. The slot goes back to the pool wi
 and the copy stream waits for it *on the device* before the next copy into that slot. The host
 waits only for the previous copy out of a slot's staging buffer before writing it again, which
 also keeps the host from running ahead of the device.
-
-A single task drives everything from ``__anext__``: there is no background task to leak, and
-breaking out of ``async for`` stops production at once.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from queue import SimpleQueue
 from typing import Any
 
 import anyio
+import anyio.abc
+import anyio.lowlevel
+import anyio.to_thread
 import numpy as np
 
+from . import _waiting
 from ._errors import AiostreamError
 from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device
@@ -39,6 +59,7 @@ from .stream import Stream, current_stream
 __all__ = ["Batch", "DataLoader", "LoaderStats"]
 
 _END = object()
+_NAME = "aiostream.DataLoader"
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,10 @@ class LoaderStats:
     """Slots in the pool: ``prefetch + 2``."""
     peak_in_use: int
     """Most slots in use at once: in flight, held by the consumer, or still used on the device."""
+    run_ahead: bool = False
+    """Whether production ran ahead in the loader's own tasks (iterated inside ``async with``)."""
+    workers: int = 1
+    """Transforms that may run at once."""
 
 
 class Batch:
@@ -122,48 +147,217 @@ def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
     )
 
 
-class _Iteration(AsyncIterator[Batch]):
-    """One pass over the source."""
+class _Prepared:
+    """An item transformed and written into its slot's staging buffers (or, when its shapes
+    are new to the slot, its arrays: the loop allocates buffers for them)."""
 
-    def __init__(self, loader: DataLoader) -> None:
+    __slots__ = ("arrays", "rebuild", "specs")
+
+    def __init__(
+        self,
+        specs: list[tuple[np.dtype[Any], tuple[int, ...]]],
+        rebuild: Callable[[list[Any]], Any],
+        arrays: list[np.ndarray] | None,
+    ) -> None:
+        self.specs = specs
+        self.rebuild = rebuild
+        self.arrays = arrays
+
+
+class _Job:
+    """One item on its way through a worker: its slot, and the result or what was raised."""
+
+    __slots__ = ("done", "error", "item", "result", "slot")
+
+    def __init__(self, item: Any) -> None:
+        self.item = item
+        self.slot: _Slot | None = None
+        self.result: _Prepared | None = None
+        self.error: Exception | None = None
+        self.done = anyio.Event()
+
+
+class _Failed:
+    """What the stager hands the consumer in place of a batch that could not be made."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+class _Iteration(AsyncIterator[Batch]):
+    """One pass over the source: run ahead in ``runner``'s tasks, or inside ``__anext__``."""
+
+    def __init__(self, loader: DataLoader, runner: anyio.abc.TaskGroup | None) -> None:
         self._loader = loader
         self._device = loader.device
         source = loader._source
         self._async = isinstance(source, AsyncIterable)
         self._source: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
         self._copy_stream = Stream(self._device)
-        self._free: deque[_Slot] = deque(_Slot() for _ in range(loader.prefetch + 2))
-        self._inflight: deque[Batch] = deque()
+        self._slots = [_Slot() for _ in range(loader.prefetch + 2)]
+        self._free: deque[_Slot] = deque(self._slots)
         self._held: _Slot | None = None
-        self._exhausted = False
         self._closed = False
         self._index = 0
         self.batches = 0
         self.allocations = 0
         self.peak_in_use = 0
+        # Produced inside __anext__ (no runner):
+        self._inflight: deque[Batch] = deque()
+        self._exhausted = False
+        # Run ahead (a runner): the producer's tasks, and what they hand the consumer.
+        self.run_ahead = runner is not None
+        self._limiter = anyio.CapacityLimiter(loader.workers)  # worker threads, this pass's own
+        if runner is not None:
+            self._credits = anyio.Semaphore(loader.prefetch)
+            self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
+                math.inf  # bounded by the credits
+            )
+            self._scope = anyio.CancelScope()
+            self._stopping = False  # read by worker threads: take no more items
+            self._stopped = anyio.Event()
+            runner.start_soon(self._run_ahead, name=f"{_NAME} producer on {self._device}")
+
+    # ------------------------------------------------------------------ the consumer's side
 
     async def __anext__(self) -> Batch:
         if self._closed:
             raise StopAsyncIteration
         try:
             self._release_held()
-            while len(self._inflight) < self._loader.prefetch and not self._exhausted:
-                item = await self._next_item()
-                if item is _END:
-                    self._exhausted = True
-                    break
-                self._inflight.append(await self._stage(await self._transform(item)))
-            self._note_in_use()
-            if not self._inflight:
-                raise StopAsyncIteration
-            batch = self._inflight.popleft()
+            batch = await (self._receive() if self.run_ahead else self._produce_here())
             current_stream(self._device).wait_event(batch.ready)  # the host does not wait
             self._held = batch._slot
             self.batches += 1
+            self._note_in_use()
             return batch
         except BaseException:
             await self.aclose()
             raise
+
+    async def _receive(self) -> Batch:
+        try:
+            got = await self._ready.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+        if isinstance(got, _Failed):
+            raise got.error
+        self._credits.release()  # the producer may take one more item from the source
+        return got
+
+    async def _produce_here(self) -> Batch:
+        while len(self._inflight) < self._loader.prefetch and not self._exhausted:
+            item = await self._next_item()
+            if item is _END:
+                self._exhausted = True
+                break
+            slot = await self._take_slot()
+            self._inflight.append(self._enqueue(slot, await self._prepare(item, slot)))
+        if not self._inflight:
+            raise StopAsyncIteration
+        return self._inflight.popleft()
+
+    # ------------------------------------------------------------------ the producer's side
+
+    async def _run_ahead(self) -> None:
+        """Take items from the source in order, each with a credit and a slot, and hand them
+        to the workers and, in the same order, to the stager."""
+        loader = self._loader
+        jobs_send, jobs = anyio.create_memory_object_stream[_Job](math.inf)  # to the stager
+        work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
+        in_threads = loader._to_thread and not loader._async_transform
+        queue: SimpleQueue[_Job | None] = SimpleQueue()  # to worker threads
+        try:
+            with self._scope:
+                async with anyio.create_task_group() as tg:
+                    for i in range(loader.workers):
+                        if in_threads:
+                            tg.start_soon(self._thread_worker, queue, name=f"{_NAME} worker {i}")
+                        else:
+                            tg.start_soon(self._task_worker, work, name=f"{_NAME} worker {i}")
+                    tg.start_soon(self._stager, jobs, name=f"{_NAME} stager")
+                    try:
+                        while True:
+                            await self._credits.acquire()
+                            job = _Job(None)
+                            try:
+                                job.item = await self._next_item()
+                            except Exception as exc:  # the source failed: say so in its turn
+                                job.error = exc
+                                job.done.set()
+                                jobs_send.send_nowait(job)
+                                break
+                            if job.item is _END:
+                                break
+                            job.slot = await self._take_slot()
+                            if in_threads:
+                                queue.put(job)
+                            else:
+                                work_send.send_nowait(job)
+                            jobs_send.send_nowait(job)
+                    except BaseException:  # failure or cancellation: drop the items queued
+                        self._stopping = True
+                        raise
+                    finally:  # the workers finish what they hold, and leave
+                        jobs_send.close()
+                        work_send.close()
+                        for _ in range(loader.workers):
+                            queue.put(None)
+        finally:
+            for stream in (jobs_send, jobs, work_send, work, self._ready_send):
+                stream.close()
+            self._stopped.set()
+
+    async def _task_worker(self, work: anyio.abc.ObjectReceiveStream[_Job]) -> None:
+        """Prepare items on the event loop: an async transform, or a sync one in place."""
+        async for job in work:
+            try:
+                assert job.slot is not None
+                job.result = await self._prepare(job.item, job.slot)
+            except Exception as exc:
+                job.error = exc
+            finally:
+                job.item = None
+                job.done.set()
+
+    async def _thread_worker(self, queue: SimpleQueue[_Job | None]) -> None:
+        """Prepare items in one worker thread, which takes the next as soon as it is done with
+        one: it never waits for the event loop between items (the loop, busy with staging and
+        the consumer, would otherwise hold it back on a machine with few cores)."""
+        done = _waiting.threadsafe_caller()
+
+        def work() -> None:
+            while (job := queue.get()) is not None and not self._stopping:
+                try:
+                    assert job.slot is not None
+                    job.result = self._transform_and_fill(job.item, job.slot)
+                except Exception as exc:
+                    job.error = exc
+                finally:
+                    job.item = None
+                    done(job.done.set)
+
+        await anyio.to_thread.run_sync(work, limiter=self._limiter)
+
+    async def _stager(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
+        """Enqueue the prepared items' copies in source order; stop at the first error."""
+        async for job in jobs:
+            await job.done.wait()
+            prepared, job.result = job.result, None
+            if job.error is None and job.slot is not None and prepared is not None:
+                try:
+                    self._ready_send.send_nowait(self._enqueue(job.slot, prepared))
+                    continue
+                except Exception as exc:
+                    job.error = exc
+            assert job.error is not None
+            self._ready_send.send_nowait(_Failed(job.error))
+            self._scope.cancel()  # nothing after a failure is handed out
+            return
+
+    # ------------------------------------------------------------------ both
 
     async def _next_item(self) -> Any:
         if self._async:
@@ -174,39 +368,71 @@ class _Iteration(AsyncIterator[Batch]):
         await anyio.lowlevel.checkpoint()  # a long sync source still lets other tasks run
         return next(self._source, _END)
 
-    async def _transform(self, item: Any) -> Any:
-        transform = self._loader._transform
-        if transform is None:
-            return item
-        if self._loader._to_thread:
-            result = await anyio.to_thread.run_sync(transform, item)
-        else:
-            result = transform(item)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    async def _stage(self, item: Any) -> Batch:
-        arrays, rebuild = _flatten(item)
-        slot = self._free.popleft()
+    async def _take_slot(self) -> _Slot:
+        """A free slot whose staging buffers may be written: their last copy has completed."""
+        slot = self._free.popleft()  # never empty: at most prefetch + 1 slots are out
         if slot.copied is not None:
-            await slot.copied.synchronize()  # the staging buffers may be written again
+            await slot.copied.synchronize()
+        return slot
+
+    async def _prepare(self, item: Any, slot: _Slot) -> _Prepared:
+        """Transform the item and write it into the slot's staging buffers: in a worker thread
+        with ``to_thread`` (both steps, so the loop's thread does neither), else here."""
+        loader = self._loader
+        if loader._to_thread and not loader._async_transform:
+            return await anyio.to_thread.run_sync(
+                self._transform_and_fill, item, slot, limiter=self._limiter
+            )
+        if loader._transform is not None:
+            item = loader._transform(item)
+            if inspect.isawaitable(item):
+                item = await item
+        return self._fill(item, slot)
+
+    def _transform_and_fill(self, item: Any, slot: _Slot) -> _Prepared:
+        transform = self._loader._transform
+        if transform is not None:
+            item = transform(item)
+            if inspect.isawaitable(item):
+                if inspect.iscoroutine(item):
+                    item.close()
+                raise TypeError(
+                    "transform returned an awaitable from a worker thread: make it an "
+                    "'async def' (it then runs on the event loop), or pass to_thread=False"
+                )
+        return self._fill(item, slot)
+
+    @staticmethod
+    def _fill(item: Any, slot: _Slot) -> _Prepared:
+        arrays, rebuild = _flatten(item)
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        specs = [(a.dtype, a.shape) for a in arrays]
         if [b.nbytes for b in slot.staging] != [a.nbytes for a in arrays]:
-            slot.staging = [HostBuffer(a.nbytes, device=self._device) for a in arrays]
-            slot.device = [DeviceBuffer(a.nbytes, self._device) for a in arrays]
+            return _Prepared(specs, rebuild, arrays)  # new shapes: the loop allocates
+        for array, host in zip(arrays, slot.staging, strict=True):
+            np.copyto(host.numpy(array.dtype, array.shape), array)
+        return _Prepared(specs, rebuild, None)
+
+    def _enqueue(self, slot: _Slot, prepared: _Prepared) -> Batch:
+        """Enqueue the copies of a prepared item to the slot's device buffers: its batch."""
+        if prepared.arrays is not None:
+            slot.staging = [HostBuffer(a.nbytes, device=self._device) for a in prepared.arrays]
+            slot.device = [DeviceBuffer(a.nbytes, self._device) for a in prepared.arrays]
             slot.released = []
-            self.allocations += len(arrays)
+            self.allocations += len(prepared.arrays)
+            for array, host in zip(prepared.arrays, slot.staging, strict=True):
+                np.copyto(host.numpy(array.dtype, array.shape), array)
         stream = self._copy_stream
         for released in slot.released:
             stream.wait_event(released)  # the consumer's work with it is done first
         views = []
-        for array, host, dev in zip(arrays, slot.staging, slot.device):
-            array = np.ascontiguousarray(array)
-            np.copyto(host.numpy(array.dtype, array.shape), array)
+        for (dtype, shape), host, dev in zip(
+            prepared.specs, slot.staging, slot.device, strict=True
+        ):
             copy_async(dev, host, stream=stream)
-            views.append(dev.view(array.dtype, array.shape))
+            views.append(dev.view(dtype, shape))
         slot.copied = stream.record_event()
-        batch = Batch(self._index, rebuild(views), slot.copied, slot)
+        batch = Batch(self._index, prepared.rebuild(views), slot.copied, slot)
         self._index += 1
         return batch
 
@@ -220,26 +446,32 @@ class _Iteration(AsyncIterator[Batch]):
 
     def _note_in_use(self) -> None:
         busy = sum(1 for slot in self._free if not all(e.query() for e in slot.released))
-        in_use = len(self._inflight) + (self._held is not None) + busy
+        in_use = len(self._slots) - len(self._free) + busy
         self.peak_in_use = max(self.peak_in_use, in_use)
 
     async def aclose(self) -> None:
         """Stop: hand nothing more out, let the copies in flight land, return every buffer.
 
-        The consumer's own work on the last batch is the consumer's to await.
+        Stopping waits for a transform running in a worker thread to return (a thread cannot
+        be interrupted). The consumer's own work on the last batch is the consumer's to await.
         """
         if self._closed:
             return
         self._closed = True
         self._release_held()
-        self._inflight.clear()
         with anyio.CancelScope(shield=True):
             try:
+                if self.run_ahead:
+                    self._scope.cancel()
+                    await self._stopped.wait()
+                    self._ready.close()  # drops the batches staged and not handed out
+                self._inflight.clear()
                 await self._copy_stream.synchronize()
             except AiostreamError:
                 pass  # a failed (or reset) device: its awaits report that; cleanup must not
             finally:
                 self._free.clear()
+                self._slots.clear()
                 if self._async and hasattr(self._source, "aclose"):
                     await self._source.aclose()
 
@@ -249,11 +481,15 @@ class DataLoader(AsyncIterable[Batch]):
 
     Args:
         source: a sync or async iterable of numpy arrays, or of tuples or dicts of them.
-        transform: called on each item on the host, before its copy; sync or async. With
-            ``to_thread=True`` a sync transform runs in a worker thread (for CPU-heavy work).
+        transform: called on each item on the host, before its copy; sync or async.
         device: where the batches go; None for the default device.
-        prefetch: how many batches may be in flight ahead of the consumer (>= 1).
-        to_thread: run ``transform`` in a worker thread.
+        prefetch: how many items the loader works on ahead of the consumer: taken from the
+            source and not yet handed out (>= 1, and >= ``workers``). None: ``2 * workers``, so that
+            each worker has its next item waiting when it is done with one.
+        workers: how many transforms may run at once (>= 1). Batches keep the source's order.
+            More than one needs ``async with`` (the workers are tasks the block owns).
+        to_thread: run a sync ``transform`` in worker threads (for CPU-heavy work that releases
+            the GIL, as numpy does). None: True when ``workers > 1``.
 
     Example:
         >>> import anyio, numpy as np, aiostream as ais
@@ -265,9 +501,20 @@ class DataLoader(AsyncIterable[Batch]):
         ...     await ais.current_stream("virtual:0").synchronize()
         >>> anyio.run(main)
 
-    Breaking out of ``async for``, an exception from ``transform`` or the source, or
-    cancelling the consumer stops production at once. ``async with`` (or :meth:`aclose`) also
-    waits for the copies already in flight and returns every buffer before it exits.
+    Iterated inside ``async with``, the loader runs ahead in its own tasks: up to ``prefetch``
+    items are taken from the source, transformed (``workers`` at once), staged and copied while
+    the consumer works. A plain ``async for`` produces inside each step of the loop instead.
+
+    Buffers: ``prefetch + 2`` slots of staging and device buffers, allocated once (again only
+    when an item's shapes change); ``stats.peak_in_use`` never exceeds it. Transforms in flight
+    hold only their own host arrays (at most ``workers`` of them), never a slot.
+
+    An exception from ``transform`` or the source is raised by ``async for`` in its turn, after
+    the batches before it. That, breaking out of ``async for`` with a plain loop, or cancelling
+    the consumer stops production at once; inside ``async with``, production stops at the
+    block's exit (a loop left early has at most ``prefetch`` items produced ahead until then).
+    ``async with`` (or :meth:`aclose`) also waits for the copies already in flight and
+    returns every buffer before it exits.
     """
 
     def __init__(
@@ -276,29 +523,55 @@ class DataLoader(AsyncIterable[Batch]):
         *,
         transform: Callable[[Any], Any] | None = None,
         device: Device | str | None = None,
-        prefetch: int = 2,
-        to_thread: bool = False,
+        prefetch: int | None = None,
+        workers: int = 1,
+        to_thread: bool | None = None,
     ) -> None:
         if not isinstance(source, (Iterable, AsyncIterable)):
             raise TypeError(f"source must be an iterable or async iterable, got {source!r}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None, got {transform!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int):
+            raise TypeError(f"workers must be an int, got {workers!r}")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if prefetch is None:
+            prefetch = 2 * workers
         if isinstance(prefetch, bool) or not isinstance(prefetch, int):
-            raise TypeError(f"prefetch must be an int, got {prefetch!r}")
+            raise TypeError(f"prefetch must be an int or None, got {prefetch!r}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        if not isinstance(to_thread, bool):
-            raise TypeError(f"to_thread must be True or False, got {to_thread!r}")
+        if prefetch < workers:
+            raise ValueError(
+                f"prefetch ({prefetch}) must be >= workers ({workers}): each worker transforms "
+                "an item ahead of the consumer; raise prefetch or leave it None"
+            )
+        if to_thread is not None and not isinstance(to_thread, bool):
+            raise TypeError(
+                f"to_thread must be True or False (None: the default), got {to_thread!r}"
+            )
         self._source = source
         self._transform = transform
-        self._to_thread = to_thread
+        self._to_thread = workers > 1 if to_thread is None else to_thread
+        # An async transform runs on the loop (``workers`` of them at once), never in a thread.
+        self._async_transform = inspect.iscoroutinefunction(transform) or (
+            inspect.iscoroutinefunction(getattr(transform, "__call__", None))  # noqa: B004
+        )
         self.prefetch = prefetch
+        self.workers = workers
         self.device = _resolve_device(device)
         self._iterations: weakref.WeakSet[_Iteration] = weakref.WeakSet()
         self._last: _Iteration | None = None
+        self._runner: anyio.abc.TaskGroup | None = None
 
     def __aiter__(self) -> _Iteration:
-        iteration = _Iteration(self)
+        if self._runner is None and self.workers > 1:
+            raise RuntimeError(
+                f"workers={self.workers} runs transforms in the loader's own tasks, which live "
+                "in its 'async with' block: write 'async with DataLoader(...) as loader: "
+                "async for batch in loader: ...' (or use workers=1)"
+            )
+        iteration = _Iteration(self, self._runner)
         self._iterations.add(iteration)
         self._last = iteration
         return iteration
@@ -308,8 +581,11 @@ class DataLoader(AsyncIterable[Batch]):
         """Counters of the latest pass over the source."""
         it = self._last
         if it is None:
-            return LoaderStats(0, 0, self.prefetch + 2, 0)
-        return LoaderStats(it.batches, it.allocations, self.prefetch + 2, it.peak_in_use)
+            return LoaderStats(0, 0, self.prefetch + 2, 0, False, self.workers)
+        pool = self.prefetch + 2
+        return LoaderStats(
+            it.batches, it.allocations, pool, it.peak_in_use, it.run_ahead, self.workers
+        )
 
     async def aclose(self) -> None:
         """Close every pass still open (see :meth:`_Iteration.aclose`)."""
@@ -317,10 +593,33 @@ class DataLoader(AsyncIterable[Batch]):
             await iteration.aclose()
 
     async def __aenter__(self) -> DataLoader:
+        if self._runner is not None:
+            raise RuntimeError("this DataLoader is already open in an 'async with' block")
+        runner = anyio.create_task_group()
+        await runner.__aenter__()
+        self._runner = runner
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        runner, self._runner = self._runner, None
+        try:
+            await self.aclose()
+        finally:
+            if runner is not None:
+                exc = exc_info[1]
+                if exc is None or isinstance(exc, anyio.get_cancelled_exc_class()):
+                    return await runner.__aexit__(*exc_info)  # noqa: B012
+                # The loader's tasks have stopped and hand their errors to the consumer, so the
+                # group has nothing to add: close it clean, and the block's own exception goes
+                # on as it was raised, never wrapped in an exception group.
+                try:
+                    await runner.__aexit__(None, None, None)
+                except BaseException:  # noqa: S110 - a cancellation seen while closing
+                    pass
+        return None
 
     def __repr__(self) -> str:
-        return f"<aiostream.DataLoader on {self.device} prefetch={self.prefetch}>"
+        return (
+            f"<aiostream.DataLoader on {self.device} prefetch={self.prefetch} "
+            f"workers={self.workers}>"
+        )

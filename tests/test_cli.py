@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,14 @@ def test_pipeline_demo_checks_its_results_and_reports(
     assert "pipelined:  12 batches" in out and "sequential: 12 batches" in out
     assert out.count("(checksum ok)") == 2
     assert "overlap efficiency: " in out and "speed-up over sequential: " in out
-    assert "stages per batch (from the sequential run): host " in out
+    assert "stages per item (measured in the sequential run): host " in out
+    assert "ms per batch with 2 workers)" in out  # the host stage, shared by the workers
+    assert "bottleneck: " in out and "event loop CPU per batch (pipelined run): " in out
     assert "12/12 batches" in captured.err  # the progress bar
+    assert main(["demo", "--device", "virtual:0", "--batches", "4", "--batch-kb", "16",
+                 "--workers", "1", "--loop", loop]) == 0
+    out = capsys.readouterr().out
+    assert "prefetch 2, workers 1" in out and "per batch with" not in out
 
 
 @pytest.mark.parametrize(
@@ -57,6 +64,7 @@ def test_pipeline_demo_checks_its_results_and_reports(
         (["demo", "--device", "gpu"], "not valid"),
         (["demo", "--batches", "0"], "--batches must be > 0"),
         (["demo", "--host-ms", "x"], "--host-ms must be a number"),
+        (["demo", "--workers", "3", "--prefetch", "2"], "--prefetch 2 must be >= --workers 3"),
         (["streams", "--tasks", "0"], "--tasks must be > 0"),
         (["streams", "--duration-ms", "-1"], "--duration-ms must be > 0"),
         (["nonsense"], "invalid choice"),
@@ -136,10 +144,12 @@ def test_cuda_benchmark_says_why_it_skips_without_a_gpu() -> None:
 
 
 def test_loader_benchmark_smoke_run() -> None:
-    """The loader benchmark runs end to end (20 batches; its figures are not judged here)."""
+    """The loader benchmark runs end to end (a few batches; its figures are not judged here)."""
     proc = run_python("benchmarks/bench_loader.py", "--quick")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count(" ok\n") == 8
+    assert proc.stdout.count(" ok\n") == 9 + 8  # real-time rows, virtual-time rows
+    # the workers rows: peak buffers in use of the pool, for 1, 2 and 4 workers
+    assert len(re.findall(r" 2 ms .* [1-4]/4 [1-6]/6 (?:[1-9]|10)/10\n", proc.stdout)) == 3
 
 
 def test_demo_writes_a_trace_and_an_svg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

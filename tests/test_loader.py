@@ -309,3 +309,212 @@ async def test_the_loader_on_uvloop_in_real_time(virtual_device: ais.Device) -> 
     assert [int(out.numpy(np.float32)[0]) for _, out in results] == list(range(1, 9))
     ais.virtual.assert_no_races()
     quiet()
+
+
+# ---------------------------------------------------------------- running ahead, and workers
+
+
+async def test_inside_async_with_production_runs_ahead_of_the_consumer(
+    virtual_time: VirtualTime,
+) -> None:
+    """Host transform 5 ms, consumer 10 ms of its own host time per batch: run ahead, the
+    transforms hide under the consumer's time; produced inside ``__anext__``, they add up."""
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        await anyio.sleep(0.005)
+        return a
+
+    n = 10
+    start = virtual_time.now()
+    async with ais.DataLoader(arrays(n), transform=transform) as loader:
+        async for _ in loader:
+            await anyio.sleep(0.010)
+    ahead = virtual_time.now() - start
+    assert loader.stats.run_ahead
+    assert ahead == pytest.approx(0.005 + n * 0.010, abs=1e-3)
+
+    start = virtual_time.now()
+    plain = ais.DataLoader(arrays(n), transform=transform)
+    async for _ in plain:
+        await anyio.sleep(0.010)
+    assert not plain.stats.run_ahead
+    assert virtual_time.now() - start == pytest.approx(n * 0.015, abs=1e-3)
+    quiet()
+
+
+async def test_workers_transform_at_once_and_keep_the_source_order(
+    virtual_time: VirtualTime,
+) -> None:
+    """Later items finish their transform first; batches still come in the source's order."""
+    n, running, most = 9, 0, 0
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await anyio.sleep(0.001 * (10 - int(a[0])))  # item 0 slowest
+        running -= 1
+        return a * 3
+
+    s = ais.current_stream()
+    got = []
+    async with ais.DataLoader(arrays(n), transform=transform, workers=3) as loader:
+        async for batch in loader:
+            got.append((batch.index, int((await fetch(batch.data, s))[0])))
+    assert got == [(i, 3 * i) for i in range(n)]
+    assert most == 3
+    assert loader.prefetch == 6 and loader.stats.workers == 3
+    assert loader.stats.peak_in_use <= loader.prefetch + 2
+    assert loader.stats.allocations == loader.prefetch + 2
+    quiet()
+
+
+async def test_sync_transforms_run_in_worker_threads_async_ones_on_the_loop(
+    virtual_device: ais.Device,
+) -> None:
+    import threading
+
+    main = threading.get_ident()
+    sync_threads, async_threads = set(), set()
+
+    def sync_transform(a: np.ndarray) -> np.ndarray:
+        sync_threads.add(threading.get_ident())
+        return a + 1
+
+    async def async_transform(a: np.ndarray) -> np.ndarray:
+        async_threads.add(threading.get_ident())
+        await anyio.sleep(0)
+        return a + 2
+
+    s = ais.current_stream()
+    for transform, plus in ((sync_transform, 1), (async_transform, 2)):
+        async with ais.DataLoader(arrays(6), transform=transform, workers=2) as loader:
+            async for batch in loader:
+                assert (await fetch(batch.data, s) == batch.index + plus).all()
+    assert sync_threads and main not in sync_threads
+    assert async_threads == {main}
+    quiet()
+
+
+async def test_an_error_is_raised_in_its_turn_and_unwrapped(virtual_time: VirtualTime) -> None:
+    """Item 3 fails first (its transform is the fastest); batches 0-2 still come, then it."""
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        i = int(a[0])
+        await anyio.sleep(0.0001 if i == 3 else 0.005)
+        if i == 3:
+            raise RuntimeError("bad item 3")
+        return a
+
+    seen = []
+    with pytest.raises(RuntimeError, match="bad item 3"):  # not an exception group
+        async with ais.DataLoader(arrays(10), transform=transform, workers=4) as loader:
+            async for batch in loader:
+                seen.append(batch.index)
+    assert seen == [0, 1, 2]
+    quiet()
+
+
+async def test_a_source_error_is_raised_in_its_turn(virtual_time: VirtualTime) -> None:
+    async def source() -> AsyncIterator[np.ndarray]:
+        for i in range(3):
+            yield np.full(4, i, np.float32)
+        raise OSError("disk gone")
+
+    seen = []
+    with pytest.raises(OSError, match="disk gone"):
+        async with ais.DataLoader(source(), workers=2) as loader:
+            async for batch in loader:
+                seen.append(batch.index)
+    assert seen == [0, 1, 2]
+    quiet()
+
+
+async def test_the_block_s_own_error_is_not_wrapped(virtual_time: VirtualTime) -> None:
+    with pytest.raises(KeyError, match="consumer"):
+        async with ais.DataLoader(arrays(10), workers=2) as loader:
+            async for _ in loader:
+                raise KeyError("consumer")
+    quiet()
+
+
+async def test_leaving_the_block_early_stops_the_producer(virtual_time: VirtualTime) -> None:
+    pulled = 0
+
+    def source() -> Iterator[np.ndarray]:
+        nonlocal pulled
+        for i in range(100):
+            pulled += 1
+            yield np.full(4, i, np.float32)
+
+    async with ais.DataLoader(source(), prefetch=3) as loader:
+        async for batch in loader:
+            if batch.index == 1:
+                break
+        await anyio.sleep(0.1)  # the producer, parked on its credits, takes no more
+        assert pulled <= 2 + 3
+    assert pulled <= 2 + 3
+    quiet()
+
+
+async def test_cancelling_the_block_stops_every_worker(virtual_time: VirtualTime) -> None:
+    started = 0
+
+    async def slow(a: np.ndarray) -> np.ndarray:
+        nonlocal started
+        started += 1
+        await anyio.sleep(1.0)
+        return a
+
+    with anyio.move_on_after(2.5) as scope:
+        async with ais.DataLoader(arrays(20), transform=slow, workers=2) as loader:
+            async for batch in loader:
+                pass
+    assert scope.cancelled_caught
+    assert 0 < loader.stats.batches < 20
+    assert started <= loader.stats.batches + loader.prefetch  # taken with a credit each
+    quiet()
+    import gc
+
+    del batch, loader  # the last batch held its slot's buffers
+    gc.collect()
+    assert ais.virtual.stats().buffers == 0
+
+
+async def test_workers_need_the_async_with_block(virtual_device: ais.Device) -> None:
+    loader = ais.DataLoader(arrays(2), workers=2)
+    with pytest.raises(RuntimeError, match="async with DataLoader"):
+        async for _ in loader:
+            pass
+    async with loader:
+        with pytest.raises(RuntimeError, match="already open"):
+            await loader.__aenter__()
+
+
+def test_bad_workers(virtual_device: ais.Device) -> None:
+    with pytest.raises(TypeError, match="workers must be an int"):
+        ais.DataLoader([], workers=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="workers must be an int"):
+        ais.DataLoader([], workers=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        ais.DataLoader([], workers=0)
+    with pytest.raises(ValueError, match=r"prefetch \(2\) must be >= workers \(3\)"):
+        ais.DataLoader([], workers=3, prefetch=2)
+    assert ais.DataLoader([], workers=5).prefetch == 10
+    assert ais.DataLoader([]).prefetch == 2
+
+
+async def test_a_pure_python_transform_can_use_processes(virtual_device: ais.Device) -> None:
+    """The README's recipe where threads do not help: each worker awaits a process."""
+    import anyio.to_process
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        return await anyio.to_process.run_sync(np.negative, a)
+
+    s = ais.current_stream()
+    got = []
+    async with ais.DataLoader(arrays(4), transform=transform, workers=2) as loader:
+        async for batch in loader:
+            got.append(int((await fetch(batch.data, s))[0]))
+    assert got == [0, -1, -2, -3]
+    quiet()

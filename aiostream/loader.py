@@ -33,6 +33,7 @@ also keeps the host from running ahead of the device.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import weakref
@@ -174,7 +175,7 @@ class _Job:
         self.slot: _Slot | None = None
         self.result: _Prepared | None = None
         self.error: Exception | None = None
-        self.done = anyio.Event()
+        self.done = False  # set on the loop's thread when a worker is done with it
 
 
 class _Failed:
@@ -211,7 +212,8 @@ class _Iteration(AsyncIterator[Batch]):
         self.run_ahead = runner is not None
         self._limiter = anyio.CapacityLimiter(loader.workers)  # worker threads, this pass's own
         if runner is not None:
-            self._credits = anyio.Semaphore(loader.prefetch)
+            self._credits = loader.prefetch  # items the producer may take from the source
+            self._wake = anyio.Event()  # set when the producer may go on
             self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
                 math.inf  # bounded by the credits
             )
@@ -244,7 +246,8 @@ class _Iteration(AsyncIterator[Batch]):
             raise StopAsyncIteration from None
         if isinstance(got, _Failed):
             raise got.error
-        self._credits.release()  # the producer may take one more item from the source
+        self._credits += 1  # the producer may take one more item from the source
+        self._wake.set()
         return got
 
     async def _produce_here(self) -> Batch:
@@ -262,53 +265,86 @@ class _Iteration(AsyncIterator[Batch]):
     # ------------------------------------------------------------------ the producer's side
 
     async def _run_ahead(self) -> None:
-        """Take items from the source in order, each with a credit and a slot, and hand them
-        to the workers and, in the same order, to the stager."""
+        """The producer: keep up to ``prefetch`` items between the source and the consumer,
+        each with a slot, queued for the workers; enqueue the copies of the prepared ones in
+        source order and hand their batches (or the first error, in its turn) to the consumer.
+
+        One task does all of it, woken by whatever let it go on: a worker done with an item,
+        or the consumer taking a batch (which returns a credit).
+        """
         loader = self._loader
-        jobs_send, jobs = anyio.create_memory_object_stream[_Job](math.inf)  # to the stager
         work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
         in_threads = loader._to_thread and not loader._async_transform
         queue: SimpleQueue[_Job | None] = SimpleQueue()  # to worker threads
+        pending: deque[_Job] = deque()  # taken from the source, in its order
+        ended = False
         try:
             with self._scope:
                 async with anyio.create_task_group() as tg:
+                    call_soon = _waiting.threadsafe_caller()
                     for i in range(loader.workers):
                         if in_threads:
-                            tg.start_soon(self._thread_worker, queue, name=f"{_NAME} worker {i}")
+                            tg.start_soon(
+                                self._thread_worker, queue, call_soon, name=f"{_NAME} worker {i}"
+                            )
                         else:
                             tg.start_soon(self._task_worker, work, name=f"{_NAME} worker {i}")
-                    tg.start_soon(self._stager, jobs, name=f"{_NAME} stager")
                     try:
                         while True:
-                            await self._credits.acquire()
-                            job = _Job(None)
-                            try:
-                                job.item = await self._next_item()
-                            except Exception as exc:  # the source failed: say so in its turn
-                                job.error = exc
-                                job.done.set()
-                                jobs_send.send_nowait(job)
-                                break
-                            if job.item is _END:
-                                break
-                            job.slot = await self._take_slot()
-                            if in_threads:
-                                queue.put(job)
-                            else:
-                                work_send.send_nowait(job)
-                            jobs_send.send_nowait(job)
+                            while self._credits and not ended:  # take what the credits allow
+                                job = _Job(None)
+                                try:
+                                    job.item = await self._next_item()
+                                except Exception as exc:  # the source failed: in its turn
+                                    job.error, job.done = exc, True
+                                    ended = True
+                                else:
+                                    if job.item is _END:
+                                        ended = True
+                                        break
+                                    self._credits -= 1
+                                    job.slot = await self._take_slot()
+                                    if in_threads:
+                                        queue.put(job)
+                                    else:
+                                        work_send.send_nowait(job)
+                                pending.append(job)
+                            while pending and pending[0].done:  # hand out what is ready
+                                job = pending.popleft()
+                                if job.error is None:
+                                    try:
+                                        assert job.slot is not None and job.result is not None
+                                        batch = self._enqueue(job.slot, job.result)
+                                    except Exception as exc:
+                                        job.error = exc
+                                    else:
+                                        job.result = None
+                                        self._ready_send.send_nowait(batch)
+                                        continue
+                                self._ready_send.send_nowait(_Failed(job.error))
+                                self._stopping = True  # nothing after a failure is handed out
+                                self._scope.cancel()
+                                return
+                            if ended and not pending:
+                                return
+                            await self._wake.wait()
+                            self._wake = anyio.Event()
                     except BaseException:  # failure or cancellation: drop the items queued
                         self._stopping = True
                         raise
                     finally:  # the workers finish what they hold, and leave
-                        jobs_send.close()
                         work_send.close()
                         for _ in range(loader.workers):
                             queue.put(None)
         finally:
-            for stream in (jobs_send, jobs, work_send, work, self._ready_send):
+            for stream in (work_send, work, self._ready_send):
                 stream.close()
             self._stopped.set()
+
+    def _prepared(self, job: _Job) -> None:
+        """A worker is done with ``job`` (on the loop's thread)."""
+        job.done = True
+        self._wake.set()
 
     async def _task_worker(self, work: anyio.abc.ObjectReceiveStream[_Job]) -> None:
         """Prepare items on the event loop: an async transform, or a sync one in place."""
@@ -320,13 +356,16 @@ class _Iteration(AsyncIterator[Batch]):
                 job.error = exc
             finally:
                 job.item = None
-                job.done.set()
+                self._prepared(job)
 
-    async def _thread_worker(self, queue: SimpleQueue[_Job | None]) -> None:
+    async def _thread_worker(
+        self,
+        queue: SimpleQueue[_Job | None],
+        call_soon: Callable[[Callable[[], object]], object],
+    ) -> None:
         """Prepare items in one worker thread, which takes the next as soon as it is done with
         one: it never waits for the event loop between items (the loop, busy with staging and
         the consumer, would otherwise hold it back on a machine with few cores)."""
-        done = _waiting.threadsafe_caller()
 
         def work() -> None:
             while (job := queue.get()) is not None and not self._stopping:
@@ -337,25 +376,9 @@ class _Iteration(AsyncIterator[Batch]):
                     job.error = exc
                 finally:
                     job.item = None
-                    done(job.done.set)
+                    call_soon(functools.partial(self._prepared, job))
 
         await anyio.to_thread.run_sync(work, limiter=self._limiter)
-
-    async def _stager(self, jobs: anyio.abc.ObjectReceiveStream[_Job]) -> None:
-        """Enqueue the prepared items' copies in source order; stop at the first error."""
-        async for job in jobs:
-            await job.done.wait()
-            prepared, job.result = job.result, None
-            if job.error is None and job.slot is not None and prepared is not None:
-                try:
-                    self._ready_send.send_nowait(self._enqueue(job.slot, prepared))
-                    continue
-                except Exception as exc:
-                    job.error = exc
-            assert job.error is not None
-            self._ready_send.send_nowait(_Failed(job.error))
-            self._scope.cancel()  # nothing after a failure is handed out
-            return
 
     # ------------------------------------------------------------------ both
 

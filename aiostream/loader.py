@@ -214,6 +214,7 @@ class _Iteration(AsyncIterator[Batch]):
         if runner is not None:
             self._credits = loader.prefetch  # items the producer may take from the source
             self._wake = anyio.Event()  # set when the producer may go on
+            self._pending: deque[_Job] = deque()  # taken from the source, in its order
             self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
                 math.inf  # bounded by the credits
             )
@@ -269,14 +270,14 @@ class _Iteration(AsyncIterator[Batch]):
         each with a slot, queued for the workers; enqueue the copies of the prepared ones in
         source order and hand their batches (or the first error, in its turn) to the consumer.
 
-        One task does all of it, woken by whatever let it go on: a worker done with an item,
-        or the consumer taking a batch (which returns a credit).
+        One task does all of it, woken by the consumer taking a batch (which returns a credit);
+        a worker done with an item hands out what is ready itself (:meth:`_prepared`).
         """
         loader = self._loader
         work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
         in_threads = loader._to_thread and not loader._async_transform
         queue: SimpleQueue[_Job | None] = SimpleQueue()  # to worker threads
-        pending: deque[_Job] = deque()  # taken from the source, in its order
+        pending = self._pending
         ended = False
         try:
             with self._scope:
@@ -309,21 +310,7 @@ class _Iteration(AsyncIterator[Batch]):
                                     else:
                                         work_send.send_nowait(job)
                                 pending.append(job)
-                            while pending and pending[0].done:  # hand out what is ready
-                                job = pending.popleft()
-                                if job.error is None:
-                                    try:
-                                        assert job.slot is not None and job.result is not None
-                                        batch = self._enqueue(job.slot, job.result)
-                                    except Exception as exc:
-                                        job.error = exc
-                                    else:
-                                        job.result = None
-                                        self._ready_send.send_nowait(batch)
-                                        continue
-                                self._ready_send.send_nowait(_Failed(job.error))
-                                self._stopping = True  # nothing after a failure is handed out
-                                self._scope.cancel()
+                            if self._hand_out():
                                 return
                             if ended and not pending:
                                 return
@@ -342,9 +329,36 @@ class _Iteration(AsyncIterator[Batch]):
             self._stopped.set()
 
     def _prepared(self, job: _Job) -> None:
-        """A worker is done with ``job`` (on the loop's thread)."""
+        """A worker is done with ``job`` (called on the loop's thread): hand out what is ready
+        now, with no trip through the producer task."""
         job.done = True
-        self._wake.set()
+        if self._hand_out():
+            return
+        if not self._pending:
+            self._wake.set()  # the producer may have been waiting for the last one
+
+    def _hand_out(self) -> bool:
+        """Enqueue the copies of the prepared items at the head of the queue, in source order,
+        and hand their batches to the consumer; at an error, hand that out instead and stop
+        everything (nothing after it is handed out). Return whether it stopped."""
+        pending = self._pending
+        while pending and pending[0].done:
+            job = pending.popleft()
+            if job.error is None:
+                try:
+                    assert job.slot is not None and job.result is not None
+                    batch = self._enqueue(job.slot, job.result)
+                except Exception as exc:
+                    job.error = exc
+                else:
+                    job.result = None
+                    self._ready_send.send_nowait(batch)
+                    continue
+            self._ready_send.send_nowait(_Failed(job.error))
+            self._stopping = True
+            self._scope.cancel()
+            return True
+        return False
 
     async def _task_worker(self, work: anyio.abc.ObjectReceiveStream[_Job]) -> None:
         """Prepare items on the event loop: an async transform, or a sync one in place."""

@@ -143,6 +143,15 @@ def test_cuda_benchmark_says_why_it_skips_without_a_gpu() -> None:
     assert f"bench_cuda: skipped, no CUDA device here: {reason}" in proc.stdout
 
 
+def test_torch_loader_benchmark_says_why_it_skips_without_a_gpu() -> None:
+    ok, reason = ais._backends.probe("cuda")
+    if ok:
+        pytest.skip("a CUDA device works here: the GPU suite runs this benchmark")
+    proc = run_python("benchmarks/bench_torch_loader.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert f"bench_torch_loader: skipped, no CUDA device here: {reason}" in proc.stdout
+
+
 def test_loader_benchmark_smoke_run() -> None:
     """The loader benchmark runs end to end (a few batches; its figures are not judged here)."""
     proc = run_python("benchmarks/bench_loader.py", "--quick")

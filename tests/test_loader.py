@@ -518,3 +518,34 @@ async def test_a_pure_python_transform_can_use_processes(virtual_device: ais.Dev
             got.append(int((await fetch(batch.data, s))[0]))
     assert got == [0, -1, -2, -3]
     quiet()
+
+
+async def test_a_sync_transform_returning_an_awaitable_in_a_thread_is_refused(
+    virtual_device: ais.Device,
+) -> None:
+    async def later(a: np.ndarray) -> np.ndarray:
+        return a
+
+    with pytest.raises(TypeError, match="returned an awaitable from a worker thread"):
+        async with ais.DataLoader(arrays(3), transform=lambda a: later(a), workers=2) as loader:
+            async for _ in loader:
+                pass
+    quiet()
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+async def test_workers_on_uvloop_in_real_time(virtual_device: ais.Device) -> None:
+    consumer = ais.Stream()
+    results = []
+    with ais.use_stream(consumer):
+        async with ais.DataLoader(arrays(12, size=256), transform=np.negative, workers=3) as loader:
+            async for batch in loader:
+                ais.delay(0.0005)
+                out = ais.HostBuffer(batch.data.nbytes)
+                ais.copy_async(out, batch.data)
+                results.append(out)
+        await consumer.synchronize()
+    assert [int(out.numpy(np.float32)[0]) for out in results] == [-i for i in range(12)]
+    assert loader.stats.run_ahead and loader.stats.peak_in_use <= loader.prefetch + 2
+    ais.virtual.assert_no_races()
+    quiet()

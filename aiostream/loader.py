@@ -123,7 +123,7 @@ class Batch:
 class _Slot:
     """Staging and device buffers for one item, and the events that order their reuse."""
 
-    __slots__ = ("copied", "device", "released", "staging", "users")
+    __slots__ = ("copied", "device", "mark", "released", "staging", "users")
 
     def __init__(self) -> None:
         self.staging: list[HostBuffer] = []
@@ -131,6 +131,9 @@ class _Slot:
         self.copied: Event | None = None  # after the last copy out of the staging buffers
         self.released: list[Event] = []  # after the consumer's work with the last batch
         self.users: list[Stream] = []  # streams other than the current one using the batch
+        # Recorded again at each release on the consumer's current stream: only the copy
+        # stream's next wait, which captures its latest record, and the stats read it.
+        self.mark: Event | None = None
 
 
 def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
@@ -402,13 +405,14 @@ class _Iteration(AsyncIterator[Batch]):
                 return await self._source.__anext__()
             except StopAsyncIteration:
                 return _END
-        await anyio.lowlevel.checkpoint()  # a long sync source still lets other tasks run
+        if not self.run_ahead:  # running ahead, the credits bound what one turn takes
+            await anyio.lowlevel.checkpoint()  # a long sync source still lets others run
         return next(self._source, _END)
 
     async def _take_slot(self) -> _Slot:
         """A free slot whose staging buffers may be written: their last copy has completed."""
         slot = self._free.popleft()  # never empty: at most prefetch + 1 slots are out
-        if slot.copied is not None:
+        if slot.copied is not None and not slot.copied.query():  # no turn of the loop if done
             await slot.copied.synchronize()
         return slot
 
@@ -476,8 +480,12 @@ class _Iteration(AsyncIterator[Batch]):
     def _release_held(self) -> None:
         slot, self._held = self._held, None
         if slot is not None:
-            users = [current_stream(self._device), *slot.users]
-            slot.released = [s.record_event() for s in dict.fromkeys(users)]
+            current = current_stream(self._device)
+            if slot.mark is None:
+                slot.mark = Event(self._device)
+            released = [current.record_event(slot.mark)]
+            released += [s.record_event() for s in dict.fromkeys(slot.users) if s != current]
+            slot.released = released
             slot.users = []
             self._free.append(slot)
 

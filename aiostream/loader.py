@@ -10,14 +10,16 @@ device work may still be running.
 Inside ``async with loader:`` production runs ahead in the loader's own tasks, which live in a
 task group that the block owns (structured concurrency: nothing outlives the block)::
 
-    source -> producer -> workers -> stager -> consumer
+    source -> producer -> workers -> (in source order) copies -> consumer
 
 The producer takes items from the source in order, each with one of ``prefetch`` credits (so
 at most ``prefetch`` items are between the source and the consumer) and a free slot, and queues
 them for the ``workers``: threads for a sync transform with ``to_thread`` (each takes its next
 item itself as soon as it is done with one, transforms it and writes it into the slot's staging
-buffers), tasks on the loop otherwise. The stager enqueues the copies in source order and hands
-batches, or the first error in its turn, to the consumer; taking a batch returns its credit.
+buffers), tasks on the loop otherwise. As items are done, the copies of those at the head of
+the queue are enqueued in source order (from the worker's completion, on the loop's thread)
+and their batches, or the first error in its turn, handed to the consumer; taking a batch
+returns its credit, which wakes the producer.
 
 A plain ``async for`` (no ``async with``) has no task group to run tasks in, so it produces
 inside ``__anext__``: the same staging and reuse, without running ahead while the consumer
@@ -182,7 +184,7 @@ class _Job:
 
 
 class _Failed:
-    """What the stager hands the consumer in place of a batch that could not be made."""
+    """What the consumer is handed in place of a batch that could not be made."""
 
     __slots__ = ("error",)
 
@@ -335,6 +337,8 @@ class _Iteration(AsyncIterator[Batch]):
         """A worker is done with ``job`` (called on the loop's thread): hand out what is ready
         now, with no trip through the producer task."""
         job.done = True
+        if self._stopping:  # stopped by a failure or a cancellation: nothing more goes out
+            return
         if self._hand_out():
             return
         if not self._pending:
@@ -373,7 +377,7 @@ class _Iteration(AsyncIterator[Batch]):
                 job.error = exc
             finally:
                 job.item = None
-                self._prepared(job)
+            self._prepared(job)  # not when cancelled: nothing is handed out then
 
     async def _thread_worker(
         self,
@@ -529,8 +533,8 @@ class DataLoader(AsyncIterable[Batch]):
         transform: called on each item on the host, before its copy; sync or async.
         device: where the batches go; None for the default device.
         prefetch: how many items the loader works on ahead of the consumer: taken from the
-            source and not yet handed out (>= 1, and >= ``workers``). None: ``2 * workers``, so that
-            each worker has its next item waiting when it is done with one.
+            source and not yet handed out (>= 1, and >= ``workers``). None: ``2 * workers``,
+            so that each worker has its next item waiting when it is done with one.
         workers: how many transforms may run at once (>= 1). Batches keep the source's order.
             More than one needs ``async with`` (the workers are tasks the block owns).
         to_thread: run a sync ``transform`` in worker threads (for CPU-heavy work that releases
@@ -551,8 +555,8 @@ class DataLoader(AsyncIterable[Batch]):
     the consumer works. A plain ``async for`` produces inside each step of the loop instead.
 
     Buffers: ``prefetch + 2`` slots of staging and device buffers, allocated once (again only
-    when an item's shapes change); ``stats.peak_in_use`` never exceeds it. Transforms in flight
-    hold only their own host arrays (at most ``workers`` of them), never a slot.
+    when an item's shapes change); ``stats.peak_in_use`` never exceeds it. An item takes its
+    slot when it leaves the source, so workers add no buffers to the pool.
 
     An exception from ``transform`` or the source is raised by ``async for`` in its turn, after
     the batches before it. That, breaking out of ``async for`` with a plain loop, or cancelling
@@ -645,23 +649,27 @@ class DataLoader(AsyncIterable[Batch]):
         self._runner = runner
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         runner, self._runner = self._runner, None
         try:
             await self.aclose()
         finally:
             if runner is not None:
-                exc = exc_info[1]
-                if exc is None or isinstance(exc, anyio.get_cancelled_exc_class()):
-                    return await runner.__aexit__(*exc_info)  # noqa: B012
-                # The loader's tasks have stopped and hand their errors to the consumer, so the
-                # group has nothing to add: close it clean, and the block's own exception goes
-                # on as it was raised, never wrapped in an exception group.
-                try:
-                    await runner.__aexit__(None, None, None)
-                except BaseException:  # noqa: S110 - a cancellation seen while closing
-                    pass
-        return None
+                await self._close_runner(runner, exc_info)
+
+    @staticmethod
+    async def _close_runner(runner: anyio.abc.TaskGroup, exc_info: Any) -> None:
+        exc = exc_info[1]
+        if exc is None or isinstance(exc, anyio.get_cancelled_exc_class()):
+            await runner.__aexit__(*exc_info)  # a cancellation ends at its own scope
+            return
+        # The loader's tasks have stopped and hand their errors to the consumer, so the group
+        # has nothing to add: close it clean, and the block's own exception goes on as it was
+        # raised, never wrapped in an exception group.
+        try:
+            await runner.__aexit__(None, None, None)
+        except BaseException:  # noqa: S110 - a cancellation seen while closing
+            pass
 
     def __repr__(self) -> str:
         return (

@@ -134,22 +134,14 @@ def test_scale_benchmark_smoke_run(tmp_path: Path) -> None:
     assert svg.read_text().startswith("<svg ")
 
 
-def test_cuda_benchmark_says_why_it_skips_without_a_gpu() -> None:
+@pytest.mark.parametrize("script", ["bench_cuda", "bench_torch_loader"])
+def test_gpu_benchmarks_say_why_they_skip_without_a_gpu(script: str) -> None:
     ok, reason = ais._backends.probe("cuda")
     if ok:
         pytest.skip("a CUDA device works here: test_fake_driver.py and the GPU run cover it")
-    proc = run_python("benchmarks/bench_cuda.py", "--quick")
+    proc = run_python(f"benchmarks/{script}.py", "--quick")
     assert proc.returncode == 0, proc.stderr
-    assert f"bench_cuda: skipped, no CUDA device here: {reason}" in proc.stdout
-
-
-def test_torch_loader_benchmark_says_why_it_skips_without_a_gpu() -> None:
-    ok, reason = ais._backends.probe("cuda")
-    if ok:
-        pytest.skip("a CUDA device works here: the GPU suite runs this benchmark")
-    proc = run_python("benchmarks/bench_torch_loader.py", "--quick")
-    assert proc.returncode == 0, proc.stderr
-    assert f"bench_torch_loader: skipped, no CUDA device here: {reason}" in proc.stdout
+    assert f"{script}: skipped, no CUDA device here: {reason}" in proc.stdout
 
 
 def test_loader_benchmark_smoke_run() -> None:

@@ -25,6 +25,19 @@ def arrays(n: int, size: int = 16) -> Iterator[np.ndarray]:
         yield np.full(size, i, dtype=np.float32)
 
 
+class Counted:
+    """``n`` small arrays, counting how many the loader has taken so far."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.pulled = 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(self.n):
+            self.pulled += 1
+            yield np.full(4, i, np.float32)
+
+
 async def fetch(buf: ais.DeviceBuffer, stream: ais.Stream) -> np.ndarray:
     """Copy a device buffer back to the host, in order on ``stream``, and wait for it."""
     out = ais.HostBuffer(buf.nbytes)
@@ -103,17 +116,11 @@ async def test_consumer_work_starts_after_the_copy_lands(virtual_time: VirtualTi
 
 
 async def test_at_most_prefetch_batches_in_flight(virtual_time: VirtualTime) -> None:
-    pulled = 0
+    source = Counted(20)
 
-    def source() -> Iterator[np.ndarray]:
-        nonlocal pulled
-        for i in range(20):
-            pulled += 1
-            yield np.full(4, i, np.float32)
-
-    async with ais.DataLoader(source(), prefetch=3) as loader:
+    async with ais.DataLoader(source, prefetch=3) as loader:
         async for batch in loader:
-            assert pulled - (batch.index + 1) <= 3  # handed out + in flight
+            assert source.pulled - (batch.index + 1) <= 3  # handed out + in flight
             ais.delay(0.01)
     await ais.current_stream().synchronize()
     quiet()
@@ -193,18 +200,12 @@ async def test_break_with_async_with_leaves_nothing_pending(virtual_time: Virtua
 
 
 async def test_plain_break_stops_production_and_aclose_drains(virtual_time: VirtualTime) -> None:
-    pulled = 0
+    source = Counted(100)
 
-    def source() -> Iterator[np.ndarray]:
-        nonlocal pulled
-        for i in range(100):
-            pulled += 1
-            yield np.full(4, i, np.float32)
-
-    loader = ais.DataLoader(source(), prefetch=2)
+    loader = ais.DataLoader(source, prefetch=2)
     async for batch in loader:
         break
-    assert pulled == 2 and batch.index == 0
+    assert source.pulled == 2 and batch.index == 0
     await loader.aclose()
     quiet()
 
@@ -439,21 +440,15 @@ async def test_the_block_s_own_error_is_not_wrapped(virtual_time: VirtualTime) -
 
 
 async def test_leaving_the_block_early_stops_the_producer(virtual_time: VirtualTime) -> None:
-    pulled = 0
+    source = Counted(100)
 
-    def source() -> Iterator[np.ndarray]:
-        nonlocal pulled
-        for i in range(100):
-            pulled += 1
-            yield np.full(4, i, np.float32)
-
-    async with ais.DataLoader(source(), prefetch=3) as loader:
+    async with ais.DataLoader(source, prefetch=3) as loader:
         async for batch in loader:
             if batch.index == 1:
                 break
         await anyio.sleep(0.1)  # the producer, parked on its credits, takes no more
-        assert pulled <= 2 + 3
-    assert pulled <= 2 + 3
+        assert source.pulled <= 2 + 3
+    assert source.pulled <= 2 + 3
     quiet()
 
 

@@ -528,7 +528,9 @@ async def test_a_sync_transform_returning_an_awaitable_in_a_thread_is_refused(
     quiet()
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")]
+)
 async def test_workers_on_uvloop_in_real_time(virtual_device: ais.Device) -> None:
     consumer = ais.Stream()
     results = []

@@ -8,6 +8,8 @@ measured in this run, on this device:
    kernel's duration: what the wait itself adds (launch overhead included, the same for all).
 2. Long waits: a ``--long-s`` kernel, awaited once per strategy; the CPU this process used
    meanwhile, as a share of one core.
+3. Concurrent awaits: 100 tasks on 100 streams, each awaiting 10 short kernels in turn (1,000
+   awaits), per strategy: latency beyond the kernel, CPU and wall time.
 
 Baselines: (a) ``cuEventSynchronize`` in a plain thread with no event loop (the floor), and (b)
 ``await asyncio.to_thread(torch_event.synchronize)`` (what users write today; needs torch).
@@ -138,6 +140,35 @@ def long_wait_cpu(seconds: float, strategy: str) -> tuple[float, float]:
     return asyncio.run(main())
 
 
+def concurrent_awaits(
+    streams: int, per_stream: int, kernel_s: float, strategy: str
+) -> tuple[list[float], float, float]:
+    """``streams`` tasks, each on its own stream, each awaiting ``per_stream`` short kernels
+    one after another, all at once: latencies beyond the kernel, CPU s, wall s."""
+
+    async def main() -> tuple[list[float], float, float]:
+        pairs = [(ais.Stream(DEVICE), ais.Event(DEVICE)) for _ in range(streams)]
+        for s, e in pairs:  # warm-up
+            ais.delay(kernel_s, stream=s)
+            e.record(s)
+            await e.synchronize(strategy=strategy)
+        out: list[float] = []
+
+        async def task(s: ais.Stream, e: ais.Event) -> None:
+            for _ in range(per_stream):
+                t0 = time.perf_counter()
+                ais.delay(kernel_s, stream=s)
+                e.record(s)
+                await e.synchronize(strategy=strategy)
+                out.append(time.perf_counter() - t0 - kernel_s)
+
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(task(s, e) for s, e in pairs))
+        return out, time.process_time() - cpu, time.perf_counter() - wall
+
+    return asyncio.run(main())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", type=int, default=1000, help="awaits of short kernels")
@@ -189,6 +220,15 @@ def main() -> None:
         wall, share = long_wait_cpu(args.long_s, strategy)
         goal = " (goal: under 5 %)" if strategy in ("thread", "hybrid") else ""
         print(f"   aiostream {strategy:10} {share * 100:6.2f} % of a core over {wall:.3f} s{goal}")
+
+    streams, per_stream = (10, 5) if args.quick else (100, 10)
+    print(f"\n3. {streams * per_stream} concurrent awaits: {streams} tasks on {streams} streams, "
+          f"{per_stream} {args.kernel_us:g} us kernels each, awaited one after another")
+    print(f"   {'method':44} {'median us':>10} {'p99 us':>10} {'CPU s':>8} {'wall s':>8}")
+    for strategy in STRATEGIES:
+        lat, cpu, wall = concurrent_awaits(streams, per_stream, kernel_s, strategy)
+        print(f"   {'aiostream ' + strategy:44} {statistics.median(lat) * 1e6:10.1f} "
+              f"{pct(lat, 0.99) * 1e6:10.1f} {cpu:8.3f} {wall:8.3f}")
 
 
 if __name__ == "__main__":

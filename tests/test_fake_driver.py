@@ -195,5 +195,32 @@ def test_the_cuda_benchmark_runs_on_the_stand_in(stand_in: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "aiostream fake GPU 0" in proc.stdout
     for strategy in ("hybrid", "poll", "thread", "callback"):
-        assert proc.stdout.count(f"aiostream {strategy}") == 2, proc.stdout
+        assert proc.stdout.count(f"aiostream {strategy}") == 3, proc.stdout  # sections 1-3
     assert "ratio hybrid / (a) median" in proc.stdout
+    assert "50 concurrent awaits: 10 tasks on 10 streams" in proc.stdout
+
+
+def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(stand_in: Path, tmp_path: Path) -> None:
+    """benchmarks/gpu_suite.py, small sizes: every step runs, the report says it is the
+    stand-in, and the tests that need a real GPU are listed as skipped with their reason."""
+    proc = run(stand_in, "benchmarks/gpu_suite.py", str(tmp_path), "--quick", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = (tmp_path / "report.md").read_text()
+    assert "- device: the stand-in driver of tests/fake_cuda" in report
+    for step in ("info", "cuda-tests", "bench-cuda", "demo-asyncio", "demo-trio"):
+        assert re.search(rf"^\| {step} \| passed \|", report, re.MULTILINE), report
+        assert (tmp_path / f"{step}.txt").exists()
+    assert "needs a real GPU: the stand-in driver runs no kernels" in report
+    assert re.search(r"^\| bench-torch-loader \| (skipped|passed) \|", report, re.MULTILINE)
+
+
+def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Path) -> None:
+    if ctypes.util.find_library("cuda") is not None:
+        pytest.skip("this machine has an NVIDIA driver library")
+    proc = run(tmp_path, "benchmarks/gpu_suite.py", str(tmp_path / "out"), "--quick")
+    assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "- device: no CUDA device: no NVIDIA driver library" in report
+    assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
+    assert len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report,
+                          re.MULTILINE)) == 6, report

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Fetch, on a machine with network, the wheels the GPU suite installs on a device without one:
+# bash benchmarks/fetch_wheels.sh [PYTHON_VERSION]   (default 3.12, the device image's)
+#
+# The device image has PyTorch, CuPy, cuda-python, anyio, uvloop, pytest and hypothesis; this
+# adds trio and pytest-asyncio (with what they need) and setuptools >= 70.1 (aiostream's build
+# backend, able to build an editable install without the wheel package)
+# into .whl/, which git ignores and the device call carries.
+set -euo pipefail
+version=${1:-3.12}
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+python3 -m pip download --quiet --dest .whl --only-binary=:all: \
+    --python-version "$version" --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --implementation cp trio pytest-asyncio "setuptools>=70.1"
+ls .whl

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The GPU suite in one command: bash benchmarks/gpu_suite.sh OUTDIR [--quick]
+#
+# On a GPU machine with no network: installs what the device image lacks from the wheels in
+# .whl/ (fetched beforehand by benchmarks/fetch_wheels.sh), installs aiostream from this
+# working tree without build isolation, then runs benchmarks/gpu_suite.py, which writes
+# OUTDIR/report.md and one raw output per step. See benchmarks/README.md.
+set -euo pipefail
+out=${1:?usage: bash benchmarks/gpu_suite.sh OUTDIR [--quick]}
+shift
+cd "$(dirname "$0")/.."
+py=${PYTHON:-python3}
+if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
+    "$py" -m pip install --quiet --no-index --find-links .whl trio pytest-asyncio "setuptools>=70.1" \
+        || echo "gpu_suite.sh: some wheels in .whl/ did not install; going on" >&2
+fi
+"$py" -m pip install --quiet --no-index --no-build-isolation --no-deps -e . \
+    || { echo "gpu_suite.sh: could not install aiostream from the working tree" >&2; exit 2; }
+exec "$py" benchmarks/gpu_suite.py "$out" "$@"

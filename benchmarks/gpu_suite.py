@@ -180,6 +180,8 @@ def main() -> int:
             step.summary = device
             continue
         print(f"gpu_suite: {step.name} ...", flush=True)
+        step.status = "running (or cut off)"
+        report(args.outdir, device, all_steps, started)  # a run cut short still leaves one
         run(step, args.outdir)
         print(f"gpu_suite: {step.name}: {step.status} ({step.seconds:.1f} s)", flush=True)
     print(report(args.outdir, device, all_steps, started))

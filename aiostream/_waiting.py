@@ -53,7 +53,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import sniffio
 
-from . import _diagnostics
+from . import _diagnostics, _hooks
 from ._errors import AiostreamError
 
 if TYPE_CHECKING:
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STRATEGIES",
-    "Observer",
     "checkpoint",
     "get_wait_strategy",
     "in_loop_thread",
@@ -129,20 +128,6 @@ def get_wait_strategy() -> str:
         ) from None
 
 
-class Observer:
-    """Told about every await on an event or stream (the profiler is one)."""
-
-    def now(self) -> float:
-        raise NotImplementedError
-
-    def on_await(self, task: str, subject: str, device: str, start: float, end: float) -> None:
-        raise NotImplementedError
-
-
-#: The active observer, or None: the fast path checks only this.
-observer: Observer | None = None
-
-
 def task_name() -> str:
     """The current task's name (anyio's, on any loop)."""
     info = anyio.get_current_task()
@@ -168,11 +153,11 @@ def _task_name_of(task: object) -> str:
 
 async def observed(subject: str, device: str) -> None:
     """The fast path's checkpoint, reported to the observer as a zero-wait await."""
-    obs = observer
-    start = obs.now() if obs is not None else 0.0
+    obs = _hooks.observer
+    start = _hooks.now(obs) if obs is not None else 0.0
     await checkpoint()
     if obs is not None:
-        obs.on_await(task_name(), subject, device, start, obs.now())
+        _hooks.on_await(obs, task_name(), subject, device, start)
 
 
 class _Entry:
@@ -676,8 +661,8 @@ async def wait(
     :func:`get_wait_strategy`. Cancelling the call removes the wait at once; the device work
     goes on.
     """
-    obs = observer
-    start = obs.now() if obs is not None else 0.0
+    obs = _hooks.observer
+    start = _hooks.now(obs) if obs is not None else 0.0
     task = _current_task()
     waiter = _waiter(backend, index)
     device = waiter.device
@@ -696,8 +681,8 @@ async def wait(
     finally:
         target.release()
         _diagnostics.unregister(key)
-        if obs is not None:
-            obs.on_await(_task_name_of(task), subject, device, start, obs.now())
+        if obs is not None:  # its own failure is logged, never raised over the wait's outcome
+            _hooks.on_await(obs, _task_name_of(task), subject, device, start)
     if entry.error is not None:
         raise entry.error
 

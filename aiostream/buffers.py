@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _backends, _diagnostics, _profiling
+from . import _backends, _diagnostics, _hooks
 from .device import Device
 from .device import device as _resolve_device
 from .stream import Stream, _check_same_backend, current_stream, stream_or_current
@@ -248,5 +248,5 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
     _check_same_backend(stream, src)
     if _diagnostics._debug:
         stream._origin = _diagnostics.capture()
-    with _profiling.device_range(f"copy {kind}", stream):
+    with _hooks.device_range(f"copy {kind}", stream):
         stream._backend.copy(stream._handle, dst._handle, src._handle, dst.nbytes, kind)

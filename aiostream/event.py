@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _diagnostics, _waiting
+from . import _backends, _diagnostics, _hooks, _waiting
 from .device import Device
 from .device import device as _resolve_device
 from .stream import Stream, _check_same_backend, stream_or_current
@@ -181,7 +181,7 @@ class Event:
         handle = self._handle
         backend = self._backend
         if handle is None or backend.event_query(handle):
-            if _waiting.observer is None:
+            if _hooks.observer is None:
                 await _waiting.checkpoint()
             else:
                 await _waiting.observed(f"event {self.event_id}", str(self._device))

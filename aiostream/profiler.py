@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 from xml.sax.saxutils import escape
 
-from . import _backends, _profiling, _waiting
+from . import _backends, _hooks, _waiting
 from ._errors import AiostreamError
 from .device import Device
 from .device import device as _resolve_device
@@ -134,7 +134,7 @@ class Summary:
         return "\n".join(lines)
 
 
-class Profiler(_waiting.Observer):
+class Profiler:
     """Collects spans while active; see :func:`profile`."""
 
     def __init__(self, device: Device | str | None = None) -> None:
@@ -158,13 +158,12 @@ class Profiler(_waiting.Observer):
         return self._clock()
 
     def __enter__(self) -> Profiler:
-        if _profiling.active is not None:
+        if _hooks.observer is not None:
             raise AiostreamError("a profiler is already active; profiles do not nest")
         if self.start is not None:
             raise AiostreamError("a profiler runs once; make a new one with aiostream.profile()")
         self.start = self.now()
-        _profiling.active = self
-        _waiting.observer = self
+        _hooks.install(self)
         return self
 
     def __exit__(
@@ -174,9 +173,7 @@ class Profiler(_waiting.Observer):
         tb: TracebackType | None,
     ) -> None:
         self.end = self.now()
-        if _profiling.active is self:
-            _profiling.active = None
-            _waiting.observer = None
+        _hooks.uninstall(self)
         self._collect_device()
 
     def native_timeline(self, stream: Stream) -> bool:
@@ -444,6 +441,12 @@ def profile(device: Device | str | None = None) -> Profiler:
     return Profiler(device)
 
 
+def _active() -> Profiler | None:
+    """The profiler plugged into the hooks, if the observer there is one."""
+    obs = _hooks.observer
+    return obs if isinstance(obs, Profiler) else None
+
+
 class record_function:  # named as torch.profiler.record_function
     """A named range: ``with``, ``async with``, or a decorator of sync and async functions.
 
@@ -470,15 +473,20 @@ class record_function:  # named as torch.profiler.record_function
         self.args = args
 
     def __enter__(self) -> record_function:
-        prof = _profiling.active
-        if prof is None and _profiling.nvtx is None:
+        if _hooks.observer is None and _hooks.nvtx is None:
             return self  # the cost with no profiler: this check, and the one in __exit__
-        if _profiling.nvtx is not None:
-            _profiling.nvtx.push_range(self.name)
+        prof = _active()
+        if _hooks.nvtx is not None:
+            _hooks.nvtx.push_range(self.name)
         if prof is not None:
-            self._start = prof.now()
-            if self.stream is not None:
-                self._ev = prof.mark(self.stream)
+            try:
+                self._start = prof.now()
+                if self.stream is not None:
+                    self._ev = prof.mark(self.stream)
+            except Exception:  # the profiler's failure never becomes the user's
+                _hooks.failed(prof, "record_function")
+                if hasattr(self, "_start"):
+                    del self._start  # no range for this one
         return self
 
     def __exit__(
@@ -487,18 +495,22 @@ class record_function:  # named as torch.profiler.record_function
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        prof = _profiling.active
-        if prof is None and _profiling.nvtx is None:
+        if _hooks.observer is None and _hooks.nvtx is None:
             return
-        if _profiling.nvtx is not None:
-            _profiling.nvtx.pop_range()
+        prof = _active()
+        if _hooks.nvtx is not None:
+            _hooks.nvtx.pop_range()
         start = getattr(self, "_start", None)  # unset when the profile began inside the range
         if start is None or prof is None:
             return
         del self._start
-        prof.add_host(self.name, _task_name(), start, prof.now(), self.args)
-        if self.stream is not None:
-            prof.add_device_range(self.name, self.stream, self._ev, prof.mark(self.stream), self.args)
+        try:
+            prof.add_host(self.name, _task_name(), start, prof.now(), self.args)
+            if self.stream is not None:
+                end = prof.mark(self.stream)
+                prof.add_device_range(self.name, self.stream, self._ev, end, self.args)
+        except Exception:  # the profiler's failure never replaces the user's exception or result
+            _hooks.failed(prof, "record_function")
 
     async def __aenter__(self) -> record_function:
         return self.__enter__()
@@ -517,7 +529,7 @@ class record_function:  # named as torch.profiler.record_function
 
             @functools.wraps(fn)
             async def async_wrapper(*a: Any, **k: Any) -> Any:
-                if _profiling.active is None and _profiling.nvtx is None:
+                if _hooks.observer is None and _hooks.nvtx is None:
                     return await fn(*a, **k)
                 with record_function(name, stream=stream, **args):
                     return await fn(*a, **k)
@@ -526,7 +538,7 @@ class record_function:  # named as torch.profiler.record_function
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **k: Any) -> Any:
-            if _profiling.active is None and _profiling.nvtx is None:
+            if _hooks.observer is None and _hooks.nvtx is None:
                 return fn(*a, **k)
             with record_function(name, stream=stream, **args):
                 return fn(*a, **k)

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _diagnostics, _profiling, _waiting
+from . import _backends, _diagnostics, _hooks, _waiting
 from ._errors import StaleHandleError
 from .device import Device
 from .device import device as _resolve_device
@@ -140,7 +140,7 @@ class Stream:
             _waiting.check_strategy(strategy)
         backend = self._backend
         if backend.stream_query(self._handle):
-            if _waiting.observer is None:
+            if _hooks.observer is None:
                 await _waiting.checkpoint()
             else:
                 await _waiting.observed(f"stream {self._id}", str(self._device))
@@ -354,5 +354,5 @@ def delay(seconds: float, *, stream: Stream | None = None) -> None:
     stream = stream_or_current(stream)
     if _diagnostics._debug:
         stream._origin = _diagnostics.capture()
-    with _profiling.device_range("delay", stream):
+    with _hooks.device_range("delay", stream):
         stream._backend.delay(stream._handle, seconds)

@@ -224,3 +224,21 @@ def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Pa
     assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
     assert len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report,
                           re.MULTILINE)) == 6, report
+
+
+NVTX = """
+import sys, types
+sys.modules["nvtx"] = types.ModuleType("nvtx")
+import aiostream as ais
+from aiostream import _hooks
+ais.Stream("virtual:0")
+print("virtual", _hooks.nvtx is None)
+ais.Stream("cuda:0")
+print("cuda", _hooks.nvtx is sys.modules["nvtx"])
+"""
+
+
+def test_the_cuda_backend_turns_nvtx_on_where_installed(stand_in: Path) -> None:
+    proc = run(stand_in, "-c", NVTX)
+    assert proc.returncode == 0, proc.stderr
+    assert "virtual True\ncuda True\n" in proc.stdout, proc.stdout

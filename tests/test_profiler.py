@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import aiostream as ais
-from aiostream import _profiling, profiler
+from aiostream import _hooks, profiler
 from aiostream.testing import VirtualTime
 
 pytestmark = pytest.mark.anyio
@@ -200,7 +200,7 @@ def test_profiles_do_not_nest_or_rerun(virtual_device: ais.Device) -> None:
     with pytest.raises(ais.AiostreamError, match="runs once"):
         with prof:
             pass
-    assert _profiling.active is None
+    assert _hooks.observer is None
 
 
 def test_record_function_bad_input(virtual_device: ais.Device) -> None:
@@ -220,7 +220,7 @@ def test_nvtx_ranges_when_available(virtual_device: ais.Device, monkeypatch: pyt
         def pop_range(self) -> None:
             calls.append(("pop",))
 
-    monkeypatch.setattr(_profiling, "nvtx", FakeNvtx())
+    monkeypatch.setattr(_hooks, "nvtx", FakeNvtx())
     with ais.record_function("outer"):  # no profiler: NVTX only
         with ais.record_function("inner"):
             pass
@@ -290,22 +290,61 @@ def test_diagnostics_bad_input() -> None:
         ais.set_debug(1)  # type: ignore[arg-type]
 
 
-def test_a_cuda_backend_turns_nvtx_on_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvtx_is_turned_on_only_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA backend calls enable_nvtx() when it starts (test_fake_driver.py shows it)."""
     import sys
     import types
 
-    from aiostream import _backends
-
     fake_nvtx = types.ModuleType("nvtx")
+    monkeypatch.setattr(_hooks, "nvtx", None)
+    monkeypatch.setitem(sys.modules, "nvtx", None)  # not installed: the import fails
+    _hooks.enable_nvtx()
+    assert _hooks.nvtx is None
     monkeypatch.setitem(sys.modules, "nvtx", fake_nvtx)
-    monkeypatch.setattr(_profiling, "nvtx", None)
-    monkeypatch.setattr(_backends, "_create", lambda kind: object())
-    monkeypatch.setattr(_backends, "_instances", {})
-    monkeypatch.setattr(_backends, "_unavailable", {})
-    _backends.get("virtual")
-    assert _profiling.nvtx is None  # virtual devices: no NVTX
-    _backends.get("cuda")
-    assert _profiling.nvtx is fake_nvtx
+    _hooks.enable_nvtx()
+    assert _hooks.nvtx is fake_nvtx
+
+
+class Failing:
+    """An observer that fails at every call."""
+
+    def now(self) -> float:
+        raise RuntimeError("now")
+
+    def on_await(self, *args: object) -> None:
+        raise RuntimeError("on_await")
+
+    def native_timeline(self, stream: object) -> bool:
+        return False
+
+    def mark(self, stream: object) -> object:
+        raise RuntimeError("mark")
+
+    def add_device_range(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("add_device_range")
+
+
+async def test_a_failing_observer_never_changes_what_the_program_sees(
+    virtual_time: VirtualTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    obs = Failing()
+    _hooks.install(obs)  # type: ignore[arg-type]
+    try:
+        s = ais.Stream()
+        ais.delay(0.01, stream=s)  # a device range: mark() fails
+        await s.synchronize()  # a real wait: now() and on_await() fail
+        await s.synchronize()  # the fast path
+        ais.virtual.fail_next(stream=s, message="boom")
+        ais.delay(0.01, stream=s)
+        with pytest.raises(ais.DeviceError, match="boom"):  # the user's own error goes on
+            await s.synchronize()
+        del s
+    finally:
+        _hooks.uninstall(obs)  # type: ignore[arg-type]
+    assert _hooks.observer is None
+    failed = [r.getMessage() for r in caplog.records if "the program goes on" in r.getMessage()]
+    assert any("on_await()" in m for m in failed) and any("mark()" in m for m in failed)
+    caplog.clear()  # the records' tracebacks hold the stream
 
 
 @pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
@@ -343,3 +382,21 @@ async def test_watchdog_ignores_waits_that_already_finished(
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "aiostream"]
     assert warning.startswith("1 wait(s) pending for more than 2 s")
     assert f"on stream {slow.stream_id} " in warning and f"on stream {quick.stream_id} " not in warning
+
+
+def test_a_failing_profiler_never_replaces_the_user_s_exception(
+    virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("profiler bug")
+
+    with ais.profile() as prof:
+        monkeypatch.setattr(prof, "add_host", broken)
+        with pytest.raises(KeyError, match="user"):
+            with ais.record_function("step"):
+                raise KeyError("user")
+        with ais.record_function("step"):
+            result = 42
+    assert result == 42
+    assert any("failed in record_function" in r.getMessage() for r in caplog.records)
+    caplog.clear()

@@ -46,20 +46,7 @@ def get(kind: str) -> Backend:
             _unavailable[kind] = exc.reason
             raise
         _instances[kind] = backend
-        if kind == "cuda":
-            _enable_nvtx()
         return backend
-
-
-def _enable_nvtx() -> None:
-    """With a CUDA backend in use, record_function also emits NVTX ranges, if nvtx is there."""
-    from .. import _profiling
-
-    try:
-        import nvtx  # type: ignore[import-not-found]
-    except ImportError:
-        return
-    _profiling.nvtx = nvtx
 
 
 def probe(kind: str) -> tuple[bool, str]:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Hashable, Iterator
 from importlib import resources
 from typing import Any, ClassVar
 
+from .. import _hooks
 from .._errors import AiostreamError, BackendUnavailableError, CudaError, NotReadyError
 
 __all__ = ["CudaBackend"]
@@ -269,6 +270,7 @@ class CudaBackend:
         self._closed = False
         self._hostfn = d.CUhostFn(ctypes.cast(_TRAMPOLINE, ctypes.c_void_p).value)
         atexit.register(self.close)
+        _hooks.enable_nvtx()  # record_function's ranges reach Nsight Systems too
 
     # ------------------------------------------------------------------ errors, in one place
 

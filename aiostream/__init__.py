@@ -4,9 +4,7 @@
 real GPUs (``cuda:N``) and on the deterministic simulated device (``virtual:N``).
 """
 
-from __future__ import annotations
-
-from importlib.metadata import PackageNotFoundError
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from . import virtual
@@ -30,7 +28,7 @@ from .stream import ExternalStream, Stream, current_stream, default_stream, dela
 
 try:
     __version__ = _version("aiostream-cuda")
-except PackageNotFoundError:  # running from a source tree that was not installed
+except _PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
 __all__ = [
@@ -73,3 +71,8 @@ __all__ = [
     "use_stream",
     "virtual",
 ]
+
+
+def __dir__() -> list[str]:
+    """The documented names only (submodules stay importable, and are not listed)."""
+    return sorted(__all__)

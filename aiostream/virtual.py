@@ -308,3 +308,8 @@ def stall(engine: str, *, device: Device | str | None = None) -> Stall:
         raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))}, got {engine!r}")
     backend, index, _, _ = _fault_target(None, engine, device)
     return Stall(backend, index, engine)
+
+
+def __dir__() -> list[str]:
+    """The documented names only."""
+    return sorted(__all__)

@@ -1,165 +1,50 @@
-"""The pytest plugin behind :mod:`aiostream.testing`."""
+"""The pytest plugin of aiostream: virtual time, isolated virtual devices, and faults.
+
+Installed with aiostream as the pytest plugin ``aiostream`` (entry point ``pytest11``: this
+module; ``pytest -p aiostream.testing.plugin`` where aiostream is not installed). It works
+beside pytest-asyncio and anyio's pytest plugin, in their strict modes. Fixtures, used by name
+(they are not imported):
+
+- ``virtual_device``: a fresh, isolated virtual backend for the test, yielding ``virtual:0``;
+  configured by ``@pytest.mark.aiostream(devices=2, compute_slots=2, ...)``. At teardown it fails
+  the test if a wait, operation, stream or event leaked, listing them, and restores the backend
+  that was there before.
+- ``virtual_time``: the test runs on a fake clock that jumps to the next timer or device
+  completion whenever every task is blocked; ``asyncio.sleep``/``anyio.sleep`` and device work
+  share it, so ten simulated seconds take microseconds. On asyncio's default loop and on trio;
+  uvloop cannot take a fake clock, so such tests skip there, saying why.
+- ``aiostream_device``: parametrized over every backend (``virtual:0``, and ``cuda:0``, which
+  skips with the reason where no GPU works).
+
+Outside pytest, :func:`aiostream.testing.run_in_virtual_time` runs an async function the same
+way; :mod:`aiostream.testing` imports without pytest.
+
+The option ``--aiostream-timelines=DIR`` writes each test's device timeline to
+``DIR/<test id>.timeline`` (see :func:`aiostream.testing.format_timeline`).
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import gc
 import inspect
 import re
-from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
 import pytest
-import sniffio
 
 from .. import _backends
-from .._backends.virtual import OpRecord, VirtualBackend, VirtualOptions
+from .._backends.virtual import VirtualBackend, VirtualOptions
 from ..device import Device
-from . import _fake_time
+from ._virtual_time import VirtualTime, _Unsupported, format_timeline
+
+__all__ = ["aiostream_device", "virtual_device", "virtual_time"]
 
 _OPTIONS = (*VirtualOptions.names(), "check_leaks", "check_races")
-_TIME_KEY = pytest.StashKey["VirtualTime"]()
+_TIME_KEY = pytest.StashKey[VirtualTime]()
 _REPORT_KEY = pytest.StashKey[pytest.TestReport]()
-_TRIO_CLOCK_HINT = (
-    "virtual_time on trio needs trio's MockClock; the plugin gives anyio's runner one, but this "
-    "test's run had already started (an async fixture?) with another clock. Give it yourself: "
-    "return ('trio', {'clock': trio.testing.MockClock(autojump_threshold=0)}) from the "
-    "anyio_backend fixture."
-)
-
-
-def format_timeline(records: Sequence[OpRecord]) -> str:
-    """A device timeline as canonical text: one line per operation, times to the nanosecond.
-
-    The same test gives the same text, byte for byte, on every run and on every loop.
-    """
-    lines = ["# device stream engine start end name error"]
-    for r in records:
-        lines.append(
-            f"virtual:{r.device} {r.stream} {r.engine} {r.start:.9f} {r.end:.9f} "
-            f"{r.name!r} {r.error!r}"
-        )
-    return "\n".join(lines) + "\n"
-
-
-class _Unsupported(Exception):
-    """Virtual time cannot run on this loop; ``skip`` says whether a test should skip."""
-
-    def __init__(self, message: str, *, skip: bool) -> None:
-        super().__init__(message)
-        self.skip = skip
-
-
-class VirtualTime:
-    """The fake clock of a ``virtual_time`` test: loop timers and device work share it.
-
-    It reads 0.0 when the test body starts and moves only when every task is blocked, jumping
-    to the next timer or device completion.
-    """
-
-    def __init__(self) -> None:
-        self._read: Any = None
-        self._frozen = 0.0
-        self.loop: str | None = None
-        """``"asyncio"`` or ``"trio"`` once the test runs."""
-
-    def now(self) -> float:
-        """Seconds of virtual time since the test body started."""
-        return self._read() if self._read is not None else self._frozen
-
-    @contextlib.contextmanager
-    def _running(self) -> Iterator[None]:
-        """Install the fake clock on the running loop for the duration of the test body."""
-        library = sniffio.current_async_library()
-        self.loop = library
-        if library == "trio":
-            import trio
-            import trio.testing
-
-            clock = trio.lowlevel.current_clock()
-            if not isinstance(clock, trio.testing.MockClock):
-                raise _Unsupported(_TRIO_CLOCK_HINT, skip=False)
-            threshold, clock.autojump_threshold = clock.autojump_threshold, 0
-            base = clock.current_time()
-            self._read = lambda: clock.current_time() - base
-            try:
-                yield
-            finally:
-                self._frozen = self.now()
-                self._read = None
-                clock.autojump_threshold = threshold
-            return
-        loop = asyncio.get_running_loop()
-        if not _fake_time.supported(loop):
-            kind = f"{type(loop).__module__}.{type(loop).__name__}"
-            raise _Unsupported(
-                f"virtual_time cannot fake the clock of {kind} (uvloop keeps its own, in "
-                "libuv); run this test on asyncio's default loop or on trio",
-                skip=True,
-            )
-        fake = _fake_time.FakeLoopTime(loop)
-        with fake.installed():
-            self._read = fake.time
-            try:
-                yield
-            finally:
-                self._frozen = self.now()
-                self._read = None
-
-
-T = TypeVar("T")
-
-
-def run_in_virtual_time(
-    fn: Callable[..., Awaitable[T]],
-    *args: Any,
-    backend: str = "asyncio",
-    **options: Any,
-) -> T:
-    """Run ``await fn(*args)`` on a fresh virtual backend whose clock is a fake loop clock.
-
-    Loop timers and device work share one virtual clock that jumps whenever every task is
-    blocked, so simulated seconds take microseconds and the result is exact. For simulations
-    and benchmarks outside pytest; the previous virtual backend is restored afterwards.
-
-    Args:
-        fn: an async function.
-        backend: ``"asyncio"`` (its default loop) or ``"trio"``.
-        options: virtual backend options, as for ``aiostream.virtual.reset()`` (not ``clock``).
-
-    Example:
-        >>> import aiostream as ais
-        >>> async def ten_seconds():
-        ...     ais.delay(10.0)
-        ...     await ais.current_stream().synchronize()
-        ...     return ais.virtual.now()
-        >>> run_in_virtual_time(ten_seconds)
-        10.0
-    """
-    if backend not in ("asyncio", "trio"):
-        raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
-    vtime = VirtualTime()
-    virtual = VirtualBackend(VirtualOptions.from_kwargs(**options), clock=vtime.now)
-    previous = _backends.replace("virtual", virtual)
-
-    async def main() -> T:
-        with vtime._running():
-            return await fn(*args)
-
-    try:
-        if backend == "trio":
-            import trio.testing
-
-            clock = trio.testing.MockClock(autojump_threshold=0)
-            return anyio.run(main, backend="trio", backend_options={"clock": clock})
-        return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": False})
-    finally:
-        _backends.restore("virtual", previous)
-        virtual.close()
 
 
 # ---------------------------------------------------------------------- hooks

@@ -17,10 +17,11 @@ class AiostreamError(Exception):
 
 
 class DeviceError(AiostreamError):
-    """Device work failed.
+    """Device work failed, or the device refused a request (such as memory it does not have).
 
-    Device errors are sticky: once a device has failed, every later query, wait or submission
-    on it raises again, as CUDA's asynchronous errors do for their context.
+    Errors of device work are sticky: once a device has failed, every later query, wait or
+    submission on it raises again, as CUDA's asynchronous errors do for their context. A refused
+    request is not: the device goes on.
 
     Attributes:
         device: the device that failed, as ``"kind:index"``.

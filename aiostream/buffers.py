@@ -19,16 +19,23 @@ if TYPE_CHECKING:
 __all__ = ["DeviceBuffer", "HostBuffer", "copy_async"]
 
 
+_MAX_NBYTES = 1 << 63
+
+
 def _nbytes(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"nbytes must be an int, got {value!r}")
     if value < 0:
         raise ValueError(f"nbytes must be >= 0, got {value}")
+    if value >= _MAX_NBYTES:
+        raise ValueError(f"nbytes must be below 2**63, which no host or device holds; got {value}")
     return int(value)
 
 
 def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...]]:
     dt = np.dtype(dtype)
+    if dt.itemsize == 0:
+        raise ValueError(f"dtype {dtype!r} has no size; give a dtype of at least one byte")
     if shape is None:
         if nbytes % dt.itemsize:
             raise ValueError(f"{nbytes} bytes do not hold a whole number of {dt} items")

@@ -29,6 +29,7 @@ from ._backends.virtual import (
     DEFAULT_BANDWIDTH,
     DEFAULT_D2D_BANDWIDTH,
     DEFAULT_LATENCY,
+    DEFAULT_MEMORY,
     ENGINES,
     POISON,
     PRIORITY_RANGE,
@@ -91,6 +92,7 @@ def reset(
     bandwidth: float = DEFAULT_BANDWIDTH,
     latency: float = DEFAULT_LATENCY,
     d2d_bandwidth: float = DEFAULT_D2D_BANDWIDTH,
+    memory: int = DEFAULT_MEMORY,
 ) -> None:
     """Replace the virtual backend with a fresh one.
 
@@ -109,6 +111,9 @@ def reset(
             ``latency + nbytes / bandwidth``.
         d2d_bandwidth: bytes per second of device-to-device copies, which run on the compute
             engine (default 1e12).
+        memory: bytes of memory per device (default 16 GiB); an allocation past what is free
+            raises ``DeviceError`` (out of memory), as on a GPU. The bytes allocated live in
+            host memory.
     """
     options = VirtualOptions(
         devices=devices,
@@ -118,6 +123,7 @@ def reset(
         bandwidth=bandwidth,
         latency=latency,
         d2d_bandwidth=d2d_bandwidth,
+        memory=memory,
     )
     backend = VirtualBackend(options, clock=clock)
     old = _backends.replace("virtual", backend)

@@ -59,6 +59,39 @@ def test_views_must_fit(virtual_device: ais.Device) -> None:
         dev.view(np.uint8, (-8,))
 
 
+def test_sizes_no_machine_holds_get_clear_errors(virtual_device: ais.Device) -> None:
+    for make in (lambda n: ais.HostBuffer(n), lambda n: ais.DeviceBuffer(n)):
+        with pytest.raises(ValueError, match=r"nbytes must be below 2\*\*63"):
+            make(1 << 70)
+    with pytest.raises(MemoryError, match="cannot allocate 1152921504606846976 bytes of host"):
+        ais.HostBuffer(1 << 60)
+    buf, dev = ais.HostBuffer(16), ais.DeviceBuffer(16)
+    with pytest.raises(ValueError, match="needs 1180591620717411303424 bytes"):
+        buf.numpy(np.uint8, 1 << 70)
+    with pytest.raises(ValueError, match="needs 1180591620717411303424 bytes"):
+        dev.view(np.uint8, 1 << 70)
+    for dtype in ([], {}):
+        with pytest.raises(ValueError, match="has no size"):
+            buf.numpy(dtype)
+
+
+@pytest.mark.aiostream(memory=1000)
+def test_a_virtual_device_refuses_memory_it_does_not_have(virtual_device: ais.Device) -> None:
+    import gc
+
+    first = ais.DeviceBuffer(600)
+    with pytest.raises(ais.DeviceError, match="virtual:0 is out of memory: 600 bytes asked, 400 "
+                       r"of 1000 free \(aiostream.virtual.reset\(memory=...\) sets the size\)"):
+        ais.DeviceBuffer(600)
+    with pytest.raises(ais.DeviceError, match="out of memory"):
+        ais.DeviceBuffer(1 << 60)  # the default 16 GiB would refuse it too
+    ais.HostBuffer(600)  # host memory is not the device's
+    del first
+    gc.collect()
+    second = ais.DeviceBuffer(1000)  # freed memory is free again; the device did not fail
+    assert second.nbytes == 1000
+
+
 def test_device_buffer_views_and_interop(virtual_device: ais.Device) -> None:
     dev = ais.DeviceBuffer(16, "virtual:0")
     assert (dev.nbytes, dev.device, dev.dtype, dev.shape) == (16, virtual_device, np.uint8, (16,))

@@ -17,6 +17,7 @@ from .options import (
     DEFAULT_BANDWIDTH,
     DEFAULT_D2D_BANDWIDTH,
     DEFAULT_LATENCY,
+    DEFAULT_MEMORY,
     MAX_DEVICES,
     VirtualOptions,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_BANDWIDTH",
     "DEFAULT_D2D_BANDWIDTH",
     "DEFAULT_LATENCY",
+    "DEFAULT_MEMORY",
     "ENGINES",
     "MAX_DEVICES",
     "POISON",

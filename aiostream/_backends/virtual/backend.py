@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..._errors import AiostreamError, NotReadyError, StaleHandleError
+from ..._errors import AiostreamError, DeviceError, NotReadyError, StaleHandleError
 from . import inspect
 from .clock import Listeners, resolve_clock, seconds_to_ns
 from .model import (
@@ -409,7 +409,10 @@ class VirtualBackend:
     def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> Memory:
         with self._lock:
             self._check_open()
-            mem = Memory(nbytes, self._devices[index], host=True)
+            try:
+                mem = Memory(nbytes, self._devices[index], host=True)
+            except (MemoryError, OverflowError):
+                raise MemoryError(f"cannot allocate {nbytes} bytes of host memory") from None
             self._live_memory.add(mem)
             return mem
 
@@ -444,14 +447,33 @@ class VirtualBackend:
 
     def device_alloc(self, index: int, nbytes: int, stream: Stream | None) -> Memory:
         with self._lock:
-            self._check_device(self._devices[index])
-            mem = Memory(nbytes, self._devices[index], host=False)
+            device = self._devices[index]
+            self._check_device(device)
+            size = self.options.memory
+            if nbytes > size - device.allocated:
+                raise self._out_of_memory(device, nbytes, "")
+            try:
+                mem = Memory(nbytes, device, host=False)
+            except (MemoryError, OverflowError):  # the host cannot hold the simulated bytes
+                raise self._out_of_memory(device, nbytes, "; the host could not hold it") from None
+            device.allocated += nbytes
             self._live_memory.add(mem)
             return mem
 
+    def _out_of_memory(self, device: Device, nbytes: int, why: str) -> DeviceError:
+        size = self.options.memory
+        return DeviceError(
+            f"{device.name} is out of memory: {nbytes} bytes asked, {size - device.allocated} "
+            f"of {size} free{why} (aiostream.virtual.reset(memory=...) sets the size)",
+            device=device.name,
+        )
+
     def device_free(self, mem: Memory) -> None:
         # The bytes live on while a copy's closure holds them: freeing never races a copy.
-        self.host_free(mem)
+        with self._lock:
+            if mem in self._live_memory:
+                mem.device.allocated -= len(mem.data)
+            self._live_memory.discard(mem)
 
     def device_ptr(self, mem: Memory) -> int:
         raise AttributeError("virtual device memory has no device address")

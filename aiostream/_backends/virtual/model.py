@@ -159,7 +159,17 @@ class Fault:
 class Device:
     """A simulated device: engines, streams' ids, injected faults, and its unfinished items."""
 
-    __slots__ = ("default", "engines", "failure", "faults", "index", "live", "name", "stream_ids")
+    __slots__ = (
+        "allocated",
+        "default",
+        "engines",
+        "failure",
+        "faults",
+        "index",
+        "live",
+        "name",
+        "stream_ids",
+    )
 
     def __init__(self, index: int, slots: dict[str, int]) -> None:
         self.index = index
@@ -171,6 +181,7 @@ class Device:
         #: items submitted and not completed, in submission order (a dict as an ordered set)
         self.live: dict[Item, None] = {}
         self.default = Stream(self, 0, 0, default=True)
+        self.allocated = 0  # bytes of device memory in use
 
 
 class Stream:

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_BANDWIDTH",
     "DEFAULT_D2D_BANDWIDTH",
     "DEFAULT_LATENCY",
+    "DEFAULT_MEMORY",
     "MAX_DEVICES",
     "VirtualOptions",
 ]
@@ -28,6 +29,10 @@ DEFAULT_BANDWIDTH = 25e9
 DEFAULT_LATENCY = 10e-6
 #: Device-to-device copies run on the compute engine at device-memory speed.
 DEFAULT_D2D_BANDWIDTH = 1e12
+#: Bytes of memory per device: a virtual device refuses allocations past it, as a GPU does.
+#: Its bytes live in host memory, as they are allocated.
+DEFAULT_MEMORY = 16 << 30
+_MAX_MEMORY = 1 << 50
 #: More simulated devices than any machine has GPUs is a mistake, not a configuration.
 MAX_DEVICES = 1024
 _MAX_SLOTS = 1 << 20
@@ -74,6 +79,8 @@ class VirtualOptions:
     """Seconds every copy adds: a copy takes ``latency + nbytes / bandwidth``."""
     d2d_bandwidth: float = DEFAULT_D2D_BANDWIDTH
     """Bytes per second of device-to-device copies, which run on the compute engine."""
+    memory: int = DEFAULT_MEMORY
+    """Bytes of memory per device; an allocation past what is free raises ``DeviceError``."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise through the base class
@@ -83,6 +90,7 @@ class VirtualOptions:
         set_(self, "bandwidth", _rate(self.bandwidth, "bandwidth"))
         set_(self, "d2d_bandwidth", _rate(self.d2d_bandwidth, "d2d_bandwidth"))
         set_(self, "latency", seconds_to_ns(self.latency, "latency") / 1e9)
+        set_(self, "memory", _count(self.memory, "memory", _MAX_MEMORY))
 
     @classmethod
     def from_kwargs(cls, **options: Any) -> VirtualOptions:

@@ -351,6 +351,8 @@ def delay(seconds: float, *, stream: Stream | None = None) -> None:
         raise TypeError(f"seconds must be a number (int or float), got {seconds!r}")
     if not seconds >= 0 or seconds == float("inf"):
         raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
+    if seconds > 9.2e9:  # 2**63 ns: what a device's clock holds
+        raise ValueError(f"seconds must be at most 9.2e9 (292 years), got {seconds!r}")
     stream = stream_or_current(stream)
     if _diagnostics._debug:
         stream._origin = _diagnostics.capture()

@@ -7,7 +7,11 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["Listeners", "VirtualClock", "resolve_clock", "seconds_to_ns"]
+__all__ = ["MAX_SECONDS", "Listeners", "VirtualClock", "resolve_clock", "seconds_to_ns"]
+
+
+#: The longest duration a clock holds: 2**63 nanoseconds, rounded down.
+MAX_SECONDS = 9.2e9
 
 
 def seconds_to_ns(value: object, name: str, *, allow_negative: bool = False) -> int:
@@ -18,6 +22,10 @@ def seconds_to_ns(value: object, name: str, *, allow_negative: bool = False) -> 
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if value < 0 and not allow_negative:
         raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    if abs(value) > MAX_SECONDS:
+        raise ValueError(
+            f"{name} must be at most {MAX_SECONDS:g} seconds (292 years), got {value!r}"
+        )
     return round(value * 1_000_000_000)
 
 

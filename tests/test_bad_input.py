@@ -1,0 +1,117 @@
+"""Arbitrary values thrown at the public calls: each succeeds or raises a documented error.
+
+Documented errors: TypeError and ValueError for bad arguments, aiostream's own errors (a device
+that is unavailable here, out of memory, or failed), and MemoryError for host memory the
+machine cannot give. Anything else (OverflowError, ZeroDivisionError, AttributeError, a bare
+MemoryError from deep inside, a hang) is a defect. Sizes are kept to the small and the absurd
+(none in between, which a machine might really try to allocate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aiostream as ais
+
+DOCUMENTED = (TypeError, ValueError, ais.AiostreamError, MemoryError)
+
+ODD = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 64),
+    st.sampled_from([-(1 << 70), 1 << 63, 1 << 70, 2**64 - 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e300, -0.0, 5e-324]),
+    st.text(max_size=12),
+    st.sampled_from(["virtual", "virtual:0", "virtual:9", "cuda:0", "cuda", "gpu", "", "hybrid",
+                     "compute", "h2d", "d2h", "float32", "uint8"]),
+    st.binary(max_size=70),
+    st.lists(st.integers(-2, 4), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(0, 3), max_size=2),
+    st.just(object()),
+    st.just(np.float32),
+    st.just(np.dtype("f8")),
+    st.sampled_from([np.int64(3), np.int64(-1), np.float64("nan")]),
+)
+
+
+def _calls() -> dict[str, Callable[..., Any]]:
+    def stream() -> ais.Stream:
+        return ais.Stream("virtual:0")
+
+    def host() -> ais.HostBuffer:
+        return ais.HostBuffer(16, device="virtual:0")
+
+    def dev() -> ais.DeviceBuffer:
+        return ais.DeviceBuffer(16, "virtual:0")
+
+    return {
+        "device": lambda a, b, c: ais.device(a),
+        "is_available": lambda a, b, c: ais.is_available(a),
+        "device_count": lambda a, b, c: ais.device_count(a),
+        "Stream": lambda a, b, c: ais.Stream(a, priority=b),
+        "Event": lambda a, b, c: ais.Event(a, enable_timing=b, interprocess=c),
+        "delay": lambda a, b, c: ais.delay(a, stream=b if isinstance(b, ais.Stream) else None),
+        "delay stream": lambda a, b, c: ais.delay(0.0, stream=a),
+        "HostBuffer": lambda a, b, c: ais.HostBuffer(a, pinned=b, device="virtual:0"),
+        "DeviceBuffer": lambda a, b, c: ais.DeviceBuffer(a, "virtual:0"),
+        "HostBuffer.numpy": lambda a, b, c: host().numpy(a, b),
+        "DeviceBuffer.view": lambda a, b, c: dev().view(a, b),
+        "copy_async": lambda a, b, c: ais.copy_async(a, b, stream=c),
+        "copy_async dst": lambda a, b, c: ais.copy_async(a, host()),
+        "copy_async stream": lambda a, b, c: ais.copy_async(dev(), host(), stream=a),
+        "DataLoader": lambda a, b, c: ais.DataLoader([], transform=None, prefetch=a, workers=b,
+                                                     to_thread=c),
+        "DataLoader source": lambda a, b, c: ais.DataLoader(a),
+        "set_wait_strategy": lambda a, b, c: ais.set_wait_strategy(a),
+        "set_debug": lambda a, b, c: ais.set_debug(a),
+        "set_watchdog": lambda a, b, c: ais.set_watchdog(a),
+        "record_function": lambda a, b, c: ais.record_function(a, stream=b),
+        "as_stream": lambda a, b, c: ais.as_stream(a),
+        "as_event": lambda a, b, c: ais.as_event(a),
+        "Event.from_ipc_handle": lambda a, b, c: ais.Event.from_ipc_handle(a, b),
+        "Stream.wait_event": lambda a, b, c: stream().wait_event(a),
+        "Stream.wait_stream": lambda a, b, c: stream().wait_stream(a),
+        "Event.record": lambda a, b, c: ais.Event("virtual:0").record(a),
+        "Event.elapsed_time": lambda a, b, c: ais.Event("virtual:0").elapsed_time(a),
+        "virtual.reset devices": lambda a, b, c: ais.virtual.reset(devices=a),
+        "virtual.reset slots": lambda a, b, c: ais.virtual.reset(compute_slots=a, h2d_slots=b),
+        "virtual.reset rates": lambda a, b, c: ais.virtual.reset(bandwidth=a, latency=b),
+        "virtual.reset memory": lambda a, b, c: ais.virtual.reset(memory=a),
+        "virtual.fail_next": lambda a, b, c: ais.virtual.fail_next(a, engine=b, message=c),
+        "virtual.slow_next": lambda a, b, c: ais.virtual.slow_next(a, b),
+        "virtual.submit": lambda a, b, c: ais.virtual.submit(stream(), a, engine=b),
+        "virtual.stall": lambda a, b, c: ais.virtual.stall(a),
+    }
+
+
+CALLS = _calls()
+
+
+@pytest.mark.aiostream(check_leaks=False)
+@pytest.mark.parametrize("name", sorted(CALLS))
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(a=ODD, b=ODD, c=ODD)
+def test_a_public_call_succeeds_or_raises_a_documented_error(
+    virtual_device: ais.Device, name: str, a: Any, b: Any, c: Any
+) -> None:
+    raised: BaseException | None = None
+    try:
+        CALLS[name](a, b, c)
+    except BaseException as exc:  # noqa: BLE001 - judged just below
+        raised = exc
+    finally:
+        ais.virtual.reset()  # a fresh simulator for the next example (injected faults gone)
+        ais.set_wait_strategy(None)
+        ais.set_debug(False)
+        ais.set_watchdog(None)
+    assert raised is None or isinstance(raised, DOCUMENTED), (
+        f"{name}({a!r}, {b!r}, {c!r}) raised {type(raised).__name__}: {raised}"
+    )

@@ -85,7 +85,13 @@ async def streams_demo(device: ais.Device, tasks: int, base_ms: float, out: list
         origin = t0_device
         ran = {r.stream: r for r in ais.virtual.timeline() if r.device == device.index}
         rows = [
-            (i, s, (ran[s.stream_id].start - origin) * 1000, (ran[s.stream_id].end - origin) * 1000, w)
+            (
+                i,
+                s,
+                (ran[s.stream_id].start - origin) * 1000,
+                (ran[s.stream_id].end - origin) * 1000,
+                w,
+            )
             for i, s, _, _, w in rows
         ]
         what = "as run on the compute engine"
@@ -129,19 +135,21 @@ def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> s
     slowest, per_batch = _demo.bound(seq, pipe)
     ideal = seq.batches * per_batch
     ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
-    return "\n".join([
-        f"pipelined:  {pipe.batches} batches in {pipe.seconds:.3f} s = "
-        f"{pipe.batches_per_s:7.1f} batches/s ({ok[pipe.checksum_ok]})",
-        f"sequential: {seq.batches} batches in {seq.seconds:.3f} s = "
-        f"{seq.batches_per_s:7.1f} batches/s ({ok[seq.checksum_ok]})",
-        f"stages per item (measured in the sequential run): {stages}",
-        f"event loop CPU per batch (pipelined run): {pipe.loop_cpu_s * 1000:.2f} ms",
-        f"bottleneck: {slowest}, {per_batch * 1000:.2f} ms per batch",
-        f"overlap efficiency: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = {seq.batches} "
-        f"batches x {per_batch * 1000:.2f} ms, over the measured {pipe.seconds:.3f} s)",
-        f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
-        f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
-    ])
+    return "\n".join(
+        [
+            f"pipelined:  {pipe.batches} batches in {pipe.seconds:.3f} s = "
+            f"{pipe.batches_per_s:7.1f} batches/s ({ok[pipe.checksum_ok]})",
+            f"sequential: {seq.batches} batches in {seq.seconds:.3f} s = "
+            f"{seq.batches_per_s:7.1f} batches/s ({ok[seq.checksum_ok]})",
+            f"stages per item (measured in the sequential run): {stages}",
+            f"event loop CPU per batch (pipelined run): {pipe.loop_cpu_s * 1000:.2f} ms",
+            f"bottleneck: {slowest}, {per_batch * 1000:.2f} ms per batch",
+            f"overlap efficiency: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = {seq.batches} "
+            f"batches x {per_batch * 1000:.2f} ms, over the measured {pipe.seconds:.3f} s)",
+            f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
+            f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
+        ]
+    )
 
 
 def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
@@ -160,6 +168,7 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         f"prefetch {cfg.prefetch or 2 * cfg.workers}, workers {cfg.workers}"
     )
     live = sys.stderr.isatty()
+
     def to_stderr(text: str) -> None:
         sys.stderr.write(text)
         sys.stderr.flush()
@@ -190,8 +199,10 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
     if profiles:
         print("\nprofile of the pipelined run:")
         print(profiles[0].summary())
-        for kind, path in (("trace (open in https://ui.perfetto.dev or chrome://tracing)", args.trace),
-                           ("timeline picture", args.svg)):
+        for kind, path in (
+            ("trace (open in https://ui.perfetto.dev or chrome://tracing)", args.trace),
+            ("timeline picture", args.svg),
+        ):
             if path:
                 print(f"wrote the {kind}: {path}")
     return 0 if results["pipe"].checksum_ok and results["seq"].checksum_ok else 1
@@ -219,24 +230,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_demo.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
     p_demo.add_argument("--batches", type=_positive(int, "--batches"), default=100)
-    p_demo.add_argument("--batch-kb", type=_positive(int, "--batch-kb"), default=1024,
-                        help="KiB per batch (default 1024)")
-    p_demo.add_argument("--host-ms", type=_positive(float, "--host-ms"), default=2.0,
-                        help="host transform per batch, ms (default 2)")
-    p_demo.add_argument("--compute-ms", type=_positive(float, "--compute-ms"), default=3.0,
-                        help="device compute per batch, ms (default 3)")
-    p_demo.add_argument("--prefetch", type=_positive(int, "--prefetch"), default=None,
-                        help="items the loader works on ahead (default: 2 x workers)")
-    p_demo.add_argument("--workers", type=_positive(int, "--workers"), default=2,
-                        help="host transforms at once (default 2)")
+    p_demo.add_argument(
+        "--batch-kb",
+        type=_positive(int, "--batch-kb"),
+        default=1024,
+        help="KiB per batch (default 1024)",
+    )
+    p_demo.add_argument(
+        "--host-ms",
+        type=_positive(float, "--host-ms"),
+        default=2.0,
+        help="host transform per batch, ms (default 2)",
+    )
+    p_demo.add_argument(
+        "--compute-ms",
+        type=_positive(float, "--compute-ms"),
+        default=3.0,
+        help="device compute per batch, ms (default 3)",
+    )
+    p_demo.add_argument(
+        "--prefetch",
+        type=_positive(int, "--prefetch"),
+        default=None,
+        help="items the loader works on ahead (default: 2 x workers)",
+    )
+    p_demo.add_argument(
+        "--workers",
+        type=_positive(int, "--workers"),
+        default=2,
+        help="host transforms at once (default 2)",
+    )
     p_demo.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
     p_demo.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
     p_demo.add_argument("--svg", metavar="PATH", help="draw the timeline as an SVG picture")
     p_streams = sub.add_parser("streams", help="tasks awaiting device work on their own streams")
     p_streams.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
     p_streams.add_argument("--tasks", type=_positive(int, "--tasks"), default=4)
-    p_streams.add_argument("--duration-ms", type=_positive(float, "--duration-ms"), default=40.0,
-                           help="work per task unit, ms (default 40)")
+    p_streams.add_argument(
+        "--duration-ms",
+        type=_positive(float, "--duration-ms"),
+        default=40.0,
+        help="work per task unit, ms (default 40)",
+    )
     p_streams.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
     args = parser.parse_args(argv)
 

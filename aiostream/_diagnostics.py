@@ -105,8 +105,13 @@ class PendingWait:
     """Where the awaited work was recorded or last submitted (debug mode only)."""
 
     def __str__(self) -> str:
-        lines = [f"task {self.task!r} has waited {self.waited:.3f} s on {self.subject} ({self.device})"]
-        for title, where in (("wait started at", self.started_at), ("work recorded at", self.recorded_at)):
+        lines = [
+            f"task {self.task!r} has waited {self.waited:.3f} s on {self.subject} ({self.device})"
+        ]
+        for title, where in (
+            ("wait started at", self.started_at),
+            ("work recorded at", self.recorded_at),
+        ):
             if where:
                 lines.append(f"  {title}:\n{where.rstrip()}")
         if self.started_at is None and self.recorded_at is None:
@@ -191,6 +196,4 @@ def warn_late(late: list[_Record]) -> None:
     for r in late:
         r.warned = True
     listing = "\n".join(str(w) for w in pending_waits())
-    logger.warning(
-        "%d wait(s) pending for more than %.3g s:\n%s", len(late), threshold, listing
-    )
+    logger.warning("%d wait(s) pending for more than %.3g s:\n%s", len(late), threshold, listing)

@@ -77,7 +77,7 @@ def enable_nvtx() -> None:
     CUDA backend calls it: NVTX is how CUDA's own profilers see ranges)."""
     global nvtx
     try:
-        import nvtx as module  # type: ignore[import-not-found]
+        import nvtx as module
     except ImportError:
         return
     nvtx = module

@@ -220,7 +220,7 @@ def _loop_hooks() -> tuple[
         return trio.lowlevel.spawn_system_task, token.run_sync_soon, trio.Event, True
     loop = asyncio.get_running_loop()
     spawn = lambda fn: loop.create_task(fn())  # noqa: E731
-    return spawn, loop.call_soon_threadsafe, loop.create_future, False  # type: ignore[return-value]
+    return spawn, loop.call_soon_threadsafe, loop.create_future, False
 
 
 def threadsafe_caller() -> Callable[[Callable[[], object]], object]:

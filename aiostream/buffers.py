@@ -71,7 +71,15 @@ class HostBuffer:
         Wraps ``cuMemHostAlloc`` on CUDA.
     """
 
-    __slots__ = ("__weakref__", "_backend", "_device", "_finalizer", "_handle", "_nbytes", "_pinned")
+    __slots__ = (
+        "__weakref__",
+        "_backend",
+        "_device",
+        "_finalizer",
+        "_handle",
+        "_nbytes",
+        "_pinned",
+    )
 
     def __init__(
         self, nbytes: int, *, pinned: bool = True, device: Device | str | None = None
@@ -114,7 +122,9 @@ class HostBuffer:
         return view.reshape(dims)
 
     def __repr__(self) -> str:
-        return f"<aiostream.HostBuffer {self._nbytes} bytes pinned={self._pinned} on {self._device}>"
+        return (
+            f"<aiostream.HostBuffer {self._nbytes} bytes pinned={self._pinned} on {self._device}>"
+        )
 
 
 class DeviceBuffer:
@@ -148,7 +158,7 @@ class DeviceBuffer:
         stream = current_stream(self._device)
         self._stream: Stream | None = stream
         self._handle = self._backend.device_alloc(self._device.index, self._nbytes, stream._handle)
-        self._finalizer: weakref.finalize | None = weakref.finalize(
+        self._finalizer: weakref.finalize[..., Any] | None = weakref.finalize(
             self, self._backend.device_free, self._handle
         )
         self._dtype: np.dtype = np.dtype(np.uint8)
@@ -233,16 +243,12 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
         if not isinstance(buf, (HostBuffer, DeviceBuffer)):
             raise TypeError(f"{name} must be a HostBuffer or DeviceBuffer, got {buf!r}")
     if dst.nbytes != src.nbytes:
-        raise ValueError(f"copy_async needs equal sizes, got dst {dst.nbytes} and src {src.nbytes} bytes")
+        raise ValueError(
+            f"copy_async needs equal sizes, got dst {dst.nbytes} and src {src.nbytes} bytes"
+        )
     if isinstance(dst, HostBuffer) and isinstance(src, HostBuffer):
         raise ValueError("copy_async copies to or from a device; for host to host use numpy")
-    kind = (
-        "h2d"
-        if isinstance(src, HostBuffer)
-        else "d2h"
-        if isinstance(dst, HostBuffer)
-        else "d2d"
-    )
+    kind = "h2d" if isinstance(src, HostBuffer) else "d2h" if isinstance(dst, HostBuffer) else "d2d"
     dev_buf = dst if isinstance(dst, DeviceBuffer) else src
     if kind == "d2d" and src.device != dst.device:
         raise ValueError(f"copy_async copies within one device, got {src.device} and {dst.device}")

@@ -47,7 +47,9 @@ def _check_kind(kind: object) -> str:
     if not isinstance(kind, str):
         raise TypeError(f"kind must be a str, one of {_backends.KINDS}, got {kind!r}")
     if kind not in _backends.KINDS:
-        raise ValueError(f"kind must be one of {', '.join(map(repr, _backends.KINDS))}, got {kind!r}")
+        raise ValueError(
+            f"kind must be one of {', '.join(map(repr, _backends.KINDS))}, got {kind!r}"
+        )
     return kind
 
 
@@ -82,7 +84,9 @@ def _default() -> Device:
                 f"AIOSTREAM_DEVICE={env!r} is not a valid device; expected 'virtual', "
                 "'virtual:N', 'cuda' or 'cuda:N'"
             ) from None
-    return Device("cuda", 0) if is_available("cuda") and device_count("cuda") else Device("virtual", 0)
+    return (
+        Device("cuda", 0) if is_available("cuda") and device_count("cuda") else Device("virtual", 0)
+    )
 
 
 def device(spec: Device | str | None = None) -> Device:

@@ -78,7 +78,7 @@ class Event:
         self._device = _resolve_device(device)
         self._backend: Backend = _backends.get(self._device.type)
         self._handle: Any = None
-        self._finalizer: weakref.finalize | None = None
+        self._finalizer: weakref.finalize[..., Any] | None = None
         self._origin: _diagnostics.Origin | None = None  # where it was recorded (debug mode)
 
     @classmethod
@@ -248,8 +248,7 @@ class Event:
         """
         if not self._interprocess:
             raise ValueError(
-                "ipc_handle() needs an interprocess event; create it with "
-                "Event(interprocess=True)"
+                "ipc_handle() needs an interprocess event; create it with Event(interprocess=True)"
             )
         handle = self._handle if self._handle is not None else self._create()
         return self._backend.event_ipc_handle(handle)

@@ -146,10 +146,11 @@ def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
         return list(item), tuple
     if isinstance(item, dict) and all(isinstance(x, np.ndarray) for x in item.values()):
         keys = list(item)
-        return [item[k] for k in keys], lambda leaves: dict(zip(keys, leaves))
+        return [item[k] for k in keys], lambda leaves: dict(zip(keys, leaves, strict=True))
     raise TypeError(
         "the loader carries numpy arrays, or tuples or dicts of them; got "
-        f"{type(item).__name__}" + (f" of {[type(x).__name__ for x in item]}" if isinstance(item, tuple) else "")
+        f"{type(item).__name__}"
+        + (f" of {[type(x).__name__ for x in item]}" if isinstance(item, tuple) else "")
     )
 
 

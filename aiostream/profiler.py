@@ -80,7 +80,9 @@ def _length(intervals: list[tuple[float, float]]) -> float:
     return sum(b - a for a, b in intervals)
 
 
-def _intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _intersect(
+    x: list[tuple[float, float]], y: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
     out, i, j = [], 0, 0
     while i < len(x) and j < len(y):
         a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
@@ -93,7 +95,9 @@ def _intersect(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> li
     return out
 
 
-def _subtract(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _subtract(
+    x: list[tuple[float, float]], y: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
     out = []
     for a, b in x:
         pieces = [(a, b)]
@@ -123,7 +127,9 @@ class Summary:
     def __str__(self) -> str:
         lines = [f"{'span':32} {'count':>7} {'total ms':>11} {'mean ms':>10}"]
         for name, (count, total) in sorted(self.spans.items(), key=lambda kv: -kv[1][1]):
-            lines.append(f"{name[:32]:32} {count:7d} {total * 1e3:11.3f} {total / count * 1e3:10.3f}")
+            lines.append(
+                f"{name[:32]:32} {count:7d} {total * 1e3:11.3f} {total / count * 1e3:10.3f}"
+            )
         lines.append("")
         for engine, busy in sorted(self.engine_busy.items()):
             lines.append(f"device busy, {engine:24} {busy * 1e3:11.3f} ms")
@@ -181,9 +187,13 @@ class Profiler:
 
     def on_await(self, task: str, subject: str, device: str, start: float, end: float) -> None:
         with self._lock:
-            self._spans.append(Span("await", f"await {subject}", task, start, end, args={"device": device}))
+            self._spans.append(
+                Span("await", f"await {subject}", task, start, end, args={"device": device})
+            )
 
-    def add_host(self, name: str, task: str, start: float, end: float, args: dict[str, Any]) -> None:
+    def add_host(
+        self, name: str, task: str, start: float, end: float, args: dict[str, Any]
+    ) -> None:
         with self._lock:
             self._spans.append(Span("host", name, task, start, end, args=args))
 
@@ -192,11 +202,21 @@ class Profiler:
         if stream.device not in self._refs:
             private = Stream(stream.device)  # idle: the reference completes as it is recorded
             t = self.now()
-            self._refs[stream.device] = (private.record_event(Event(stream.device, enable_timing=True)), t)
+            self._refs[stream.device] = (
+                private.record_event(Event(stream.device, enable_timing=True)),
+                t,
+            )
         return stream.record_event(Event(stream.device, enable_timing=True))
 
     def add_device_range(
-        self, name: str, stream: Stream, start: Event, end: Event, args: dict[str, Any], *, op: bool = False
+        self,
+        name: str,
+        stream: Stream,
+        start: Event,
+        end: Event,
+        args: dict[str, Any],
+        *,
+        op: bool = False,
     ) -> None:
         with self._lock:
             self._ranges.append((name, stream, start, end, args, op))
@@ -264,7 +284,9 @@ class Profiler:
             engine_busy={e: _length(_union(ivs)) for e, ivs in per_engine.items()},
             device_busy=device_busy,
             host_busy=_length(busy_host),
-            overlap=_length(_intersect(busy_host, busy_device)) / device_busy if device_busy else 0.0,
+            overlap=_length(_intersect(busy_host, busy_device)) / device_busy
+            if device_busy
+            else 0.0,
         )
 
     def __str__(self) -> str:
@@ -290,7 +312,9 @@ class Profiler:
         ]
         devices = list(dict.fromkeys(t.split(" ")[0] for t in streams))
         for i, dev in enumerate(devices):
-            events.append({"name": "process_name", "ph": "M", "pid": 2 + i, "tid": 0, "args": {"name": dev}})
+            events.append(
+                {"name": "process_name", "ph": "M", "pid": 2 + i, "tid": 0, "args": {"name": dev}}
+            )
         by_track: dict[str, list[Span]] = defaultdict(list)
         for s in self.spans:
             by_track[s.track].append(s)
@@ -301,10 +325,15 @@ class Profiler:
                 for lane, lane_spans in enumerate(_nested_lanes(by_track[track])):
                     tid = (n + 1) * 100 + lane
                     label = track if pid > 1 else f"task {track}"
-                    events.append({
-                        "name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                        "args": {"name": label if lane == 0 else f"{label} ({lane + 1})"},
-                    })
+                    events.append(
+                        {
+                            "name": "thread_name",
+                            "ph": "M",
+                            "pid": pid,
+                            "tid": tid,
+                            "args": {"name": label if lane == 0 else f"{label} ({lane + 1})"},
+                        }
+                    )
                     events.extend(_begin_end(lane_spans, pid, tid, t0))
         doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": "aiostream"}}
         with open(path, "w", encoding="utf-8") as f:
@@ -330,21 +359,27 @@ class Profiler:
         out = [
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-            "<defs><pattern id=\"hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
-            "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#fff\"/>"
-            "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#999\" stroke-width=\"2\"/></pattern></defs>",
+            '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+            'patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff"/>'
+            '<line x1="0" y1="0" x2="0" y2="6" stroke="#999" stroke-width="2"/></pattern></defs>',
             f'<rect width="{width}" height="{height}" fill="#fff"/>',
             f'<text x="10" y="18" font-size="13" font-weight="bold">aiostream profile: '
             f"{escape(f'{span * 1e3:.3f}')} ms</text>",
         ]
 
-        legend = [("host range", "#e45756", ""), ("await", "url(#hatch)", ' stroke="#999"'),
-                  ("compute", colours["compute"], ""), ("h2d copy", colours["h2d"], ""),
-                  ("d2h copy", colours["d2h"], ""), ("stream range", "none",
-                  ' stroke="#333" stroke-dasharray="3,2"')]
+        legend = [
+            ("host range", "#e45756", ""),
+            ("await", "url(#hatch)", ' stroke="#999"'),
+            ("compute", colours["compute"], ""),
+            ("h2d copy", colours["h2d"], ""),
+            ("d2h copy", colours["d2h"], ""),
+            ("stream range", "none", ' stroke="#333" stroke-dasharray="3,2"'),
+        ]
         lx = label_w + plot_w - 6 * 92
         for i, (name, fill, extra) in enumerate(legend):
-            out.append(f'<rect x="{lx + i * 92}" y="8" width="12" height="12" fill="{fill}"{extra}/>')
+            out.append(
+                f'<rect x="{lx + i * 92}" y="8" width="12" height="12" fill="{fill}"{extra}/>'
+            )
             out.append(f'<text x="{lx + i * 92 + 16}" y="18">{name}</text>')
 
         def x(t: float) -> float:
@@ -357,7 +392,10 @@ class Profiler:
             y = top + row * row_h
             label = f"task {track}" if kind == "task" else track
             out.append(f'<g class="lane" data-kind="{kind}" data-track="{escape(track)}">')
-            out.append(f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{row_h - 4}" fill="#f4f4f4"/>')
+            out.append(
+                f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{row_h - 4}" '
+                'fill="#f4f4f4"/>'
+            )
             out.append(f'<text x="6" y="{y + 14}">{escape(label)}</text>')
             for s in by_track[track]:
                 w = max(x(s.end) - x(s.start), 0.5)
@@ -371,14 +409,18 @@ class Profiler:
                     fill, extra = colours.get(s.engine, colours[None]), ""
                 title = f"{s.name}: {s.duration * 1e3:.3f} ms from {(s.start - t0) * 1e3:.3f} ms"
                 out.append(
-                    f'<rect class="span {s.kind}" x="{x(s.start):.2f}" y="{y + 2}" width="{w:.2f}" '
-                    f'height="{row_h - 8}" fill="{fill}"{extra}><title>{escape(title)}</title></rect>'
+                    f'<rect class="span {s.kind}" x="{x(s.start):.2f}" y="{y + 2}" '
+                    f'width="{w:.2f}" height="{row_h - 8}" fill="{fill}"{extra}>'
+                    f"<title>{escape(title)}</title></rect>"
                 )
             out.append("</g>")
         axis_y = top + row_h * len(lanes) + 12
         for k in range(6):
             t = t0 + span * k / 5
-            out.append(f'<text x="{x(t):.1f}" y="{axis_y}" text-anchor="middle">{(t - t0) * 1e3:.1f} ms</text>')
+            out.append(
+                f'<text x="{x(t):.1f}" y="{axis_y}" text-anchor="middle">'
+                f"{(t - t0) * 1e3:.1f} ms</text>"
+            )
         out.append("</svg>")
         return "\n".join(out) + "\n"
 
@@ -388,7 +430,7 @@ def _nested_lanes(spans: list[Span]) -> list[list[Span]]:
     lanes: list[list[Span]] = []
     stacks: list[list[Span]] = []
     for s in sorted(spans, key=lambda s: (s.start, -s.end)):
-        for lane, stack in zip(lanes, stacks):
+        for lane, stack in zip(lanes, stacks, strict=True):
             while stack and stack[-1].end <= s.start:
                 stack.pop()
             if not stack or s.end <= stack[-1].end:
@@ -419,8 +461,17 @@ def _begin_end(spans: list[Span], pid: int, tid: int, t0: float) -> list[dict[st
         args = dict(s.args)
         if s.engine:
             args["engine"] = s.engine
-        events.append({"name": s.name, "cat": s.kind, "ph": "B", "ts": us(s.start), "pid": pid,
-                       "tid": tid, "args": args})
+        events.append(
+            {
+                "name": s.name,
+                "cat": s.kind,
+                "ph": "B",
+                "ts": us(s.start),
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        )
         stack.append(s)
     close(None)
     return events

@@ -298,7 +298,8 @@ def default_stream(device: Device | str | None = None) -> Stream:
 
 
 def current_stream(device: Device | str | None = None) -> Stream:
-    """Return the current task's stream on ``device``: set by :func:`use_stream`, else the default."""
+    """Return the current task's stream on ``device``: set by :func:`use_stream`, else the
+    default."""
     dev = _resolve_device(device)
     stream = _current.get().get(dev)
     if stream is not None and stream._backend is _backends.get(dev.type):

@@ -226,7 +226,9 @@ def _fault_target(
             raise ValueError(f"device must be a virtual device, got {dev}")
         backend, index, handle = _backend(), dev.index, None
     if engine is not None and engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(map(repr, ENGINES))} or None, got {engine!r}")
+        raise ValueError(
+            f"engine must be one of {', '.join(map(repr, ENGINES))} or None, got {engine!r}"
+        )
     assert isinstance(backend, VirtualBackend)
     return backend, index, handle, engine
 
@@ -259,7 +261,8 @@ def slow_next(
     engine: str | None = None,
     device: Device | str | None = None,
 ) -> None:
-    """Make the next ``n`` operations on ``stream`` (and/or ``engine``) take ``factor`` times longer."""
+    """Make the next ``n`` operations on ``stream`` (and/or ``engine``) take ``factor`` times
+    longer."""
     if isinstance(factor, bool) or not isinstance(factor, (int, float)):
         raise TypeError(f"factor must be a number, got {factor!r}")
     if not (factor > 0 and factor != float("inf")):
@@ -304,7 +307,8 @@ class Stall:
 
 
 def stall(engine: str, *, device: Device | str | None = None) -> Stall:
-    """Stall ``engine`` of ``device`` (``virtual:0`` by default) until the returned handle is released.
+    """Stall ``engine`` of ``device`` (``virtual:0`` by default) until the returned handle is
+    released.
 
     Example:
         >>> with stall("h2d"):

@@ -93,7 +93,7 @@ async def lateness_ours(n: int, gap: float, streams: int) -> list[float]:
     ends = sorted(r.end for r in ais.virtual.timeline() if r.name == "delay")[1:]
     assert len(ends) == n and len(late) == n
     # waits on distinct moments resume in completion order
-    return [resumed - end for resumed, end in zip(sorted(late), ends)]
+    return [resumed - end for resumed, end in zip(sorted(late), ends, strict=True)]
 
 
 async def lateness_base(n: int, gap: float, loop: str, rearm: bool = False) -> list[float]:
@@ -180,39 +180,55 @@ def main() -> None:
     n_wait, gap = (100, 0.001) if quick else (1_000, 0.001)
     n_cpu, pending = (100, 0.1) if quick else (1_000, 1.0)
 
-    print(f"aiostream {ais.__version__}, Python {platform.python_version()}, "
-          f"{platform.machine()}, {platform.system()} {platform.release()}")
+    print(
+        f"aiostream {ais.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()}, {platform.system()} {platform.release()}"
+    )
     print(f"virtual backend, monotonic clock{' (quick run: small sizes)' if quick else ''}\n")
     rows = []
     for loop in loops:
         ours, base = run_on(loop, lambda: fast_path(n_fast, rounds))
         ours_late = run_on(loop, lambda: lateness_ours(n_wait, gap, 8))
-        base_late = run_on(loop, lambda: lateness_base(n_wait, gap, loop))
-        floor_late = run_on(loop, lambda: lateness_base(n_wait, gap, loop, rearm=True))
+        base_late = run_on(loop, lambda loop=loop: lateness_base(n_wait, gap, loop))
+        floor_late = run_on(loop, lambda loop=loop: lateness_base(n_wait, gap, loop, rearm=True))
         cpu_ours = run_on(loop, lambda: cpu_pending(n_cpu, pending, busy=False))
         cpu_base = run_on(loop, lambda: cpu_pending(n_cpu, pending, busy=True))
         med_o, med_b = statistics.median(ours_late), statistics.median(base_late)
         p99_o, p99_b = percentile(ours_late, 0.99), percentile(base_late, 0.99)
         med_f, p99_f = statistics.median(floor_late), percentile(floor_late, 0.99)
-        rows.append((loop, ours, base, med_o, med_b, p99_o, p99_b, med_f, p99_f, cpu_ours, cpu_base))
+        rows.append(
+            (loop, ours, base, med_o, med_b, p99_o, p99_b, med_f, p99_f, cpu_ours, cpu_base)
+        )
 
     print("1. await on a complete event vs await anyio.lowlevel.checkpoint()  (goal: <= 1.5)")
     for loop, ours, base, *_ in rows:
-        print(f"   {loop:8} {ours * 1e6:7.2f} us vs {base * 1e6:7.2f} us   ratio {ours / base:5.2f}")
-    print(f"\n2. wake lateness of {n_wait} concurrent waits, completions {gap * 1e3:g} ms apart, "
-          "vs a bare loop timer  (goal: median ratio <= 2)")
-    print("   a: bare call_at (trio: sleep_until);  b: a timer re-armed until its moment has passed")
+        print(
+            f"   {loop:8} {ours * 1e6:7.2f} us vs {base * 1e6:7.2f} us   ratio {ours / base:5.2f}"
+        )
+    print(
+        f"\n2. wake lateness of {n_wait} concurrent waits, completions {gap * 1e3:g} ms apart, "
+        "vs a bare loop timer  (goal: median ratio <= 2)"
+    )
+    print(
+        "   a: bare call_at (trio: sleep_until);  b: a timer re-armed until its moment has passed"
+    )
     for loop, _, _, med_o, med_b, p99_o, p99_b, med_f, p99_f, *_ in rows:
-        print(f"   {loop:8} median ours {med_o * 1e6:6.1f} us, a {med_b * 1e6:7.1f} us "
-              f"(ratio {med_o / med_b:5.2f}), b {med_f * 1e6:6.1f} us (ratio {med_o / med_f:5.2f});"
-              f"  p99 ours {p99_o * 1e6:6.1f} us, a {p99_b * 1e6:6.1f}, b {p99_f * 1e6:6.1f}")
-    print(f"\n3. CPU while {n_cpu} waits are pending for {pending:g} s vs the hand-written "
-          "query loop  (goal: < 5 %)")
+        print(
+            f"   {loop:8} median ours {med_o * 1e6:6.1f} us, a {med_b * 1e6:7.1f} us "
+            f"(ratio {med_o / med_b:5.2f}), b {med_f * 1e6:6.1f} us (ratio {med_o / med_f:5.2f});"
+            f"  p99 ours {p99_o * 1e6:6.1f} us, a {p99_b * 1e6:6.1f}, b {p99_f * 1e6:6.1f}"
+        )
+    print(
+        f"\n3. CPU while {n_cpu} waits are pending for {pending:g} s vs the hand-written "
+        "query loop  (goal: < 5 %)"
+    )
     print("   steady window (10 % to 90 % of the wait) | whole run, with start-up and wake-up")
     for loop, *_, (ours_w, ours_all), (base_w, base_all) in rows:
-        print(f"   {loop:8} {ours_w * 1e3:7.2f} ms vs {base_w * 1e3:7.1f} ms CPU  "
-              f"{100 * ours_w / base_w:5.2f} %  |  {ours_all * 1e3:6.1f} ms vs "
-              f"{base_all * 1e3:7.1f} ms  {100 * ours_all / base_all:5.2f} %")
+        print(
+            f"   {loop:8} {ours_w * 1e3:7.2f} ms vs {base_w * 1e3:7.1f} ms CPU  "
+            f"{100 * ours_w / base_w:5.2f} %  |  {ours_all * 1e3:6.1f} ms vs "
+            f"{base_all * 1e3:7.1f} ms  {100 * ours_all / base_all:5.2f} %"
+        )
 
 
 if __name__ == "__main__":

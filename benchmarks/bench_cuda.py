@@ -222,13 +222,17 @@ def main() -> None:
         print(f"   aiostream {strategy:10} {share * 100:6.2f} % of a core over {wall:.3f} s{goal}")
 
     streams, per_stream = (10, 5) if args.quick else (100, 10)
-    print(f"\n3. {streams * per_stream} concurrent awaits: {streams} tasks on {streams} streams, "
-          f"{per_stream} {args.kernel_us:g} us kernels each, awaited one after another")
+    print(
+        f"\n3. {streams * per_stream} concurrent awaits: {streams} tasks on {streams} streams, "
+        f"{per_stream} {args.kernel_us:g} us kernels each, awaited one after another"
+    )
     print(f"   {'method':44} {'median us':>10} {'p99 us':>10} {'CPU s':>8} {'wall s':>8}")
     for strategy in STRATEGIES:
         lat, cpu, wall = concurrent_awaits(streams, per_stream, kernel_s, strategy)
-        print(f"   {'aiostream ' + strategy:44} {statistics.median(lat) * 1e6:10.1f} "
-              f"{pct(lat, 0.99) * 1e6:10.1f} {cpu:8.3f} {wall:8.3f}")
+        print(
+            f"   {'aiostream ' + strategy:44} {statistics.median(lat) * 1e6:10.1f} "
+            f"{pct(lat, 0.99) * 1e6:10.1f} {cpu:8.3f} {wall:8.3f}"
+        )
 
 
 if __name__ == "__main__":

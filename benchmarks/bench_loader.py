@@ -64,8 +64,9 @@ def real_time_pipeline(
 
     async def main() -> tuple[_demo.PipelineResult, list[_demo.PipelineResult]]:
         ais.virtual.reset()  # a fresh device on the monotonic clock
-        await _demo.run_pipeline(_demo.PipelineConfig(batches=4, nbytes=cfg.nbytes,
-                                                      device=cfg.device))  # warm up
+        await _demo.run_pipeline(
+            _demo.PipelineConfig(batches=4, nbytes=cfg.nbytes, device=cfg.device)
+        )  # warm up
         seq = await _demo.run_sequential(cfg)
         return seq, [await _demo.run_pipeline(cfg) for _ in range(repeats)]
 
@@ -83,20 +84,27 @@ def real_time_pipeline(
 
 def section_real_time(batches: int, repeats: int, loops: list[str]) -> None:
     device = ais.Device("virtual", 0)
-    print("1. Real time (wall clock), virtual:0 on the monotonic clock; the demo's pipeline: "
-          f"{batches} batches, host 2 ms, compute 3 ms; median of {repeats} runs")
-    print(f"   {'loop':8} {'batch':>8} {'workers':>7} {'bottleneck':>14} "
-          f"{'pipelined/ideal':>16} {'x sequential':>13} {'peak buffers':>13} check")
+    print(
+        "1. Real time (wall clock), virtual:0 on the monotonic clock; the demo's pipeline: "
+        f"{batches} batches, host 2 ms, compute 3 ms; median of {repeats} runs"
+    )
+    print(
+        f"   {'loop':8} {'batch':>8} {'workers':>7} {'bottleneck':>14} "
+        f"{'pipelined/ideal':>16} {'x sequential':>13} {'peak buffers':>13} check"
+    )
     rows: list[tuple[str, int, int]] = [(loop, 1024, 2) for loop in loops]
     rows += [(loop, 1024, 1) for loop in loops]
     rows += [("asyncio", kb, 2) for kb in (64, 256, 4096)]
     for loop, kb, workers in rows:
-        cfg = _demo.PipelineConfig(batches=batches, nbytes=kb * 1024, workers=workers,
-                                   device=device)
+        cfg = _demo.PipelineConfig(
+            batches=batches, nbytes=kb * 1024, workers=workers, device=device
+        )
         eff, speedup, peak, ok, slowest = real_time_pipeline(loop, cfg, repeats)
-        print(f"   {loop:8} {f'{kb} KiB':>8} {workers:7} {slowest:>14} {eff:16.3f} "
-              f"{speedup:12.2f}x {f'{peak} <= {(cfg.prefetch or 2 * workers) + 2}':>13} "
-              f"{'ok' if ok else 'CHECKSUM MISMATCH'}")
+        print(
+            f"   {loop:8} {f'{kb} KiB':>8} {workers:7} {slowest:>14} {eff:16.3f} "
+            f"{speedup:12.2f}x {f'{peak} <= {(cfg.prefetch or 2 * workers) + 2}':>13} "
+            f"{'ok' if ok else 'CHECKSUM MISMATCH'}"
+        )
     print()
 
 
@@ -131,8 +139,10 @@ def threads_alone(rounds: int, threads: int, items: int) -> float:
     """Items per second of the work in plain threads, no loader: what the cores allow."""
     base = np.random.default_rng(0).random(ITEM, dtype=np.float32)
     share = [items // threads + (i < items % threads) for i in range(threads)]
-    pool = [threading.Thread(target=lambda n=n: [cpu_work(base, rounds) for _ in range(n)])
-            for n in share]
+    pool = [
+        threading.Thread(target=lambda n=n: [cpu_work(base, rounds) for _ in range(n)])
+        for n in share
+    ]
     start = time.perf_counter()
     for t in pool:
         t.start()
@@ -156,8 +166,9 @@ def workers_throughput(loop: str, rounds: int, workers: int, items: int) -> tupl
         source = (base for _ in range(items))
         stream = ais.Stream(device)
         start = 0.0
-        async with ais.DataLoader(source, transform=transform, device=device,
-                                  workers=workers) as loader:
+        async with ais.DataLoader(
+            source, transform=transform, device=device, workers=workers
+        ) as loader:
             async for batch in loader:
                 ais.delay(0.0001, stream=stream)  # the device is never the bottleneck
                 if batch.index == WARM_UP - 1:
@@ -171,11 +182,15 @@ def workers_throughput(loop: str, rounds: int, workers: int, items: int) -> tupl
 
 
 def section_workers(items: int, repeats: int, loops: list[str], costs: tuple[int, ...]) -> None:
-    print(f"2. Real time: a CPU-bound numpy transform (sin/cos ufunc loops on 256 KiB items, the "
-          f"GIL released) with workers, by its cost per item; {items} items, "
-          f"{os.cpu_count()} cores; median of {repeats}")
-    print(f"   {'loop':8} {'cost/item':>9} {'threads alone 2/1':>18} {'workers=1':>10} "
-          f"{'workers=2':>10} {'x w=1':>6} {'workers=4':>10} {'x w=1':>6} {'peak buffers':>13}")
+    print(
+        f"2. Real time: a CPU-bound numpy transform (sin/cos ufunc loops on 256 KiB items, the "
+        f"GIL released) with workers, by its cost per item; {items} items, "
+        f"{os.cpu_count()} cores; median of {repeats}"
+    )
+    print(
+        f"   {'loop':8} {'cost/item':>9} {'threads alone 2/1':>18} {'workers=1':>10} "
+        f"{'workers=2':>10} {'x w=1':>6} {'workers=4':>10} {'x w=1':>6} {'peak buffers':>13}"
+    )
     for ms in costs:
         rounds = rounds_for(ms)
         alone = statistics.median(
@@ -192,11 +207,15 @@ def section_workers(items: int, repeats: int, loops: list[str], costs: tuple[int
             rate = {w: statistics.median(r[w][0] for r in runs) for w in (1, 2, 4)}
             ratio = {w: statistics.median(r[w][0] / r[1][0] for r in runs) for w in (2, 4)}
             peaks = " ".join(f"{max(r[w][1] for r in runs)}/{runs[0][w][2]}" for w in (1, 2, 4))
-            print(f"   {loop:8} {f'{ms} ms':>9} {alone:17.2f}x {rate[1]:8.1f}/s "
-                  f"{rate[2]:8.1f}/s {ratio[2]:5.2f}x {rate[4]:8.1f}/s "
-                  f"{ratio[4]:5.2f}x {peaks:>13}")
-    print(f"   (items/s after the first {WARM_UP}; peak buffers: most slots in use / the pool, "
-          "for workers 1, 2 and 4)")
+            print(
+                f"   {loop:8} {f'{ms} ms':>9} {alone:17.2f}x {rate[1]:8.1f}/s "
+                f"{rate[2]:8.1f}/s {ratio[2]:5.2f}x {rate[4]:8.1f}/s "
+                f"{ratio[4]:5.2f}x {peaks:>13}"
+            )
+    print(
+        f"   (items/s after the first {WARM_UP}; peak buffers: most slots in use / the pool, "
+        "for workers 1, 2 and 4)"
+    )
     print()
 
 
@@ -225,8 +244,10 @@ def measure_virtual(
 
 def section_virtual(batches: int, prefetch: int) -> None:
     print(f"3. Virtual time (exact), {batches} batches, prefetch {prefetch}, one worker")
-    print(f"   {'loop':8} {'scenario':14} {'stages host/copy/compute ms':28} "
-          f"{'pipelined/ideal':>16} {'sequential/(1/sum)':>19} {'peak buffers':>13} check")
+    print(
+        f"   {'loop':8} {'scenario':14} {'stages host/copy/compute ms':28} "
+        f"{'pipelined/ideal':>16} {'sequential/(1/sum)':>19} {'peak buffers':>13} check"
+    )
     for loop in ("asyncio", "trio"):  # uvloop cannot run on a fake clock
         for name, (host, copy, compute) in SCENARIOS.items():
             pipe, seq, slowest = measure_virtual(loop, batches, host, copy, compute, prefetch)
@@ -248,20 +269,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loops", default=",".join(LOOPS))
     parser.add_argument("--sections", default="1,2,3", help="which sections to run")
-    parser.add_argument("--costs", default=",".join(map(str, COSTS_MS)),
-                        help="section 2: host work per item, ms")
+    parser.add_argument(
+        "--costs", default=",".join(map(str, COSTS_MS)), help="section 2: host work per item, ms"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: few batches, once")
     args = parser.parse_args()
     batches, repeats = (12, 1) if args.quick else (args.batches, args.repeats)
     loops = [loop for loop in args.loops.split(",") if loop]
-    print(f"aiostream {ais.__version__}, Python {platform.python_version()}, "
-          f"{platform.machine()}, {os.cpu_count()} cores\n")
+    print(
+        f"aiostream {ais.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()}, {os.cpu_count()} cores\n"
+    )
     sections = set(args.sections.split(","))
     if "1" in sections:
         section_real_time(batches, repeats, loops)
     if "2" in sections:
-        section_workers(12 if args.quick else 60, repeats, loops,
-                        COSTS_MS[:1] if args.quick else tuple(map(int, args.costs.split(","))))
+        section_workers(
+            12 if args.quick else 60,
+            repeats,
+            loops,
+            COSTS_MS[:1] if args.quick else tuple(map(int, args.costs.split(","))),
+        )
     if "3" in sections:
         section_virtual(20 if args.quick else 2 * batches, 2)
 

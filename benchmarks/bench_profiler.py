@@ -74,8 +74,10 @@ def main() -> None:
         "with record_function('step', batch=i)": (with_record_function_args, with_nullcontext),
         "@record_function decorated call": (call_decorated, call_plain_in_nullcontext),
     }
-    print(f"aiostream {ais.__version__}, Python {platform.python_version()}, {platform.machine()}; "
-          f"no profiler active, {n} calls x {rounds} rounds\n")
+    print(
+        f"aiostream {ais.__version__}, Python {platform.python_version()}, {platform.machine()}; "
+        f"no profiler active, {n} calls x {rounds} rounds\n"
+    )
     print(f"{'case':40} {'ours':>9} {'nullcontext':>12} {'ratio':>6}  (goal <= 2)")
     for name, (ours_fn, base_fn) in cases.items():
         ours, base = [], []

@@ -7,7 +7,8 @@ Every figure is a ratio to a baseline measured in the same run.
    streams, so that neither side saturates the CPU); one task per stream awaits
    ``stream.synchronize()``. The baseline: N tasks sleeping on the loop's own timer
    (``anyio.sleep``) until the same moments have passed (sleeping again for the rest when a
-   timer fires early, as uvloop's do by up to a millisecond: a wait may not resume early). CPU per wait is the process CPU time from
+   timer fires early, as uvloop's do by up to a millisecond: a wait may not resume early).
+   CPU per wait is the process CPU time from
    starting the tasks to the last wake, over N (stream creation and submission are reported
    apart, as setup). Lateness is wake time minus completion time. Goals: CPU at most 3x the
    baseline's at every size; median lateness at most 2x the baseline's, or under 2 ms.
@@ -190,7 +191,7 @@ def simulate_simpy(n: int) -> tuple[float, float]:
     engines = {name: simpy.Resource(env, capacity=k) for name, k in SLOTS.items()}
 
     def stream(i: int) -> Any:
-        for engine, seconds in zip(("h2d", "compute", "d2h"), durations(i)):
+        for engine, seconds in zip(("h2d", "compute", "d2h"), durations(i), strict=True):
             with engines[engine].request() as slot:
                 yield slot
                 yield env.timeout(seconds)
@@ -233,7 +234,8 @@ def svg(rows: list[Series], title: str, unit: str) -> str:
     ]
     for e in range(y0, y1 + 1):
         out.append(
-            f'<line x1="{left}" x2="{w - right}" y1="{y(10**e):.1f}" y2="{y(10**e):.1f}" stroke="#ddd"/>'
+            f'<line x1="{left}" x2="{w - right}" y1="{y(10**e):.1f}" '
+            f'y2="{y(10**e):.1f}" stroke="#ddd"/>'
         )
         out.append(
             f'<text x="{left - 6}" y="{y(10**e) + 4:.1f}" text-anchor="end">{10**e:g} {unit}</text>'
@@ -254,7 +256,8 @@ def svg(rows: list[Series], title: str, unit: str) -> str:
             )
             ly = top + 16 * (2 * k + col - 1)
             out.append(
-                f'<line x1="{w - right + 10}" x2="{w - right + 34}" y1="{ly}" y2="{ly}" stroke="{colour}" stroke-width="2"{dash}/>'
+                f'<line x1="{w - right + 10}" x2="{w - right + 34}" y1="{ly}" y2="{ly}" '
+                f'stroke="{colour}" stroke-width="2"{dash}/>'
             )
             out.append(f'<text x="{w - right + 38}" y="{ly + 4}">{name}, {label}</text>')
     out.append("</svg>")
@@ -296,8 +299,8 @@ def main() -> None:
     curves: dict[str, list[tuple[int, float, float]]] = {}
     for loop in loops:
         for n in sizes:
-            setup, cpu, late = run_on(loop, lambda: waits_ours(n))
-            cpu_b, late_b = run_on(loop, lambda: waits_base(n))
+            setup, cpu, late = run_on(loop, lambda n=n: waits_ours(n))
+            cpu_b, late_b = run_on(loop, lambda n=n: waits_base(n))
             med, med_b = statistics.median(late), statistics.median(late_b)
             p99 = sorted(late)[int(0.99 * (n - 1))]
             p99_b = sorted(late_b)[int(0.99 * (n - 1))]
@@ -332,7 +335,8 @@ def main() -> None:
         print("   (SimPy is not installed: pip install 'aiostream-cuda[bench]' to compare)")
     for n in sizes:
         ours, end = simulate_ours(n)
-        line = f"   {n:8,} streams: ours {ours * 1e6:6.2f} us/op (x{ours / (sim[0][1] * 1e-6) if sim else 1.0:4.2f} of the first size)"
+        growth = ours / (sim[0][1] * 1e-6) if sim else 1.0
+        line = f"   {n:8,} streams: ours {ours * 1e6:6.2f} us/op (x{growth:4.2f} of the first size)"
         if have_simpy:
             base, end_b = simulate_simpy(n)
             sim.append((n, ours * 1e6, base * 1e6))

@@ -78,8 +78,13 @@ def torch_pipeline(cfg: _demo.PipelineConfig, workers: int) -> tuple[float, bool
     end.synchronize()
     cycles = int(10_000_000 * cfg.compute_s * 1000 / start.elapsed_time(end))
 
-    loader = DataLoader(Items(cfg.batches, n, cfg.host_s), batch_size=None,
-                        num_workers=workers, pin_memory=True, persistent_workers=workers > 0)
+    loader = DataLoader(
+        Items(cfg.batches, n, cfg.host_s),
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=True,
+        persistent_workers=workers > 0,
+    )
     for _ in loader:  # the workers start, and a first epoch warms everything up
         pass
     depth = 3
@@ -112,8 +117,9 @@ def torch_pipeline(cfg: _demo.PipelineConfig, workers: int) -> tuple[float, bool
 
 def aiostream_pipeline(cfg: _demo.PipelineConfig) -> tuple[float, bool]:
     async def main() -> _demo.PipelineResult:
-        await _demo.run_pipeline(_demo.PipelineConfig(batches=8, nbytes=cfg.nbytes,
-                                                      device=cfg.device))  # warm up
+        await _demo.run_pipeline(
+            _demo.PipelineConfig(batches=8, nbytes=cfg.nbytes, device=cfg.device)
+        )  # warm up
         return await _demo.run_pipeline(cfg)
 
     result = anyio.run(main)
@@ -135,24 +141,32 @@ def main() -> None:
     import torch
 
     batches = 20 if args.quick else args.batches
-    print(f"aiostream {ais.__version__}, torch {torch.__version__}, Python "
-          f"{platform.python_version()}, {torch.cuda.get_device_name(0)}, "
-          f"{datetime.date.today()}; {batches} batches of 1 MiB, host {args.host_ms:g} ms, "
-          f"compute {args.compute_ms:g} ms; real time")
+    print(
+        f"aiostream {ais.__version__}, torch {torch.__version__}, Python "
+        f"{platform.python_version()}, {torch.cuda.get_device_name(0)}, "
+        f"{datetime.date.today()}; {batches} batches of 1 MiB, host {args.host_ms:g} ms, "
+        f"compute {args.compute_ms:g} ms; real time"
+    )
     print(f"{'workers':>7} {'pipeline':28} {'batches/s':>10} {'of 1/compute':>13} check")
     bound = 1000 / args.compute_ms
     for workers in map(int, args.workers.split(",")):
-        cfg = _demo.PipelineConfig(batches=batches, host_s=args.host_ms / 1000,
-                                   compute_s=args.compute_ms / 1000, workers=workers,
-                                   device=ais.Device("cuda", 0))
+        cfg = _demo.PipelineConfig(
+            batches=batches,
+            host_s=args.host_ms / 1000,
+            compute_s=args.compute_ms / 1000,
+            workers=workers,
+            device=ais.Device("cuda", 0),
+        )
         rows = [
             ("torch DataLoader, processes", torch_pipeline(cfg, workers)),
             ("aiostream DataLoader", aiostream_pipeline(cfg)),
         ]
         for name, (seconds, ok) in rows:
             rate = batches / seconds
-            print(f"{workers:7} {name:28} {rate:10.1f} {rate / bound:13.3f} "
-                  f"{'ok' if ok else 'CHECKSUM MISMATCH'}")
+            print(
+                f"{workers:7} {name:28} {rate:10.1f} {rate / bound:13.3f} "
+                f"{'ok' if ok else 'CHECKSUM MISMATCH'}"
+            )
 
 
 if __name__ == "__main__":

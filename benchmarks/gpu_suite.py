@@ -59,17 +59,33 @@ def steps(quick: bool) -> list[Step]:
         Step("info", [py, "-m", "aiostream", "info"], 120, needs_gpu=False),
         Step(
             "cuda-tests",
-            [py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider",
-             "tests/test_cuda.py", "tests/test_conformance.py", "tests/test_gpu_interop.py",
-             "-k", "cuda or test_cuda or test_gpu_interop"],
+            [
+                py,
+                "-m",
+                "pytest",
+                "-v",
+                "-rs",
+                "-p",
+                "no:cacheprovider",
+                "tests/test_cuda.py",
+                "tests/test_conformance.py",
+                "tests/test_gpu_interop.py",
+                "-k",
+                "cuda or test_cuda or test_gpu_interop",
+            ],
             540,
         ),
         Step("bench-cuda", [py, "benchmarks/bench_cuda.py", *q], 540),
     ]
     batches = ["--batches", "20"] if quick else []
     for loop in LOOPS:
-        out.append(Step(f"demo-{loop}", [py, "-m", "aiostream", "demo", "--device", "cuda:0",
-                                         "--loop", loop, *batches], 240))
+        out.append(
+            Step(
+                f"demo-{loop}",
+                [py, "-m", "aiostream", "demo", "--device", "cuda:0", "--loop", loop, *batches],
+                240,
+            )
+        )
     out.append(Step("bench-torch-loader", [py, "benchmarks/bench_torch_loader.py", *q], 540))
     return out
 
@@ -77,10 +93,16 @@ def steps(quick: bool) -> list[Step]:
 def cuda_state() -> tuple[bool, str]:
     """(whether steps that need a GPU can run, what the report says of the device)."""
     probe = subprocess.run(
-        [sys.executable, "-c",
-         "from aiostream import _backends; ok, why = _backends.probe('cuda'); "
-         "print('ok' if ok else 'no', why or '')"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "from aiostream import _backends; ok, why = _backends.probe('cuda'); "
+            "print('ok' if ok else 'no', why or '')",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     ok = probe.stdout.startswith("ok")
     if not ok:
@@ -88,14 +110,20 @@ def cuda_state() -> tuple[bool, str]:
         return False, f"no CUDA device: {reason}"
     try:
         if hasattr(ctypes.CDLL("libcuda.so.1"), "fake_cuda_live"):
-            return True, ("the stand-in driver of tests/fake_cuda (a CPU simulation): its "
-                          "figures are not GPU figures and are not to be recorded as such")
+            return True, (
+                "the stand-in driver of tests/fake_cuda (a CPU simulation): its "
+                "figures are not GPU figures and are not to be recorded as such"
+            )
     except OSError:
         pass
     smi = shutil.which("nvidia-smi")
     if smi is not None:
-        q = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+        q = subprocess.run(
+            [smi, "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if q.returncode == 0 and q.stdout.strip():
             return True, "; ".join(line.strip() for line in q.stdout.strip().splitlines())
     return True, "a CUDA device (nvidia-smi not found: see the info step for its name)"
@@ -128,12 +156,16 @@ def run(step: Step, outdir: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("AIOSTREAM_DEVICE", None)
     try:
-        proc = subprocess.run(step.args, cwd=ROOT, capture_output=True, text=True,
-                              timeout=step.timeout, env=env)
+        proc = subprocess.run(
+            step.args, cwd=ROOT, capture_output=True, text=True, timeout=step.timeout, env=env
+        )
         output, rc = proc.stdout + ("\n" + proc.stderr if proc.stderr else ""), proc.returncode
     except subprocess.TimeoutExpired as exc:
-        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) \
+        output = (
+            (exc.stdout or b"").decode(errors="replace")
+            if isinstance(exc.stdout, bytes)
             else (exc.stdout or "")
+        )
         rc, step.status = 124, "timed out"
     step.seconds = time.perf_counter() - start
     (outdir / f"{step.name}.txt").write_text(f"$ {' '.join(step.args)}\n\n{output}")
@@ -168,8 +200,9 @@ def report(outdir: Path, device: str, all_steps: list[Step], started: datetime.d
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outdir", type=Path, help="where the report and raw outputs go")
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes (a smoke run of the suite itself)")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes (a smoke run of the suite itself)"
+    )
     args = parser.parse_args()
     args.outdir.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc)

@@ -27,8 +27,10 @@ async def main() -> None:
                 image = batch.data["image"]  # a DeviceBuffer, float32 (64, 64)
                 ais.delay(0.002)  # stand-in for the model; it runs after the copy landed
         await model.synchronize()
-    print(f"{loader.stats.batches} batches, {loader.stats.allocations} device buffers "
-          f"allocated, at most {loader.stats.peak_in_use} in use; last: {image}")
+    print(
+        f"{loader.stats.batches} batches, {loader.stats.allocations} device buffers "
+        f"allocated, at most {loader.stats.peak_in_use} in use; last: {image}"
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ async def main() -> None:
     compute.wait_stream(copy)
     end.record(compute)
     await end.synchronize()
-    print(f"{CHUNKS} chunks of {NBYTES >> 20} MiB copied and computed in "
-          f"{start.elapsed_time(end):.1f} ms of device time on {device}")
+    print(
+        f"{CHUNKS} chunks of {NBYTES >> 20} MiB copied and computed in "
+        f"{start.elapsed_time(end):.1f} ms of device time on {device}"
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-import aiostream as ais
+import aiostream as ais  # noqa: E402 - after the plugin list, as pytest reads it
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,9 +27,14 @@ def run_python(*args: str, timeout: float = 120, **env: str) -> subprocess.Compl
     environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
     environ.pop("AIOSTREAM_DEVICE", None)
     return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
         env=environ,
     )
+
 
 _LOOPS = [
     pytest.param(("asyncio", {}), id="asyncio"),

@@ -29,8 +29,23 @@ ODD = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from([1e300, -0.0, 5e-324]),
     st.text(max_size=12),
-    st.sampled_from(["virtual", "virtual:0", "virtual:9", "cuda:0", "cuda", "gpu", "", "hybrid",
-                     "compute", "h2d", "d2h", "float32", "uint8"]),
+    st.sampled_from(
+        [
+            "virtual",
+            "virtual:0",
+            "virtual:9",
+            "cuda:0",
+            "cuda",
+            "gpu",
+            "",
+            "hybrid",
+            "compute",
+            "h2d",
+            "d2h",
+            "float32",
+            "uint8",
+        ]
+    ),
     st.binary(max_size=70),
     st.lists(st.integers(-2, 4), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(0, 3), max_size=2),
@@ -66,8 +81,9 @@ def _calls() -> dict[str, Callable[..., Any]]:
         "copy_async": lambda a, b, c: ais.copy_async(a, b, stream=c),
         "copy_async dst": lambda a, b, c: ais.copy_async(a, host()),
         "copy_async stream": lambda a, b, c: ais.copy_async(dev(), host(), stream=a),
-        "DataLoader": lambda a, b, c: ais.DataLoader([], transform=None, prefetch=a, workers=b,
-                                                     to_thread=c),
+        "DataLoader": lambda a, b, c: ais.DataLoader(
+            [], transform=None, prefetch=a, workers=b, to_thread=c
+        ),
         "DataLoader source": lambda a, b, c: ais.DataLoader(a),
         "set_wait_strategy": lambda a, b, c: ais.set_wait_strategy(a),
         "set_debug": lambda a, b, c: ais.set_debug(a),
@@ -96,8 +112,12 @@ CALLS = _calls()
 
 @pytest.mark.aiostream(check_leaks=False)
 @pytest.mark.parametrize("name", sorted(CALLS))
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(a=ODD, b=ODD, c=ODD)
 def test_a_public_call_succeeds_or_raises_a_documented_error(
     virtual_device: ais.Device, name: str, a: Any, b: Any, c: Any

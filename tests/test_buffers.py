@@ -80,8 +80,11 @@ def test_a_virtual_device_refuses_memory_it_does_not_have(virtual_device: ais.De
     import gc
 
     first = ais.DeviceBuffer(600)
-    with pytest.raises(ais.DeviceError, match="virtual:0 is out of memory: 600 bytes asked, 400 "
-                       r"of 1000 free \(aiostream.virtual.reset\(memory=...\) sets the size\)"):
+    with pytest.raises(
+        ais.DeviceError,
+        match="virtual:0 is out of memory: 600 bytes asked, 400 "
+        r"of 1000 free \(aiostream.virtual.reset\(memory=...\) sets the size\)",
+    ):
         ais.DeviceBuffer(600)
     with pytest.raises(ais.DeviceError, match="out of memory"):
         ais.DeviceBuffer(1 << 60)  # the default 16 GiB would refuse it too
@@ -223,7 +226,9 @@ def test_copies_stay_on_one_device(virtual_device: ais.Device) -> None:
         ais.copy_async(d0, ais.HostBuffer(8), stream=ais.Stream("virtual:1"))
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")]
+)
 async def test_round_trip_on_uvloop_in_real_time(virtual_device: ais.Device) -> None:
     """uvloop cannot fake time, so here the virtual device runs on the monotonic clock."""
     src, out, dev = ais.HostBuffer(32), ais.HostBuffer(32), ais.DeviceBuffer(32)

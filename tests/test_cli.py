@@ -27,8 +27,22 @@ def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFi
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
 def test_streams_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["streams", "--device", "virtual:0", "--tasks", "3", "--duration-ms", "5",
-                 "--loop", loop]) == 0
+    assert (
+        main(
+            [
+                "streams",
+                "--device",
+                "virtual:0",
+                "--tasks",
+                "3",
+                "--duration-ms",
+                "5",
+                "--loop",
+                loop,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for i in range(3):
         assert f"task {i}: resumed at" in out
@@ -40,8 +54,26 @@ def test_streams_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixtur
 def test_pipeline_demo_checks_its_results_and_reports(
     loop: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["demo", "--device", "virtual:0", "--batches", "12", "--batch-kb", "64",
-                 "--host-ms", "1", "--compute-ms", "1", "--loop", loop]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--device",
+                "virtual:0",
+                "--batches",
+                "12",
+                "--batch-kb",
+                "64",
+                "--host-ms",
+                "1",
+                "--compute-ms",
+                "1",
+                "--loop",
+                loop,
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     out = captured.out
     assert "pipelined:  12 batches" in out and "sequential: 12 batches" in out
@@ -51,8 +83,24 @@ def test_pipeline_demo_checks_its_results_and_reports(
     assert "ms per batch with 2 workers)" in out  # the host stage, shared by the workers
     assert "bottleneck: " in out and "event loop CPU per batch (pipelined run): " in out
     assert "12/12 batches" in captured.err  # the progress bar
-    assert main(["demo", "--device", "virtual:0", "--batches", "4", "--batch-kb", "16",
-                 "--workers", "1", "--loop", loop]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--device",
+                "virtual:0",
+                "--batches",
+                "4",
+                "--batch-kb",
+                "16",
+                "--workers",
+                "1",
+                "--loop",
+                loop,
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "prefetch 2, workers 1" in out and "per batch with" not in out
 
@@ -155,14 +203,38 @@ def test_loader_benchmark_smoke_run() -> None:
 
 def test_demo_writes_a_trace_and_an_svg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace, svg = tmp_path / "out.json", tmp_path / "out.svg"
-    assert main(["demo", "--device", "virtual:0", "--batches", "6", "--batch-kb", "64",
-                 "--host-ms", "1", "--compute-ms", "1", "--trace", str(trace),
-                 "--svg", str(svg)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--device",
+                "virtual:0",
+                "--batches",
+                "6",
+                "--batch-kb",
+                "64",
+                "--host-ms",
+                "1",
+                "--compute-ms",
+                "1",
+                "--trace",
+                str(trace),
+                "--svg",
+                str(svg),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "profile of the pipelined run:" in out and "overlap (host and device busy" in out
     assert f"wrote the trace (open in https://ui.perfetto.dev or chrome://tracing): {trace}" in out
     events = json.loads(trace.read_text())["traceEvents"]
-    assert {e["name"] for e in events if e["ph"] == "B"} >= {"transform", "model", "delay", "copy h2d"}
+    assert {e["name"] for e in events if e["ph"] == "B"} >= {
+        "transform",
+        "model",
+        "delay",
+        "copy h2d",
+    }
     assert svg.read_text().startswith("<svg ")
 
 

@@ -87,7 +87,9 @@ async def test_elapsed_time_measures_device_work(aiostream_device: ais.Device) -
     assert start.elapsed_time(end) >= SHORT * 1000 * 0.99
 
 
-async def test_event_id_zero_until_recorded_then_distinct_and_stable(aiostream_device: ais.Device) -> None:
+async def test_event_id_zero_until_recorded_then_distinct_and_stable(
+    aiostream_device: ais.Device,
+) -> None:
     s = ais.Stream(aiostream_device)
     e1, e2 = ais.Event(aiostream_device), ais.Event(aiostream_device)
     assert e1.event_id == 0 and e2.event_id == 0

@@ -168,7 +168,8 @@ async def main():
     await s.record_event().synchronize(strategy="thread")
     return s
 
-kept = [anyio.run(main), ais.Event("cuda:0", enable_timing=True), ais.HostBuffer(64, device="cuda:0")]
+kept = [anyio.run(main), ais.Event("cuda:0", enable_timing=True),
+        ais.HostBuffer(64, device="cuda:0")]
 kept[1].record(kept[0])
 ais.delay(0.01, stream=kept[0])
 dropped = [ais.Stream("cuda:0") for _ in range(5)]
@@ -222,8 +223,10 @@ def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Pa
     report = (tmp_path / "out" / "report.md").read_text()
     assert "- device: no CUDA device: no NVIDIA driver library" in report
     assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
-    assert len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report,
-                          re.MULTILINE)) == 6, report
+    assert (
+        len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report, re.MULTILINE))
+        == 6
+    ), report
 
 
 NVTX = """

@@ -111,7 +111,7 @@ async def test_consumer_work_starts_after_the_copy_lands(virtual_time: VirtualTi
     ops = ais.virtual.timeline()
     copies = [r for r in ops if r.engine == "h2d"]
     kernels = [r for r in ops if r.name.startswith("kernel")]
-    for copy, kernel in zip(copies, kernels):
+    for copy, kernel in zip(copies, kernels, strict=True):
         assert kernel.start >= copy.end
 
 
@@ -203,7 +203,7 @@ async def test_plain_break_stops_production_and_aclose_drains(virtual_time: Virt
     source = Counted(100)
 
     loader = ais.DataLoader(source, prefetch=2)
-    async for batch in loader:
+    async for batch in loader:  # noqa: B007 - the batch is checked after the loop
         break
     assert source.pulled == 2 and batch.index == 0
     await loader.aclose()
@@ -294,7 +294,9 @@ async def test_items_must_be_arrays(virtual_time: VirtualTime) -> None:
     quiet()
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")]
+)
 async def test_the_loader_on_uvloop_in_real_time(virtual_device: ais.Device) -> None:
     """uvloop cannot fake time, so here the virtual device runs on the monotonic clock."""
     consumer = ais.Stream()
@@ -463,7 +465,7 @@ async def test_cancelling_the_block_stops_every_worker(virtual_time: VirtualTime
 
     with anyio.move_on_after(2.5) as scope:
         async with ais.DataLoader(arrays(20), transform=slow, workers=2) as loader:
-            async for batch in loader:
+            async for batch in loader:  # noqa: B007 - kept to show it holds its buffers
                 pass
     assert scope.cancelled_caught
     assert 0 < loader.stats.batches < 20

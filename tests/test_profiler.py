@@ -210,7 +210,9 @@ def test_record_function_bad_input(virtual_device: ais.Device) -> None:
         ais.record_function("x", stream="s")  # type: ignore[arg-type]
 
 
-def test_nvtx_ranges_when_available(virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvtx_ranges_when_available(
+    virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[tuple[str, ...]] = []
 
     class FakeNvtx:
@@ -347,7 +349,9 @@ async def test_a_failing_observer_never_changes_what_the_program_sees(
     caplog.clear()  # the records' tracebacks hold the stream
 
 
-@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+@pytest.mark.parametrize(
+    "anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")]
+)
 async def test_profiling_on_uvloop_in_real_time(virtual_device: ais.Device, tmp_path: Path) -> None:
     """uvloop cannot fake time, so here the virtual device runs on the monotonic clock."""
     s = ais.Stream()
@@ -381,7 +385,9 @@ async def test_watchdog_ignores_waits_that_already_finished(
         ais.set_watchdog(None)
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "aiostream"]
     assert warning.startswith("1 wait(s) pending for more than 2 s")
-    assert f"on stream {slow.stream_id} " in warning and f"on stream {quick.stream_id} " not in warning
+    assert (
+        f"on stream {slow.stream_id} " in warning and f"on stream {quick.stream_id} " not in warning
+    )
 
 
 def test_a_failing_profiler_never_replaces_the_user_s_exception(

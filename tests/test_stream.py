@@ -134,8 +134,14 @@ def test_streams_of_different_devices_can_wait_on_each_other(
 
 @pytest.mark.parametrize(
     ("seconds", "exc"),
-    [(-1, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
-     ("1", TypeError), (None, TypeError), (True, TypeError)],
+    [
+        (-1, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        ("1", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+    ],
 )
 def test_delay_rejects_bad_durations(seconds: object, exc: type) -> None:
     with pytest.raises(exc, match="seconds"):

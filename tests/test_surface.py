@@ -49,7 +49,8 @@ def test_testing_imports_and_runs_without_pytest() -> None:
         "    return ais.virtual.now()\n"
         "print(run_in_virtual_time(ten))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "10.0"

@@ -8,14 +8,14 @@ import aiostream as ais
 from aiostream import _backends
 from aiostream.testing import format_timeline
 
-ANYIO_LOOPS = '''
+ANYIO_LOOPS = """
 import pytest
 
 @pytest.fixture(params=["asyncio", "trio",
                         pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
 def anyio_backend(request):
     return request.param
-'''
+"""
 
 
 def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
@@ -36,7 +36,9 @@ def test_virtual_device_is_fresh_configurable_and_restores_the_previous_backend(
     pytester: pytest.Pytester,
 ) -> None:
     before = _backends.get("virtual")
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 import aiostream as ais
 import pytest
 
@@ -51,13 +53,16 @@ def test_configured(virtual_device):
 def test_fresh(virtual_device):
     assert ais.device_count("virtual") == 1
     assert ais.virtual.stats().streams == 0
-''')
+""",
+    )
     result.assert_outcomes(passed=2)
     assert _backends.get("virtual") is before
 
 
 def test_leaks_fail_the_test_with_a_listing(pytester: pytest.Pytester) -> None:
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 import aiostream as ais
 import pytest
 
@@ -76,21 +81,26 @@ def test_allowed(virtual_device):
 def test_failing_tests_are_not_also_blamed_for_leaks(virtual_device):
     kept.append(ais.Stream())
     assert False, "the real failure"
-''')
+""",
+    )
     result.assert_outcomes(passed=2, failed=1, errors=1)
-    result.stdout.fnmatch_lines([
-        "*ERROR at teardown of test_leaky*",
-        "*the test leaked 3 thing(s) on the virtual backend:",
-        "*pending operation 'forgotten' on virtual:0 stream 1, engine compute*",
-        "*live stream virtual:0 stream 1 (priority 0)",
-        "*live event virtual:0 event 1",
-        "*Await the work you submit*",
-    ])
-    assert "test_allowed" not in "\n".join(l for l in result.outlines if "ERROR" in l)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaky*",
+            "*the test leaked 3 thing(s) on the virtual backend:",
+            "*pending operation 'forgotten' on virtual:0 stream 1, engine compute*",
+            "*live stream virtual:0 stream 1 (priority 0)",
+            "*live event virtual:0 event 1",
+            "*Await the work you submit*",
+        ]
+    )
+    assert "test_allowed" not in "\n".join(line for line in result.outlines if "ERROR" in line)
 
 
 def test_bad_marker_options_are_reported(pytester: pytest.Pytester) -> None:
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 import pytest
 
 @pytest.mark.aiostream(device=2)
@@ -100,15 +110,18 @@ def test_typo(virtual_device):
 @pytest.mark.aiostream(2)
 def test_positional(virtual_device):
     pass
-''')
+""",
+    )
     result.assert_outcomes(errors=2)
-    result.stdout.fnmatch_lines([
-        "*unknown option(s) device; accepted: devices, compute_slots*",
-        "*takes keyword arguments only*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*unknown option(s) device; accepted: devices, compute_slots*",
+            "*takes keyword arguments only*",
+        ]
+    )
 
 
-TEN_SECONDS = '''
+TEN_SECONDS = """
 import time
 import anyio
 import pytest
@@ -126,46 +139,66 @@ async def ten_seconds(virtual_time, clock):
     await anyio.sleep(2.5)               # loop timers share the clock
     assert ais.virtual.now() == 12.5
     assert time.perf_counter() - wall < 0.9
-'''
+"""
 
 
 def test_virtual_time_with_anyio_on_asyncio_and_trio(pytester: pytest.Pytester) -> None:
-    result = run(pytester, ANYIO_LOOPS + TEN_SECONDS + '''
+    result = run(
+        pytester,
+        ANYIO_LOOPS
+        + TEN_SECONDS
+        + """
 @pytest.mark.anyio
 async def test_ten(virtual_time):
     await ten_seconds(virtual_time, anyio.current_time)
-''', "-v", "-rs")
+""",
+        "-v",
+        "-rs",
+    )
     result.assert_outcomes(passed=2, skipped=1)
-    result.stdout.fnmatch_lines([
-        "*test_ten?asyncio? PASSED*",
-        "*test_ten?trio? PASSED*",
-        "*SKIPPED*virtual_time cannot fake the clock of uvloop.Loop*asyncio's default loop or on trio",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*test_ten?asyncio? PASSED*",
+            "*test_ten?trio? PASSED*",
+            "*SKIPPED*virtual_time cannot fake the clock of uvloop.Loop*"
+            "asyncio's default loop or on trio",
+        ]
+    )
 
 
 def test_virtual_time_with_pytest_asyncio_strict_and_uvloop_factories(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makeconftest('''
+    pytester.makeconftest("""
 import asyncio
 import uvloop
 
 def pytest_asyncio_loop_factories(config, item):
     return {"default": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-''')
-    result = run(pytester, TEN_SECONDS + '''
+""")
+    result = run(
+        pytester,
+        TEN_SECONDS
+        + """
 import asyncio
 
 @pytest.mark.asyncio
 async def test_ten(virtual_time):
     await ten_seconds(virtual_time, asyncio.get_running_loop().time)
-''', "-o", "asyncio_mode=strict", "-v", "-rs")
+""",
+        "-o",
+        "asyncio_mode=strict",
+        "-v",
+        "-rs",
+    )
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(["*SKIPPED*virtual_time cannot fake the clock of uvloop.Loop*"])
 
 
 def test_both_plugins_side_by_side_in_strict_mode(pytester: pytest.Pytester) -> None:
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 import anyio
 import pytest
 import aiostream as ais
@@ -184,39 +217,56 @@ async def test_with_anyio(virtual_time, anyio_backend):
     ais.delay(3.0, stream=s)
     await s.synchronize()
     assert virtual_time.now() == 3.0
-''', "-o", "asyncio_mode=strict", "-o", "anyio_mode=strict")
+""",
+        "-o",
+        "asyncio_mode=strict",
+        "-o",
+        "anyio_mode=strict",
+    )
     result.assert_outcomes(passed=3)
 
 
 def test_virtual_time_needs_an_async_test(pytester: pytest.Pytester) -> None:
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 def test_sync(virtual_time):
     pass
-''')
+""",
+    )
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*virtual_time needs an async test function*"])
 
 
 def test_aiostream_device_covers_every_backend(pytester: pytest.Pytester) -> None:
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 import aiostream as ais
 
 def test_device(aiostream_device):
     s = ais.Stream(aiostream_device)
     assert s.device == aiostream_device
-''', "-v", "-rs")
+""",
+        "-v",
+        "-rs",
+    )
     if ais.is_available("cuda"):
         result.assert_outcomes(passed=2)
     else:
         result.assert_outcomes(passed=1, skipped=1)
-        result.stdout.fnmatch_lines(["*test_device?virtual:0? PASSED*", "*SKIPPED*needs a CUDA GPU*"])
+        result.stdout.fnmatch_lines(
+            ["*test_device?virtual:0? PASSED*", "*SKIPPED*needs a CUDA GPU*"]
+        )
 
 
 def test_timelines_are_identical_over_50_runs_on_asyncio_and_trio(
     pytester: pytest.Pytester,
 ) -> None:
     out = pytester.path / "timelines"
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 import anyio
 import pytest
 import aiostream as ais
@@ -233,7 +283,8 @@ async def test_pipeline(virtual_time, anyio_backend, repeat):
         for k in range(4):
             ais.virtual.submit(s, 0.010 * (i + 1), engine="h2d", name=f"copy{i}.{k}")
             ais.virtual.submit(s, 0.020, name=f"kernel{i}.{k}")
-            await anyio.sleep((0.007, 0.011, 0.013)[i])  # apart: no two tasks touch a stream at once
+            # apart: no two tasks touch a stream at once
+            await anyio.sleep((0.007, 0.011, 0.013)[i])
             if k == 2:
                 streams[(i + 1) % 3].wait_stream(s)
         await s.synchronize()
@@ -241,7 +292,10 @@ async def test_pipeline(virtual_time, anyio_backend, repeat):
     async with anyio.create_task_group() as tg:
         for i in range(3):
             tg.start_soon(stage, i)
-''', f"--aiostream-timelines={out}", "-q")
+""",
+        f"--aiostream-timelines={out}",
+        "-q",
+    )
     result.assert_outcomes(passed=100)
     texts = {path.read_bytes() for path in out.iterdir()}
     assert len(list(out.iterdir())) == 100
@@ -262,7 +316,9 @@ def test_virtual_device_is_the_default_device_whatever_the_environment_says(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AIOSTREAM_DEVICE", "cuda:0")  # as on a machine set up for its GPU
-    result = run(pytester, '''
+    result = run(
+        pytester,
+        """
 import os
 import aiostream as ais
 
@@ -272,5 +328,6 @@ def test_default(virtual_device):
 
 def test_restored_after():
     assert os.environ["AIOSTREAM_DEVICE"] == "cuda:0"
-''')
+""",
+    )
     result.assert_outcomes(passed=2)

@@ -327,11 +327,11 @@ async def test_stats_count_what_is_alive(clock: VirtualClock) -> None:
     ais.default_stream()
     seen: list[ais.virtual.VirtualStats] = []
 
-    async def waiter() -> None:
-        await e.synchronize()
+    async def waiter(event: ais.Event) -> None:
+        await event.synchronize()
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(waiter)
+        tg.start_soon(waiter, e)
         await anyio.wait_all_tasks_blocked()
         seen.append(ais.virtual.stats())
         clock.advance(1.0)
@@ -371,7 +371,9 @@ def program() -> list[ais.virtual.OpRecord]:
 def test_same_program_gives_the_same_timeline() -> None:
     first = program()
     assert len(first) == 30
-    assert all(a.end <= b.start or a.stream != b.stream for a, b in zip(first, first[1:]))
+    assert all(
+        a.end <= b.start or a.stream != b.stream for a, b in zip(first, first[1:], strict=False)
+    )
     for _ in range(3):
         assert program() == first
 

@@ -33,7 +33,7 @@ async def test_complete_work_takes_the_fast_path(clock: VirtualClock) -> None:
 async def test_sweeps_check_one_wait_per_stream(clock: VirtualClock) -> None:
     streams = [ais.Stream() for _ in range(4)]
     events = []
-    for step in range(2500):
+    for _step in range(2500):
         for s in streams:
             ais.delay(0.001, stream=s)
             events.append(s.record_event())
@@ -126,7 +126,7 @@ async def test_wait_resumes_other_waits_in_the_same_lane_in_order(clock: Virtual
     s = ais.Stream()
     order: list[int] = []
     events = []
-    for i in range(5):
+    for _ in range(5):
         ais.delay(1.0, stream=s)
         events.append(s.record_event())
 
@@ -191,7 +191,6 @@ async def test_a_completion_between_sweep_and_hint_is_not_slept_on(
     with anyio.fail_after(5):
         await s.synchronize()
     assert ais.virtual.stats().waits == 0
-
 
 
 # ---------------------------------------------------------------------- strategies

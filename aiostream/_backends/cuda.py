@@ -692,7 +692,7 @@ class CudaBackend:
 
     def _quiet_done(self, marker: Any) -> bool:
         (err,) = self._driver.cuEventQuery(marker)
-        return err != _NOT_READY  # complete, or failed: either way the copy is over
+        return bool(err != _NOT_READY)  # complete, or failed: either way the copy is over
 
     def _drop_uses(self, dev: _Device, mem: _Memory) -> None:
         dev.markers.extend(mem.uses.values())

@@ -22,8 +22,10 @@ __all__ = ["FakeLoopTime", "supported"]
 
 def supported(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether ``loop`` is a selector loop whose clock can be faked (uvloop's cannot)."""
-    return isinstance(loop, asyncio.BaseEventLoop) and hasattr(loop, "_selector") and hasattr(
-        loop, "_scheduled"
+    return (
+        isinstance(loop, asyncio.BaseEventLoop)
+        and hasattr(loop, "_selector")
+        and hasattr(loop, "_scheduled")
     )
 
 
@@ -32,7 +34,9 @@ class FakeLoopTime:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         if not supported(loop):
-            raise TypeError(f"cannot fake the clock of {type(loop).__module__}.{type(loop).__name__}")
+            raise TypeError(
+                f"cannot fake the clock of {type(loop).__module__}.{type(loop).__name__}"
+            )
         self._loop: Any = loop
         self._now = 0.0
         self._real_select: Any = None

@@ -153,5 +153,3 @@ def run_in_virtual_time(
     finally:
         _backends.restore("virtual", previous)
         virtual.close()
-
-

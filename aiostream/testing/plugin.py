@@ -186,9 +186,7 @@ def virtual_time(request: pytest.FixtureRequest, virtual_device: Device) -> Iter
     funcargs = item.funcargs
     anyio_backend = funcargs.get("anyio_backend")
     if anyio_backend is not None:
-        name, options = (
-            (anyio_backend, {}) if isinstance(anyio_backend, str) else anyio_backend
-        )
+        name, options = (anyio_backend, {}) if isinstance(anyio_backend, str) else anyio_backend
         if name == "trio" and "clock" not in options:
             import trio.testing
 

@@ -80,7 +80,10 @@ class Race:
     where: str
 
     def __str__(self) -> str:
-        return f"host access to a {self.nbytes}-byte buffer while {self.copy} was in flight\n{self.where}"
+        return (
+            f"host access to a {self.nbytes}-byte buffer while {self.copy} was in flight\n"
+            f"{self.where}"
+        )
 
 
 class Failure:

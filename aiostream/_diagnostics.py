@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
+from . import _check
+
 __all__ = [
     "PendingWait",
     "capture",
@@ -57,11 +59,8 @@ def set_watchdog(seconds: float | None) -> None:
     """
     global _watchdog
     if seconds is not None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-            raise TypeError(f"seconds must be a number or None, got {seconds!r}")
-        if not 0 < seconds < float("inf"):
-            raise ValueError(f"seconds must be a finite number > 0, got {seconds!r}")
-    _watchdog = None if seconds is None else float(seconds)
+        seconds = _check.seconds(seconds, "seconds", positive=True, what="a number or None")
+    _watchdog = seconds
 
 
 def watchdog_threshold() -> float | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _backends, _diagnostics, _hooks
+from . import _backends, _check, _diagnostics, _hooks
 from .device import Device
 from .device import device as _resolve_device
 from .stream import Stream, _check_same_backend, current_stream, stream_or_current
@@ -23,13 +23,10 @@ _MAX_NBYTES = 1 << 63
 
 
 def _nbytes(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"nbytes must be an int, got {value!r}")
-    if value < 0:
-        raise ValueError(f"nbytes must be >= 0, got {value}")
+    value = _check.integer(value, "nbytes", minimum=0)
     if value >= _MAX_NBYTES:
         raise ValueError(f"nbytes must be below 2**63, which no host or device holds; got {value}")
-    return int(value)
+    return value
 
 
 def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...]]:

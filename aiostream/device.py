@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import _backends
+from . import _backends, _check
 from ._errors import BackendUnavailableError
 
 __all__ = ["Device", "device", "device_count", "is_available"]
@@ -34,10 +34,7 @@ class Device:
                 f"Device type must be one of {', '.join(map(repr, _backends.KINDS))}, "
                 f"got {self.type!r}"
             )
-        if isinstance(self.index, bool) or not isinstance(self.index, int):
-            raise TypeError(f"Device index must be an int, got {self.index!r}")
-        if self.index < 0:
-            raise ValueError(f"Device index must be >= 0, got {self.index}")
+        _check.integer(self.index, "Device index", minimum=0)
 
     def __str__(self) -> str:
         return f"{self.type}:{self.index}"

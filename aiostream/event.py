@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _diagnostics, _hooks, _waiting
+from . import _backends, _check, _diagnostics, _hooks, _waiting
 from .device import Device
 from .device import device as _resolve_device
 from .stream import Stream, _check_same_backend, stream_or_current
@@ -14,12 +14,6 @@ if TYPE_CHECKING:
     from ._backends.base import Backend
 
 __all__ = ["Event"]
-
-
-def _flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 class Event:
@@ -67,9 +61,9 @@ class Event:
         blocking: bool = False,
         interprocess: bool = False,
     ) -> None:
-        self._timing = _flag(enable_timing, "enable_timing")
-        self._blocking = _flag(blocking, "blocking")
-        self._interprocess = _flag(interprocess, "interprocess")
+        self._timing = _check.flag(enable_timing, "enable_timing")
+        self._blocking = _check.flag(blocking, "blocking")
+        self._interprocess = _check.flag(interprocess, "interprocess")
         if enable_timing and interprocess:
             raise ValueError(
                 "an interprocess event cannot have timing: pass enable_timing=False with "

@@ -51,7 +51,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from . import _waiting
+from . import _check, _waiting
 from ._errors import AiostreamError
 from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device
@@ -581,25 +581,17 @@ class DataLoader(AsyncIterable[Batch]):
             raise TypeError(f"source must be an iterable or async iterable, got {source!r}")
         if transform is not None and not callable(transform):
             raise TypeError(f"transform must be callable or None, got {transform!r}")
-        if isinstance(workers, bool) or not isinstance(workers, int):
-            raise TypeError(f"workers must be an int, got {workers!r}")
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        workers = _check.integer(workers, "workers", minimum=1)
         if prefetch is None:
             prefetch = 2 * workers
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int):
-            raise TypeError(f"prefetch must be an int or None, got {prefetch!r}")
-        if prefetch < 1:
-            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        prefetch = _check.integer(prefetch, "prefetch", minimum=1, what="an int or None")
         if prefetch < workers:
             raise ValueError(
                 f"prefetch ({prefetch}) must be >= workers ({workers}): each worker transforms "
                 "an item ahead of the consumer; raise prefetch or leave it None"
             )
-        if to_thread is not None and not isinstance(to_thread, bool):
-            raise TypeError(
-                f"to_thread must be True or False (None: the default), got {to_thread!r}"
-            )
+        if to_thread is not None:
+            _check.flag(to_thread, "to_thread")
         self._source = source
         self._transform = transform
         self._to_thread = workers > 1 if to_thread is None else to_thread

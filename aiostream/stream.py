@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _diagnostics, _hooks, _waiting
+from . import _backends, _check, _diagnostics, _hooks, _waiting
 from ._errors import StaleHandleError
 from .device import Device
 from .device import device as _resolve_device
@@ -61,8 +61,7 @@ class Stream:
     def __init__(self, device: Device | str | None = None, *, priority: int = 0) -> None:
         dev = _resolve_device(device)
         backend = _backends.get(dev.type)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, got {priority!r}")
+        priority = _check.integer(priority, "priority")
         lowest, highest = backend.priority_range(dev.index)
         if not highest <= priority <= lowest:
             raise ValueError(
@@ -242,10 +241,9 @@ class ExternalStream(Stream):
     __slots__ = ()
 
     def __init__(self, stream_ptr: int, device: Device | str | None = None) -> None:
-        if isinstance(stream_ptr, bool) or not isinstance(stream_ptr, int):
-            raise TypeError(f"stream_ptr must be an int (a CUstream handle), got {stream_ptr!r}")
-        if stream_ptr < 0:
-            raise ValueError(f"stream_ptr must be a handle (>= 0), got {stream_ptr}")
+        stream_ptr = _check.integer(
+            stream_ptr, "stream_ptr", minimum=0, what="an int (a CUstream handle)"
+        )
         dev = _resolve_device("cuda:0" if device is None else device)
         if dev.type != "cuda":
             raise ValueError(f"ExternalStream wraps CUDA streams; device must be cuda:N, got {dev}")
@@ -348,12 +346,7 @@ def delay(seconds: float, *, stream: Stream | None = None) -> None:
         TypeError: ``seconds`` is not a number, or ``stream`` not a Stream.
         ValueError: ``seconds`` is negative or not finite.
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"seconds must be a number (int or float), got {seconds!r}")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
-    if seconds > 9.2e9:  # 2**63 ns: what a device's clock holds
-        raise ValueError(f"seconds must be at most 9.2e9 (292 years), got {seconds!r}")
+    seconds = _check.seconds(seconds, "seconds")
     stream = stream_or_current(stream)
     if _diagnostics._debug:
         stream._origin = _diagnostics.capture()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import _backends, _diagnostics
+from . import _backends, _check, _diagnostics
 from ._backends.virtual import (
     DEFAULT_BANDWIDTH,
     DEFAULT_D2D_BANDWIDTH,
@@ -75,11 +75,7 @@ def _backend() -> VirtualBackend:
 
 
 def _count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+    return _check.integer(value, name, minimum=1)
 
 
 def reset(
@@ -263,12 +259,9 @@ def slow_next(
 ) -> None:
     """Make the next ``n`` operations on ``stream`` (and/or ``engine``) take ``factor`` times
     longer."""
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
-        raise TypeError(f"factor must be a number, got {factor!r}")
-    if not (factor > 0 and factor != float("inf")):
-        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    factor = _check.number(factor, "factor", positive=True)
     backend, index, handle, engine = _fault_target(stream, engine, device)
-    backend.inject(index, handle, engine, _count(n, "n"), factor=float(factor))
+    backend.inject(index, handle, engine, _count(n, "n"), factor=factor)
 
 
 class Stall:

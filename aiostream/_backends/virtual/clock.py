@@ -7,11 +7,9 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["MAX_SECONDS", "Listeners", "VirtualClock", "resolve_clock", "seconds_to_ns"]
+from ..._check import MAX_SECONDS
 
-
-#: The longest duration a clock holds: 2**63 nanoseconds, rounded down.
-MAX_SECONDS = 9.2e9
+__all__ = ["Listeners", "VirtualClock", "resolve_clock", "seconds_to_ns"]
 
 
 def seconds_to_ns(value: object, name: str, *, allow_negative: bool = False) -> int:

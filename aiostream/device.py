@@ -34,7 +34,8 @@ class Device:
                 f"Device type must be one of {', '.join(map(repr, _backends.KINDS))}, "
                 f"got {self.type!r}"
             )
-        _check.integer(self.index, "Device index", minimum=0)
+        # frozen: a numpy integer is stored as the int it stands for
+        object.__setattr__(self, "index", _check.integer(self.index, "Device index", minimum=0))
 
     def __str__(self) -> str:
         return f"{self.type}:{self.index}"

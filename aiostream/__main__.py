@@ -162,10 +162,14 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         workers=args.workers,
         device=device,
     )
+    # the loader's own default when --prefetch is not given
+    prefetch = ais.DataLoader(
+        (), prefetch=cfg.prefetch, workers=cfg.workers, device=device
+    ).prefetch
     print(
         f"aiostream demo on {device}, {args.loop} loop: {cfg.batches} batches of "
         f"{args.batch_kb} KiB, host {args.host_ms:g} ms, compute {args.compute_ms:g} ms, "
-        f"prefetch {cfg.prefetch or 2 * cfg.workers}, workers {cfg.workers}"
+        f"prefetch {prefetch}, workers {cfg.workers}"
     )
     live = sys.stderr.isatty()
 

@@ -102,7 +102,18 @@ async def run_pipeline(
     """The overlapped pipeline: DataLoader, compute, and results copied back and checked."""
     device = ais.device(cfg.device)
     compute, download = ais.Stream(device), ais.Stream(device)
-    depth = (cfg.prefetch or 2 * cfg.workers) + 1  # outputs in flight, as the loader's batches
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        return await _transform(cfg, a)
+
+    loader = ais.DataLoader(
+        _dataset(cfg),
+        transform=transform,
+        device=device,
+        prefetch=cfg.prefetch,
+        workers=cfg.workers,
+    )
+    depth = loader.prefetch + 1  # outputs in flight, as many as the loader's batches
     outputs = [ais.DeviceBuffer(cfg.nbytes, device) for _ in range(depth)]
     ring = [ais.HostBuffer(cfg.nbytes, device=device) for _ in range(depth)]
     pending: list[ais.Event | None] = [None] * depth
@@ -117,18 +128,8 @@ async def run_pipeline(
         return float(ring[slot].numpy(np.float32).sum(dtype=np.float64))
 
     start, cpu = anyio.current_time(), time.thread_time()
-
-    async def transform(a: np.ndarray) -> np.ndarray:
-        return await _transform(cfg, a)
-
     with ais.use_stream(compute):
-        async with ais.DataLoader(
-            _dataset(cfg),
-            transform=transform,
-            device=device,
-            prefetch=cfg.prefetch,
-            workers=cfg.workers,
-        ) as loader:
+        async with loader:
             async for batch in loader:
                 slot = batch.index % depth
                 total += await collect(slot)  # this slot's output and host buffers are free

@@ -33,24 +33,25 @@ logger = logging.getLogger("aiostream")
 Origin = tuple[tuple[str, int, str], ...]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_debug = os.environ.get("AIOSTREAM_DEBUG", "") not in ("", "0")
+#: debug captures on (``set_debug``, ``AIOSTREAM_DEBUG=1``); hot paths read it as a global
+debug = os.environ.get("AIOSTREAM_DEBUG", "") not in ("", "0")
 _watchdog: float | None = None
 _lock = threading.Lock()
-_pending: dict[int, _Record] = {}
+_pending: dict[int, Record] = {}
 _ids = itertools.count(1)
 
 
 def set_debug(enabled: bool) -> None:
     """Capture where waits start and where awaited work was recorded (a little slower)."""
-    global _debug
+    global debug
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False, got {enabled!r}")
-    _debug = enabled
+    debug = enabled
 
 
 def debug_enabled() -> bool:
     """Whether debug captures are on (``set_debug`` or ``AIOSTREAM_DEBUG=1``)."""
-    return _debug
+    return debug
 
 
 def set_watchdog(seconds: float | None) -> None:
@@ -69,9 +70,9 @@ def watchdog_threshold() -> float | None:
 
 def capture(skip: int = 1) -> Origin | None:
     """The caller's stack outside aiostream (innermost last), if debug mode is on."""
-    if not _debug:
+    if not debug:
         return None
-    frame: FrameType | None = sys._getframe(skip + 1)
+    frame: FrameType | None = sys._getframe(skip + 1)  # noqa: SLF001 (the stdlib's API)
     frames: list[tuple[str, int, str]] = []
     while frame is not None and len(frames) < 12:
         code = frame.f_code
@@ -118,7 +119,7 @@ class PendingWait:
         return "\n".join(lines)
 
 
-class _Record:
+class Record:
     """A wait in progress; the task's name is read only when someone looks."""
 
     __slots__ = (
@@ -165,7 +166,7 @@ class _Record:
         )
 
 
-def register(record: _Record) -> int:
+def register(record: Record) -> int:
     key = next(_ids)
     with _lock:
         _pending[key] = record
@@ -185,7 +186,7 @@ def pending_waits() -> list[PendingWait]:
     return sorted((r.report(now) for r in records), key=lambda w: -w.waited)
 
 
-def warn_late(late: list[_Record]) -> None:
+def warn_late(late: list[Record]) -> None:
     """Warn once, with the pending-wait listing, about ``late``: waits the caller (a waiter,
     on its loop's clock) found pending past the watchdog's threshold."""
     threshold = _watchdog

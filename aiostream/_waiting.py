@@ -57,7 +57,7 @@ from . import _diagnostics, _hooks
 from ._errors import AiostreamError
 
 if TYPE_CHECKING:
-    from ._backends.base import Backend, WaitTarget, WatchedTarget
+    from ._backends.base import AnyBackend, WaitTarget, WatchedTarget
 
 __all__ = [
     "STRATEGIES",
@@ -181,7 +181,7 @@ class _Entry:
         self,
         waiter: _Waiter,
         target: WaitTarget,
-        record: _diagnostics._Record,
+        record: _diagnostics.Record,
         strategy: str,
         parked: Any,
     ) -> None:
@@ -201,7 +201,7 @@ class _Entry:
 
     def __call__(self) -> None:
         """The backend says the work completed (``WaitTarget.watch``); any thread."""
-        self.waiter._completed(self)
+        self.waiter.completed(self)
 
 
 def _loop_hooks() -> tuple[
@@ -239,12 +239,12 @@ class _Waiter:
     the two kinds below define: neither visits waits that cannot have progressed.
     """
 
-    def __init__(self, backend: Backend, index: int, registry: dict[tuple[int, int], _Waiter]):
-        self._backend = backend
+    def __init__(self, backend: AnyBackend, index: int, registry: dict[tuple[int, int], _Waiter]):
+        self.backend = backend
         self._index = index
         self._registry = registry
         self._key = (id(backend), index)
-        self._spawn, self._call_soon_threadsafe, self._park, self._trio = _loop_hooks()
+        self._spawn, self._call_soon_threadsafe, self._park, self.on_trio = _loop_hooks()
         self._thread = threading.get_ident()
         #: the device's name, shared by every wait's record
         self.device = f"{backend.kind}:{index}"
@@ -263,7 +263,7 @@ class _Waiter:
 
     # ------------------------------------------------------------------ called by waiting tasks
 
-    def add(self, target: WaitTarget, record: _diagnostics._Record, strategy: str) -> _Entry:
+    def add(self, target: WaitTarget, record: _diagnostics.Record, strategy: str) -> _Entry:
         entry = _Entry(self, target, record, strategy, self._park())
         self._by_age.append(entry)
         self._pending += 1
@@ -291,7 +291,7 @@ class _Waiter:
     def _discarded(self, entry: _Entry) -> None:
         pass
 
-    def _completed(self, entry: _Entry) -> None:
+    def completed(self, entry: _Entry) -> None:
         """A target's work completed (or failed, or its backend closed); any thread."""
         self._due.append(entry)
         # In the loop's thread a kick is needed only while we sleep (told by another task);
@@ -349,7 +349,7 @@ class _Waiter:
         entry.error = error
         self._pending -= 1
         parked = entry.parked
-        if self._trio:
+        if self.on_trio:
             parked.set()
         elif not parked.done():  # else cancelled: its task is on its way out
             parked.set_result(None)
@@ -372,7 +372,7 @@ class _Waiter:
         raise NotImplementedError
 
     async def _run(self) -> None:
-        unsubscribe = self._backend.subscribe(self._index, self._kick_threadsafe)
+        unsubscribe = self.backend.subscribe(self._index, self._kick_threadsafe)
         try:
             await self._serve()
         except anyio.get_cancelled_exc_class():
@@ -445,7 +445,7 @@ class _TimedWaiter(_Waiter):
         # The hint first: it brings the backend up to date, which tells the targets whose
         # work completed; then those are finished. (The other way round, a completion
         # between the two could be slept on.)
-        delay = self._backend.wake_hint(self._index)
+        delay = self.backend.wake_hint(self._index)
         due = self._due
         while due:
             entry = due.popleft()
@@ -462,7 +462,7 @@ class _StrategyWaiter(_Waiter):
     a thread or to a host function when that reports back. A wake visits only those lanes.
     """
 
-    def __init__(self, backend: Backend, index: int, registry: dict[tuple[int, int], _Waiter]):
+    def __init__(self, backend: AnyBackend, index: int, registry: dict[tuple[int, int], _Waiter]):
         super().__init__(backend, index, registry)
         self._lanes: dict[Hashable, list[tuple[int, int, _Entry]]] = {}
         self._order = itertools.count()
@@ -607,7 +607,7 @@ class _StrategyWaiter(_Waiter):
         with anyio.CancelScope() as scope:
             entry.scope = scope
             await anyio.to_thread.run_sync(
-                self._backend.block, entry.target, abandon_on_cancel=True, limiter=self._limiter
+                self.backend.block, entry.target, abandon_on_cancel=True, limiter=self._limiter
             )
         entry.scope = None
         entry.handed = False  # were it somehow not done, the next look hands it again
@@ -618,7 +618,7 @@ class _StrategyWaiter(_Waiter):
             entry.handed = True
             report = functools.partial(self._report_threadsafe, lane)
             try:
-                self._backend.notify_done(entry.target, report)
+                self.backend.notify_done(entry.target, report)
             except AiostreamError:
                 pass  # the device failed: the next check raises its error into the wait
 
@@ -633,21 +633,21 @@ class _StrategyWaiter(_Waiter):
         self._dead = 0
 
 
-def _waiter(backend: Backend, index: int) -> _Waiter:
+def _waiter(backend: AnyBackend, index: int) -> _Waiter:
     try:
         registry = _waiters.get()
     except LookupError:
         registry = {}
         _waiters.set(registry)
     waiter = registry.get((id(backend), index))
-    if waiter is None or waiter._backend is not backend:
+    if waiter is None or waiter.backend is not backend:
         kind = _TimedWaiter if backend.completion_times else _StrategyWaiter
         waiter = registry[(id(backend), index)] = kind(backend, index, registry)
     return waiter
 
 
 async def wait(
-    backend: Backend,
+    backend: AnyBackend,
     index: int,
     target: WaitTarget,
     subject: str,
@@ -666,7 +666,7 @@ async def wait(
     task = _current_task()
     waiter = _waiter(backend, index)
     device = waiter.device
-    record = _diagnostics._Record(
+    record = _diagnostics.Record(
         task, _task_name_of, subject, device, _diagnostics.capture(2), recorded
     )
     key = _diagnostics.register(record)
@@ -674,7 +674,7 @@ async def wait(
         entry = waiter.add(target, record, strategy or get_wait_strategy())
         try:
             parked = entry.parked
-            await (parked.wait() if waiter._trio else parked)
+            await (parked.wait() if waiter.on_trio else parked)
         except BaseException:
             waiter.discard(entry)
             raise
@@ -704,7 +704,7 @@ def in_loop_thread() -> bool:
     return False
 
 
-def wait_blocking(backend: Backend, target: WaitTarget, what: str) -> None:
+def wait_blocking(backend: AnyBackend, target: WaitTarget, what: str) -> None:
     """Block the calling thread until ``target`` is done; refuse to block an event loop."""
     try:
         if in_loop_thread():

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import math
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from . import _backends, _check, _diagnostics, _hooks
+from . import _backends, _check, _objects
 from .device import Device
 from .device import device as _resolve_device
-from .stream import Stream, _check_same_backend, current_stream, stream_or_current
-
-if TYPE_CHECKING:
-    from ._backends.base import Backend
+from .stream import Stream, current_stream, stream_or_current
 
 __all__ = ["DeviceBuffer", "HostBuffer", "copy_async"]
 
@@ -48,7 +44,7 @@ def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int
     return dt, tuple(int(d) for d in dims)
 
 
-class HostBuffer:
+class HostBuffer(_objects.DeviceObject):
     """Host memory for copies to and from a device.
 
     Page-locked (pinned) through the driver on CUDA, so copies are truly asynchronous; plain
@@ -68,15 +64,7 @@ class HostBuffer:
         Wraps ``cuMemHostAlloc`` on CUDA.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_backend",
-        "_device",
-        "_finalizer",
-        "_handle",
-        "_nbytes",
-        "_pinned",
-    )
+    __slots__ = ("_nbytes", "_pinned")
 
     def __init__(
         self, nbytes: int, *, pinned: bool = True, device: Device | str | None = None
@@ -85,10 +73,10 @@ class HostBuffer:
         if not isinstance(pinned, bool):
             raise TypeError(f"pinned must be True or False, got {pinned!r}")
         self._pinned = pinned
-        self._device = _resolve_device(device)
-        self._backend: Backend = _backends.get(self._device.type)
-        self._handle = self._backend.host_alloc(self._device.index, self._nbytes, pinned=pinned)
-        self._finalizer = weakref.finalize(self, self._backend.host_free, self._handle)
+        dev = _resolve_device(device)
+        backend = _backends.get(dev.type)
+        handle = backend.host_alloc(dev.index, self._nbytes, pinned=pinned)
+        self._bind(dev, backend, handle, backend.host_free)
 
     @property
     def nbytes(self) -> int:
@@ -99,11 +87,6 @@ class HostBuffer:
     def pinned(self) -> bool:
         """Whether the memory was asked to be page-locked."""
         return self._pinned
-
-    @property
-    def device(self) -> Device:
-        """The device whose backend allocated this memory."""
-        return self._device
 
     def numpy(self, dtype: Any = np.uint8, shape: Any = None) -> np.ndarray:
         """A zero-copy numpy view of the memory, of ``dtype`` and ``shape`` (1-D by default).
@@ -124,7 +107,7 @@ class HostBuffer:
         )
 
 
-class DeviceBuffer:
+class DeviceBuffer(_objects.DeviceObject):
     """Device memory of ``nbytes``, allocated stream-ordered where the backend can.
 
     It carries a ``dtype`` and ``shape`` for interop (``uint8`` and ``(nbytes,)`` unless made by
@@ -135,29 +118,16 @@ class DeviceBuffer:
         Wraps ``cuMemAllocAsync`` / ``cuMemFreeAsync`` on CUDA.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_backend",
-        "_base",
-        "_device",
-        "_dtype",
-        "_finalizer",
-        "_handle",
-        "_nbytes",
-        "_shape",
-        "_stream",
-    )
+    __slots__ = ("_base", "_dtype", "_nbytes", "_shape", "_stream")
 
     def __init__(self, nbytes: int, device: Device | str | None = None) -> None:
         self._nbytes = _nbytes(nbytes)
-        self._device = _resolve_device(device)
-        self._backend: Backend = _backends.get(self._device.type)
-        stream = current_stream(self._device)
+        dev = _resolve_device(device)
+        backend = _backends.get(dev.type)
+        stream = current_stream(dev)
         self._stream: Stream | None = stream
-        self._handle = self._backend.device_alloc(self._device.index, self._nbytes, stream._handle)
-        self._finalizer: weakref.finalize[..., Any] | None = weakref.finalize(
-            self, self._backend.device_free, self._handle
-        )
+        handle = backend.device_alloc(dev.index, self._nbytes, _objects.handle(stream))
+        self._bind(dev, backend, handle, backend.device_free)
         self._dtype: np.dtype = np.dtype(np.uint8)
         self._shape: tuple[int, ...] = (self._nbytes,)
         self._base: DeviceBuffer | None = None
@@ -166,11 +136,6 @@ class DeviceBuffer:
     def nbytes(self) -> int:
         """The size in bytes."""
         return self._nbytes
-
-    @property
-    def device(self) -> Device:
-        """The device that holds the memory."""
-        return self._device
 
     @property
     def dtype(self) -> np.dtype:
@@ -185,9 +150,10 @@ class DeviceBuffer:
     def view(self, dtype: Any, shape: Any = None) -> DeviceBuffer:
         """The same memory seen as ``dtype`` and ``shape``; it keeps this buffer alive."""
         dt, dims = _shape_for(self._nbytes, dtype, shape)
-        other = DeviceBuffer.__new__(DeviceBuffer)
-        other._nbytes, other._device, other._backend = self._nbytes, self._device, self._backend
-        other._stream, other._handle, other._finalizer = self._stream, self._handle, None
+        other: DeviceBuffer = _objects.unowned(
+            DeviceBuffer, self._device, self._backend, self._handle
+        )
+        other._nbytes, other._stream = self._nbytes, self._stream
         other._dtype, other._shape = dt, dims
         other._base = self._base if self._base is not None else self
         return other
@@ -254,9 +220,8 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
         raise ValueError(
             f"the device buffer is on {dev_buf.device}, but the stream is on {stream.device}"
         )
-    _check_same_backend(stream, dst)
-    _check_same_backend(stream, src)
-    if _diagnostics._debug:
-        stream._origin = _diagnostics.capture()
-    with _hooks.device_range(f"copy {kind}", stream):
-        stream._backend.copy(stream._handle, dst._handle, src._handle, dst.nbytes, kind)
+    _objects.check_same_backend(stream, dst)
+    _objects.check_same_backend(stream, src)
+    copy = _objects.backend(stream).copy
+    dst_h, src_h = _objects.handle(dst), _objects.handle(src)
+    _objects.submit(stream, f"copy {kind}", copy, dst_h, src_h, dst.nbytes, kind)

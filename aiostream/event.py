@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _check, _diagnostics, _hooks, _waiting
+from . import _backends, _check, _diagnostics, _objects
 from .device import Device
 from .device import device as _resolve_device
-from .stream import Stream, _check_same_backend, stream_or_current
+from .stream import Stream, stream_or_current
 
 if TYPE_CHECKING:
-    from ._backends.base import Backend
+    from ._backends.base import AnyBackend, WaitTarget
 
 __all__ = ["Event"]
 
 
-class Event:
+class Event(_objects.Awaitable):
     """A marker in a stream's work, as ``torch.Event`` / ``torch.cuda.Event``.
 
     ``record()`` captures the work submitted to a stream so far; ``await synchronize()``
@@ -41,17 +40,9 @@ class Event:
         Wraps ``cuEventCreate``, ``cuEventRecord`` and ``cuEventQuery`` on CUDA.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_backend",
-        "_blocking",
-        "_device",
-        "_finalizer",
-        "_handle",
-        "_interprocess",
-        "_origin",
-        "_timing",
-    )
+    __slots__ = ("_blocking", "_interprocess", "_timing")
+
+    _what = "event"
 
     def __init__(
         self,
@@ -69,28 +60,9 @@ class Event:
                 "an interprocess event cannot have timing: pass enable_timing=False with "
                 "interprocess=True (CUDA refuses the combination)"
             )
-        self._device = _resolve_device(device)
-        self._backend: Backend = _backends.get(self._device.type)
-        self._handle: Any = None
-        self._finalizer: weakref.finalize[..., Any] | None = None
-        self._origin: _diagnostics.Origin | None = None  # where it was recorded (debug mode)
-
-    @classmethod
-    def _wrap(cls, backend: Backend, dev: Device, handle: Any) -> Event:
-        """An Event over a handle it does not own (``as_event``): never destroyed here.
-
-        Its flags are unknown, so timing is left to the driver to refuse.
-        """
-        self = cls.__new__(cls)
-        self._timing = True
-        self._blocking = False
-        self._interprocess = False
-        self._device = dev
-        self._backend = backend
-        self._handle = handle
-        self._finalizer = None
-        self._origin = None
-        return self
+        dev = _resolve_device(device)
+        # the device-side event is created at the first record (_create), as PyTorch does
+        self._bind(dev, _backends.get(dev.type), None, None)
 
     def _create(self) -> Any:
         handle = self._backend.event_create(
@@ -99,19 +71,10 @@ class Event:
             blocking=self._blocking,
             interprocess=self._interprocess,
         )
-        self._adopt(handle)
+        self._adopt(handle, self._backend.event_destroy)
         return handle
 
-    def _adopt(self, handle: Any) -> None:
-        self._handle = handle
-        self._finalizer = weakref.finalize(self, self._backend.event_destroy, handle)
-
     # ------------------------------------------------------------------ properties
-
-    @property
-    def device(self) -> Device:
-        """The device this event belongs to."""
-        return self._device
 
     @property
     def event_id(self) -> int:
@@ -140,11 +103,11 @@ class Event:
                 f"cannot record an event of {self._device} on a stream of {stream.device}; "
                 "create the event on the stream's device"
             )
-        _check_same_backend(self, stream)
+        _objects.check_same_backend(self, stream)
         handle = self._handle if self._handle is not None else self._create()
-        self._backend.event_record(handle, stream._handle)
-        if _diagnostics._debug:
-            self._origin = stream._origin = _diagnostics.capture()
+        self._backend.event_record(handle, _objects.handle(stream))
+        if _diagnostics.debug:
+            self._origin = _objects.note_submission(stream)
 
     def wait(self, stream: Stream | None = None) -> None:
         """Make later work on ``stream`` (the current stream when None) wait for this event."""
@@ -160,43 +123,16 @@ class Event:
         """
         return True if self._handle is None else self._backend.event_query(self._handle)
 
-    async def synchronize(self, *, strategy: str | None = None) -> None:
-        """Suspend the calling task until the captured work completes.
-
-        Raises ``DeviceError`` if that work failed. Cancelling it (or a timeout around it)
-        removes the wait and leaks nothing; the device work goes on.
-
-        Args:
-            strategy: how a CUDA wait is watched, for this call only: ``"hybrid"``, ``"poll"``,
-                ``"thread"`` or ``"callback"`` (see :func:`aiostream.set_wait_strategy`).
-        """
-        if strategy is not None:
-            _waiting.check_strategy(strategy)
+    def _done(self) -> bool:
         handle = self._handle
-        backend = self._backend
-        if handle is None or backend.event_query(handle):
-            if _hooks.observer is None:
-                await _waiting.checkpoint()
-            else:
-                await _waiting.observed(f"event {self.event_id}", str(self._device))
-            return
-        target = backend.event_capture(handle)
-        subject = f"event {self.event_id}"
-        await _waiting.wait(backend, self._device.index, target, subject, self._origin, strategy)
+        return handle is None or self._backend.event_query(handle)
 
-    def synchronize_blocking(self) -> None:
-        """Block the calling thread until the captured work completes.
+    def _capture(self) -> WaitTarget:
+        target: WaitTarget = self._backend.event_capture(self._handle)
+        return target
 
-        For threads that run no event loop; in a loop's thread it raises instead of blocking.
-
-        Note:
-            Wraps ``cuEventSynchronize`` on CUDA.
-        """
-        handle = self._handle
-        if handle is None or self._backend.event_query(handle):
-            return
-        target = self._backend.event_capture(handle)
-        _waiting.wait_blocking(self._backend, target, "event")
+    def _subject(self) -> str:
+        return f"event {self.event_id}"
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between this event and ``end_event``, both complete and timed.
@@ -212,23 +148,23 @@ class Event:
         if not isinstance(end_event, Event):
             raise TypeError(f"end_event must be an aiostream.Event, got {end_event!r}")
         for name, ev in (("start event", self), ("end event", end_event)):
-            if not ev._timing:
+            if not ev.enable_timing:
                 raise ValueError(
                     f"elapsed_time() needs timing on both events, but the {name} was created "
                     "without it; create it with Event(enable_timing=True)"
                 )
-            if ev._handle is None:
+            if _objects.handle(ev) is None:
                 raise ValueError(
                     f"elapsed_time() needs two recorded events, but the {name} was never "
                     "recorded; call record() on it first"
                 )
-        if end_event._device != self._device:
+        if end_event.device != self._device:
             raise ValueError(
                 f"elapsed_time() needs events of one device, got {self._device} and "
-                f"{end_event._device}"
+                f"{end_event.device}"
             )
-        _check_same_backend(self, end_event)
-        return self._backend.event_elapsed_ms(self._handle, end_event._handle)
+        _objects.check_same_backend(self, end_event)
+        return self._backend.event_elapsed_ms(self._handle, _objects.handle(end_event))
 
     # ------------------------------------------------------------------ sharing
 
@@ -264,11 +200,26 @@ class Event:
         if len(data) != 64:
             raise ValueError(f"an event IPC handle is 64 bytes, got {len(data)}")
         event = cls(device, interprocess=True)
-        event._adopt(event._backend.event_from_ipc_handle(event._device.index, data))
+        event._open_ipc(data)
         return event
+
+    def _open_ipc(self, data: bytes) -> None:
+        backend = self._backend
+        self._adopt(backend.event_from_ipc_handle(self._device.index, data), backend.event_destroy)
 
     def __repr__(self) -> str:
         return (
             f"<aiostream.Event device={self._device} id={self.event_id} "
             f"timing={self._timing} interprocess={self._interprocess}>"
         )
+
+
+def foreign_event(device: Device, backend: AnyBackend, handle: Any) -> Event:
+    """An Event over a handle made elsewhere (``as_event``), not owned: never destroyed here.
+
+    Its flags are unknown, so timing is left to the driver to refuse.
+    """
+    event = _objects.unowned(Event, device, backend, handle)
+    flags = True, False, False  # timing, blocking, interprocess
+    event._timing, event._blocking, event._interprocess = flags  # noqa: SLF001 (this module's)
+    return event

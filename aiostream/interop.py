@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import _backends
+from ._backends.base import Interop
 from .device import Device
 from .device import device as _resolve_device
-from .event import Event
+from .event import Event, foreign_event
 from .stream import ExternalStream, Stream
 
 __all__ = ["as_event", "as_stream"]
@@ -99,7 +100,7 @@ def as_event(obj: Any, device: Device | str | None = None) -> Event:
             "the first record())"
         )
     dev = _resolve_device(_owner_device(obj, device))
-    if dev.type != "cuda":
-        raise ValueError(f"as_event() wraps CUDA events; device must be cuda:N, got {dev}")
     backend = _backends.get(dev.type)
-    return Event._wrap(backend, dev, backend.event_wrap(dev.index, handle))
+    if not isinstance(backend, Interop):
+        raise ValueError(f"as_event() wraps CUDA events; device must be cuda:N, got {dev}")
+    return foreign_event(dev, backend, backend.event_wrap(dev.index, handle))

@@ -193,32 +193,152 @@ class _Failed:
         self.error = error
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a DataLoader was asked to do: every pass reads it, none changes it."""
+
+    source: Iterable[Any] | AsyncIterable[Any]
+    transform: Callable[[Any], Any] | None
+    in_threads: bool  # a sync transform (and the staging fill) runs in worker threads
+    prefetch: int
+    workers: int
+    device: Device
+
+
+class _Staging:
+    """One pass's pool of slots: staging and device buffers, filled and copied in turn."""
+
+    def __init__(self, plan: _Plan, limiter: anyio.CapacityLimiter) -> None:
+        self.plan = plan
+        self.device = plan.device
+        self.limiter = limiter
+        self.copy_stream = Stream(self.device)
+        self.slots = [_Slot() for _ in range(plan.prefetch + 2)]
+        self.free: deque[_Slot] = deque(self.slots)
+        self.held: _Slot | None = None
+        self.index = 0
+        self.allocations = 0
+        self.peak_in_use = 0
+
+    async def take_slot(self) -> _Slot:
+        """A free slot whose staging buffers may be written: their last copy has completed."""
+        slot = self.free.popleft()  # never empty: at most prefetch + 1 slots are out
+        if slot.copied is not None and not slot.copied.query():  # no turn of the loop if done
+            await slot.copied.synchronize()
+        return slot
+
+    async def prepare(self, item: Any, slot: _Slot) -> _Prepared:
+        """Transform the item and write it into the slot's staging buffers: in a worker thread
+        with ``to_thread`` (both steps, so the loop's thread does neither), else here."""
+        plan = self.plan
+        if plan.in_threads:
+            return await anyio.to_thread.run_sync(
+                self.transform_and_fill, item, slot, limiter=self.limiter
+            )
+        if plan.transform is not None:
+            item = plan.transform(item)
+            if inspect.isawaitable(item):
+                item = await item
+        return self.fill(item, slot)
+
+    def transform_and_fill(self, item: Any, slot: _Slot) -> _Prepared:
+        transform = self.plan.transform
+        if transform is not None:
+            item = transform(item)
+            if inspect.isawaitable(item):
+                if inspect.iscoroutine(item):
+                    item.close()
+                raise TypeError(
+                    "transform returned an awaitable from a worker thread: make it an "
+                    "'async def' (it then runs on the event loop), or pass to_thread=False"
+                )
+        return self.fill(item, slot)
+
+    @staticmethod
+    def fill(item: Any, slot: _Slot) -> _Prepared:
+        arrays, rebuild = _flatten(item)
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        specs = [(a.dtype, a.shape) for a in arrays]
+        if [b.nbytes for b in slot.staging] != [a.nbytes for a in arrays]:
+            return _Prepared(specs, rebuild, arrays)  # new shapes: the loop allocates
+        for array, host in zip(arrays, slot.staging, strict=True):
+            np.copyto(host.numpy(array.dtype, array.shape), array)
+        return _Prepared(specs, rebuild, None)
+
+    def enqueue(self, slot: _Slot, prepared: _Prepared) -> Batch:
+        """Enqueue the copies of a prepared item to the slot's device buffers: its batch."""
+        if prepared.arrays is not None:
+            slot.staging = [HostBuffer(a.nbytes, device=self.device) for a in prepared.arrays]
+            slot.device = [DeviceBuffer(a.nbytes, self.device) for a in prepared.arrays]
+            slot.released = []
+            self.allocations += len(prepared.arrays)
+            for array, host in zip(prepared.arrays, slot.staging, strict=True):
+                np.copyto(host.numpy(array.dtype, array.shape), array)
+        stream = self.copy_stream
+        for released in slot.released:
+            stream.wait_event(released)  # the consumer's work with it is done first
+        views = []
+        for (dtype, shape), host, dev in zip(
+            prepared.specs, slot.staging, slot.device, strict=True
+        ):
+            copy_async(dev, host, stream=stream)
+            views.append(dev.view(dtype, shape))
+        slot.copied = stream.record_event()
+        batch = Batch(self.index, prepared.rebuild(views), slot.copied, slot)
+        self.index += 1
+        return batch
+
+    def release_held(self) -> None:
+        slot, self.held = self.held, None
+        if slot is not None:
+            current = current_stream(self.device)
+            if slot.mark is None:
+                slot.mark = Event(self.device)
+            released = [current.record_event(slot.mark)]
+            released += [s.record_event() for s in dict.fromkeys(slot.users) if s != current]
+            slot.released = released
+            slot.users = []
+            self.free.append(slot)
+
+    def note_in_use(self) -> None:
+        busy = sum(1 for slot in self.free if not all(e.query() for e in slot.released))
+        in_use = len(self.slots) - len(self.free) + busy
+        self.peak_in_use = max(self.peak_in_use, in_use)
+
+    def hold(self, batch: Batch) -> None:
+        """The consumer has ``batch``: its slot is in use until the next one is asked for."""
+        self.held = batch._slot  # noqa: SLF001 (Batch is this module's)
+        self.note_in_use()
+
+    async def close(self) -> None:
+        """Wait for the copies in flight (the caller shields it), then drop every buffer."""
+        try:
+            await self.copy_stream.synchronize()
+        finally:
+            self.free.clear()
+            self.slots.clear()
+
+
 class _Iteration(AsyncIterator[Batch]):
     """One pass over the source: run ahead in ``runner``'s tasks, or inside ``__anext__``."""
 
-    def __init__(self, loader: DataLoader, runner: anyio.abc.TaskGroup | None) -> None:
-        self._loader = loader
-        self._device = loader.device
-        source = loader._source
+    def __init__(self, plan: _Plan, runner: anyio.abc.TaskGroup | None) -> None:
+        self._plan = plan
+        self._device = plan.device
+        source = plan.source
         self._async = isinstance(source, AsyncIterable)
         self._source: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
-        self._copy_stream = Stream(self._device)
-        self._slots = [_Slot() for _ in range(loader.prefetch + 2)]
-        self._free: deque[_Slot] = deque(self._slots)
-        self._held: _Slot | None = None
+        self._limiter = anyio.CapacityLimiter(plan.workers)  # worker threads, this pass's own
+        self.staging = _Staging(plan, self._limiter)
         self._closed = False
-        self._index = 0
         self.batches = 0
-        self.allocations = 0
-        self.peak_in_use = 0
         # Produced inside __anext__ (no runner):
         self._inflight: deque[Batch] = deque()
         self._exhausted = False
         # Run ahead (a runner): the producer's tasks, and what they hand the consumer.
         self.run_ahead = runner is not None
-        self._limiter = anyio.CapacityLimiter(loader.workers)  # worker threads, this pass's own
         if runner is not None:
-            self._credits = loader.prefetch  # items the producer may take from the source
+            self._credits = plan.prefetch  # items the producer may take from the source
             self._wake = anyio.Event()  # set when the producer may go on
             self._pending: deque[_Job] = deque()  # taken from the source, in its order
             self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
@@ -235,12 +355,11 @@ class _Iteration(AsyncIterator[Batch]):
         if self._closed:
             raise StopAsyncIteration
         try:
-            self._release_held()
+            self.staging.release_held()
             batch = await (self._receive() if self.run_ahead else self._produce_here())
             current_stream(self._device).wait_event(batch.ready)  # the host does not wait
-            self._held = batch._slot
+            self.staging.hold(batch)
             self.batches += 1
-            self._note_in_use()
             return batch
         except BaseException:
             await self.aclose()
@@ -258,13 +377,14 @@ class _Iteration(AsyncIterator[Batch]):
         return got
 
     async def _produce_here(self) -> Batch:
-        while len(self._inflight) < self._loader.prefetch and not self._exhausted:
+        staging = self.staging
+        while len(self._inflight) < self._plan.prefetch and not self._exhausted:
             item = await self._next_item()
             if item is _END:
                 self._exhausted = True
                 break
-            slot = await self._take_slot()
-            self._inflight.append(self._enqueue(slot, await self._prepare(item, slot)))
+            slot = await staging.take_slot()
+            self._inflight.append(staging.enqueue(slot, await staging.prepare(item, slot)))
         if not self._inflight:
             raise StopAsyncIteration
         return self._inflight.popleft()
@@ -279,9 +399,9 @@ class _Iteration(AsyncIterator[Batch]):
         One task does all of it, woken by the consumer taking a batch (which returns a credit);
         a worker done with an item hands out what is ready itself (:meth:`_prepared`).
         """
-        loader = self._loader
+        plan = self._plan
         work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
-        in_threads = loader._to_thread and not loader._async_transform
+        in_threads = plan.in_threads
         queue: SimpleQueue[_Job | None] = SimpleQueue()  # to worker threads
         pending = self._pending
         ended = False
@@ -289,7 +409,7 @@ class _Iteration(AsyncIterator[Batch]):
             with self._scope:
                 async with anyio.create_task_group() as tg:
                     call_soon = _waiting.threadsafe_caller()
-                    for i in range(loader.workers):
+                    for i in range(plan.workers):
                         if in_threads:
                             tg.start_soon(
                                 self._thread_worker, queue, call_soon, name=f"{_NAME} worker {i}"
@@ -310,7 +430,7 @@ class _Iteration(AsyncIterator[Batch]):
                                         ended = True
                                         break
                                     self._credits -= 1
-                                    job.slot = await self._take_slot()
+                                    job.slot = await self.staging.take_slot()
                                     if in_threads:
                                         queue.put(job)
                                     else:
@@ -327,7 +447,7 @@ class _Iteration(AsyncIterator[Batch]):
                         raise
                     finally:  # the workers finish what they hold, and leave
                         work_send.close()
-                        for _ in range(loader.workers):
+                        for _ in range(plan.workers):
                             queue.put(None)
         finally:
             for stream in (work_send, work, self._ready_send):
@@ -355,7 +475,7 @@ class _Iteration(AsyncIterator[Batch]):
             if job.error is None:
                 try:
                     assert job.slot is not None and job.result is not None
-                    batch = self._enqueue(job.slot, job.result)
+                    batch = self.staging.enqueue(job.slot, job.result)
                 except Exception as exc:
                     job.error = exc
                 else:
@@ -373,7 +493,7 @@ class _Iteration(AsyncIterator[Batch]):
         async for job in work:
             try:
                 assert job.slot is not None
-                job.result = await self._prepare(job.item, job.slot)
+                job.result = await self.staging.prepare(job.item, job.slot)
             except Exception as exc:
                 job.error = exc
             finally:
@@ -393,7 +513,7 @@ class _Iteration(AsyncIterator[Batch]):
             while (job := queue.get()) is not None and not self._stopping:
                 try:
                     assert job.slot is not None
-                    job.result = self._transform_and_fill(job.item, job.slot)
+                    job.result = self.staging.transform_and_fill(job.item, job.slot)
                 except Exception as exc:
                     job.error = exc
                 finally:
@@ -414,91 +534,6 @@ class _Iteration(AsyncIterator[Batch]):
             await anyio.lowlevel.checkpoint()  # a long sync source still lets others run
         return next(self._source, _END)
 
-    async def _take_slot(self) -> _Slot:
-        """A free slot whose staging buffers may be written: their last copy has completed."""
-        slot = self._free.popleft()  # never empty: at most prefetch + 1 slots are out
-        if slot.copied is not None and not slot.copied.query():  # no turn of the loop if done
-            await slot.copied.synchronize()
-        return slot
-
-    async def _prepare(self, item: Any, slot: _Slot) -> _Prepared:
-        """Transform the item and write it into the slot's staging buffers: in a worker thread
-        with ``to_thread`` (both steps, so the loop's thread does neither), else here."""
-        loader = self._loader
-        if loader._to_thread and not loader._async_transform:
-            return await anyio.to_thread.run_sync(
-                self._transform_and_fill, item, slot, limiter=self._limiter
-            )
-        if loader._transform is not None:
-            item = loader._transform(item)
-            if inspect.isawaitable(item):
-                item = await item
-        return self._fill(item, slot)
-
-    def _transform_and_fill(self, item: Any, slot: _Slot) -> _Prepared:
-        transform = self._loader._transform
-        if transform is not None:
-            item = transform(item)
-            if inspect.isawaitable(item):
-                if inspect.iscoroutine(item):
-                    item.close()
-                raise TypeError(
-                    "transform returned an awaitable from a worker thread: make it an "
-                    "'async def' (it then runs on the event loop), or pass to_thread=False"
-                )
-        return self._fill(item, slot)
-
-    @staticmethod
-    def _fill(item: Any, slot: _Slot) -> _Prepared:
-        arrays, rebuild = _flatten(item)
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-        specs = [(a.dtype, a.shape) for a in arrays]
-        if [b.nbytes for b in slot.staging] != [a.nbytes for a in arrays]:
-            return _Prepared(specs, rebuild, arrays)  # new shapes: the loop allocates
-        for array, host in zip(arrays, slot.staging, strict=True):
-            np.copyto(host.numpy(array.dtype, array.shape), array)
-        return _Prepared(specs, rebuild, None)
-
-    def _enqueue(self, slot: _Slot, prepared: _Prepared) -> Batch:
-        """Enqueue the copies of a prepared item to the slot's device buffers: its batch."""
-        if prepared.arrays is not None:
-            slot.staging = [HostBuffer(a.nbytes, device=self._device) for a in prepared.arrays]
-            slot.device = [DeviceBuffer(a.nbytes, self._device) for a in prepared.arrays]
-            slot.released = []
-            self.allocations += len(prepared.arrays)
-            for array, host in zip(prepared.arrays, slot.staging, strict=True):
-                np.copyto(host.numpy(array.dtype, array.shape), array)
-        stream = self._copy_stream
-        for released in slot.released:
-            stream.wait_event(released)  # the consumer's work with it is done first
-        views = []
-        for (dtype, shape), host, dev in zip(
-            prepared.specs, slot.staging, slot.device, strict=True
-        ):
-            copy_async(dev, host, stream=stream)
-            views.append(dev.view(dtype, shape))
-        slot.copied = stream.record_event()
-        batch = Batch(self._index, prepared.rebuild(views), slot.copied, slot)
-        self._index += 1
-        return batch
-
-    def _release_held(self) -> None:
-        slot, self._held = self._held, None
-        if slot is not None:
-            current = current_stream(self._device)
-            if slot.mark is None:
-                slot.mark = Event(self._device)
-            released = [current.record_event(slot.mark)]
-            released += [s.record_event() for s in dict.fromkeys(slot.users) if s != current]
-            slot.released = released
-            slot.users = []
-            self._free.append(slot)
-
-    def _note_in_use(self) -> None:
-        busy = sum(1 for slot in self._free if not all(e.query() for e in slot.released))
-        in_use = len(self._slots) - len(self._free) + busy
-        self.peak_in_use = max(self.peak_in_use, in_use)
-
     async def aclose(self) -> None:
         """Stop: hand nothing more out, let the copies in flight land, return every buffer.
 
@@ -508,7 +543,7 @@ class _Iteration(AsyncIterator[Batch]):
         if self._closed:
             return
         self._closed = True
-        self._release_held()
+        self.staging.release_held()
         with anyio.CancelScope(shield=True):
             try:
                 if self.run_ahead:
@@ -516,12 +551,10 @@ class _Iteration(AsyncIterator[Batch]):
                     await self._stopped.wait()
                     self._ready.close()  # drops the batches staged and not handed out
                 self._inflight.clear()
-                await self._copy_stream.synchronize()
+                await self.staging.close()
             except AiostreamError:
                 pass  # a failed (or reset) device: its awaits report that; cleanup must not
             finally:
-                self._free.clear()
-                self._slots.clear()
                 if self._async and hasattr(self._source, "aclose"):
                     await self._source.aclose()
 
@@ -592,16 +625,15 @@ class DataLoader(AsyncIterable[Batch]):
             )
         if to_thread is not None:
             _check.flag(to_thread, "to_thread")
-        self._source = source
-        self._transform = transform
-        self._to_thread = workers > 1 if to_thread is None else to_thread
         # An async transform runs on the loop (``workers`` of them at once), never in a thread.
-        self._async_transform = inspect.iscoroutinefunction(transform) or (
+        async_transform = inspect.iscoroutinefunction(transform) or (
             inspect.iscoroutinefunction(getattr(transform, "__call__", None))  # noqa: B004
         )
+        in_threads = (workers > 1 if to_thread is None else to_thread) and not async_transform
         self.prefetch = prefetch
         self.workers = workers
         self.device = _resolve_device(device)
+        self._plan = _Plan(source, transform, in_threads, prefetch, workers, self.device)
         self._iterations: weakref.WeakSet[_Iteration] = weakref.WeakSet()
         self._last: _Iteration | None = None
         self._runner: anyio.abc.TaskGroup | None = None
@@ -613,7 +645,7 @@ class DataLoader(AsyncIterable[Batch]):
                 "in its 'async with' block: write 'async with DataLoader(...) as loader: "
                 "async for batch in loader: ...' (or use workers=1)"
             )
-        iteration = _Iteration(self, self._runner)
+        iteration = _Iteration(self._plan, self._runner)
         self._iterations.add(iteration)
         self._last = iteration
         return iteration
@@ -625,8 +657,9 @@ class DataLoader(AsyncIterable[Batch]):
         if it is None:
             return LoaderStats(0, 0, self.prefetch + 2, 0, False, self.workers)
         pool = self.prefetch + 2
+        staging = it.staging
         return LoaderStats(
-            it.batches, it.allocations, pool, it.peak_in_use, it.run_ahead, self.workers
+            it.batches, staging.allocations, pool, staging.peak_in_use, it.run_ahead, self.workers
         )
 
     async def aclose(self) -> None:

@@ -26,7 +26,8 @@ from types import TracebackType
 from typing import Any, TypeVar
 from xml.sax.saxutils import escape
 
-from . import _backends, _hooks, _waiting
+from . import _backends, _hooks, _objects, _waiting
+from ._backends.base import AnyBackend, Timeline
 from ._errors import AiostreamError
 from .device import Device
 from .device import device as _resolve_device
@@ -146,9 +147,13 @@ class Profiler:
     def __init__(self, device: Device | str | None = None) -> None:
         self.device = _resolve_device(device)
         backend = _backends.get(self.device.type)
-        # one clock for host and device spans: the virtual backend's own, else the monotonic
-        self._clock: Callable[[], float] = getattr(backend, "now", time.monotonic)
-        self._backend = backend
+        # a backend that keeps its own timeline (the simulator) shows its device work itself,
+        # on its own clock; host spans then use that clock too, so both share one time axis
+        self._timeline = backend if isinstance(backend, Timeline) else None
+        self._clock: Callable[[], float] = (
+            self._timeline.now if self._timeline is not None else time.monotonic
+        )
+        self._native: dict[AnyBackend, bool] = {}
         self._lock = threading.Lock()
         self._spans: list[Span] = []
         self._ranges: list[tuple[str, Stream, Event, Event, dict[str, Any], bool]] = []
@@ -183,7 +188,11 @@ class Profiler:
         self._collect_device()
 
     def native_timeline(self, stream: Stream) -> bool:
-        return hasattr(stream._backend, "timeline")
+        backend = _objects.backend(stream)
+        native = self._native.get(backend)
+        if native is None:  # an isinstance() on a Protocol costs microseconds: once per backend
+            native = self._native[backend] = isinstance(backend, Timeline)
+        return native
 
     def on_await(self, task: str, subject: str, device: str, start: float, end: float) -> None:
         with self._lock:
@@ -224,12 +233,11 @@ class Profiler:
     def _collect_device(self) -> None:
         assert self.start is not None and self.end is not None
         spans = []
-        timeline = getattr(self._backend, "timeline", None)
-        if timeline is not None:
+        if self._timeline is not None:
             start = self.start - 1e-9
-            for r in timeline():
+            for r in self._timeline.timeline():
                 if r.submitted >= start:
-                    track = f"{self._backend.kind}:{r.device} stream {r.stream}"
+                    track = f"{self.device.type}:{r.device} stream {r.stream}"
                     args = {"error": r.error} if r.error else {}
                     spans.append(Span("device", r.name, track, r.start, r.end, r.engine, args))
         for name, stream, ev0, ev1, args, op in self._ranges:

@@ -9,19 +9,19 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _check, _diagnostics, _hooks, _waiting
-from ._errors import StaleHandleError
+from . import _backends, _check, _objects
+from ._backends.base import Interop
 from .device import Device
 from .device import device as _resolve_device
 
 if TYPE_CHECKING:
-    from ._backends.base import Backend
+    from ._backends.base import AnyBackend, WaitTarget
     from .event import Event
 
 __all__ = ["ExternalStream", "Stream", "current_stream", "default_stream", "delay", "use_stream"]
 
 
-class Stream:
+class Stream(_objects.Awaitable):
     """An ordered queue of device work, as ``torch.Stream`` / ``torch.cuda.Stream``.
 
     Work submitted to one stream runs in submission order; work on different streams may
@@ -41,20 +41,9 @@ class Stream:
         Wraps ``cuStreamCreateWithPriority`` on CUDA.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_backend",
-        "_device",
-        "_finalizer",
-        "_handle",
-        "_id",
-        "_origin",
-        "_priority",
-    )
+    __slots__ = ("_id", "_priority")
 
-    _backend: Backend
-    _device: Device
-    _handle: Any
+    _what = "stream"
     _id: int
     _priority: int
 
@@ -69,31 +58,19 @@ class Stream:
                 f"got {priority}"
             )
         handle = backend.stream_create(dev.index, priority)
-        self._init(backend, dev, handle, priority)
-        self._finalizer = weakref.finalize(self, backend.stream_destroy, handle)
-
-    def _init(self, backend: Backend, dev: Device, handle: Any, priority: int) -> None:
-        self._backend = backend
-        self._device = dev
-        self._handle = handle
+        self._bind(dev, backend, handle, backend.stream_destroy)
         self._priority = priority
         self._id = backend.stream_id(handle)
-        self._origin: _diagnostics.Origin | None = None  # the last submission (debug mode)
 
     @classmethod
-    def _wrap(cls, backend: Backend, dev: Device, handle: Any, priority: int = 0) -> Stream:
+    def _unowned(cls, backend: AnyBackend, dev: Device, handle: Any, priority: int = 0) -> Stream:
         """A Stream over a handle it does not own (the default stream, external streams)."""
-        self = cls.__new__(cls)
-        self._init(backend, dev, handle, priority)
-        self._finalizer = None  # type: ignore[assignment]  # not owned: never destroyed
+        self = _objects.unowned(cls, dev, backend, handle)
+        self._priority = priority
+        self._id = backend.stream_id(handle)
         return self
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def device(self) -> Device:
-        """The device this stream belongs to."""
-        return self._device
 
     @property
     def device_type(self) -> str:
@@ -125,42 +102,15 @@ class Stream:
         """
         return self._backend.stream_query(self._handle)
 
-    async def synchronize(self, *, strategy: str | None = None) -> None:
-        """Suspend the calling task until all work submitted so far has completed.
+    def _done(self) -> bool:
+        return self._backend.stream_query(self._handle)
 
-        Raises ``DeviceError`` if that work failed. Cancelling it removes the wait and leaks
-        nothing; the device work goes on.
+    def _capture(self) -> WaitTarget:
+        target: WaitTarget = self._backend.stream_capture(self._handle)
+        return target
 
-        Args:
-            strategy: how a CUDA wait is watched, for this call only (see
-                :func:`aiostream.set_wait_strategy`).
-        """
-        if strategy is not None:
-            _waiting.check_strategy(strategy)
-        backend = self._backend
-        if backend.stream_query(self._handle):
-            if _hooks.observer is None:
-                await _waiting.checkpoint()
-            else:
-                await _waiting.observed(f"stream {self._id}", str(self._device))
-            return
-        target = backend.stream_capture(self._handle)
-        await _waiting.wait(
-            backend, self._device.index, target, f"stream {self._id}", self._origin, strategy
-        )
-
-    def synchronize_blocking(self) -> None:
-        """Block the calling thread until all work submitted so far has completed.
-
-        For threads that run no event loop; in a loop's thread it raises instead of blocking.
-
-        Note:
-            Wraps ``cuStreamSynchronize`` on CUDA.
-        """
-        if self._backend.stream_query(self._handle):
-            return
-        target = self._backend.stream_capture(self._handle)
-        _waiting.wait_blocking(self._backend, target, "stream")
+    def _subject(self) -> str:
+        return f"stream {self._id}"
 
     def wait_event(self, event: Event) -> None:
         """Make later work on this stream wait for ``event`` on the device; the host does not wait.
@@ -174,15 +124,16 @@ class Stream:
 
         if not isinstance(event, Event):
             raise TypeError(f"event must be an aiostream.Event, got {event!r}")
-        _check_same_backend(self, event)
-        if event._handle is not None:
-            self._backend.stream_wait_event(self._handle, event._handle)
+        _objects.check_same_backend(self, event)
+        event_handle = _objects.handle(event)
+        if event_handle is not None:
+            self._backend.stream_wait_event(self._handle, event_handle)
 
     def wait_stream(self, stream: Stream) -> None:
         """Make later work on this stream wait for the work submitted to ``stream`` so far."""
         if not isinstance(stream, Stream):
             raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
-        _check_same_backend(self, stream)
+        _objects.check_same_backend(self, stream)
         self.wait_event(stream.record_event())
 
     def record_event(self, event: Event | None = None) -> Event:
@@ -206,9 +157,10 @@ class Stream:
         Raises:
             TypeError: the stream is not on a CUDA device.
         """
-        if self._device.type != "cuda":
+        backend = self._backend
+        if not isinstance(backend, Interop):
             raise TypeError(f"{self!r} is not a CUDA stream, so it has no CUDA handle")
-        return (0, self._id)
+        return (0, backend.stream_native(self._handle))
 
     # ------------------------------------------------------------------ identity
 
@@ -245,33 +197,21 @@ class ExternalStream(Stream):
             stream_ptr, "stream_ptr", minimum=0, what="an int (a CUstream handle)"
         )
         dev = _resolve_device("cuda:0" if device is None else device)
-        if dev.type != "cuda":
-            raise ValueError(f"ExternalStream wraps CUDA streams; device must be cuda:N, got {dev}")
         backend = _backends.get(dev.type)
+        if not isinstance(backend, Interop):
+            raise ValueError(f"ExternalStream wraps CUDA streams; device must be cuda:N, got {dev}")
         handle, priority = backend.stream_wrap(dev.index, stream_ptr)
-        self._init(backend, dev, handle, priority)
-        self._finalizer = None  # type: ignore[assignment]  # not owned: never destroyed
+        self._bind(dev, backend, handle, None)  # not owned: never destroyed
+        self._priority = priority
+        self._id = backend.stream_id(handle)
 
     def __repr__(self) -> str:
         return f"<aiostream.ExternalStream device={self._device} handle={self._id:#x}>"
 
 
-def _check_same_backend(a: Any, b: Any) -> None:
-    if a._backend is not b._backend:
-        if a._backend.kind != b._backend.kind:
-            raise ValueError(
-                f"{type(a).__name__} on {a._device} and {type(b).__name__} on {b._device} "
-                "belong to different backends"
-            )
-        raise StaleHandleError(
-            f"{type(a).__name__} on {a._device} and {type(b).__name__} on {b._device} come from "
-            "two generations of the virtual backend (aiostream.virtual.reset() ran between them)"
-        )
-
-
 # ---------------------------------------------------------------------- default and current
 
-_defaults: weakref.WeakKeyDictionary[Backend, dict[int, Stream]] = weakref.WeakKeyDictionary()
+_defaults: weakref.WeakKeyDictionary[AnyBackend, dict[int, Stream]] = weakref.WeakKeyDictionary()
 _current: contextvars.ContextVar[Mapping[Device, Stream]] = contextvars.ContextVar(
     "aiostream_current_stream", default=MappingProxyType({})
 )
@@ -291,7 +231,8 @@ def default_stream(device: Device | str | None = None) -> Stream:
     stream = per_device.get(dev.index)
     if stream is None:
         handle = backend.stream_default(dev.index)
-        stream = per_device.setdefault(dev.index, Stream._wrap(backend, dev, handle))
+        default = Stream._unowned(backend, dev, handle)  # noqa: SLF001 (this module's)
+        stream = per_device.setdefault(dev.index, default)
     return stream
 
 
@@ -300,7 +241,7 @@ def current_stream(device: Device | str | None = None) -> Stream:
     default."""
     dev = _resolve_device(device)
     stream = _current.get().get(dev)
-    if stream is not None and stream._backend is _backends.get(dev.type):
+    if stream is not None and _objects.backend(stream) is _backends.get(dev.type):
         return stream
     return default_stream(dev)
 
@@ -348,7 +289,4 @@ def delay(seconds: float, *, stream: Stream | None = None) -> None:
     """
     seconds = _check.seconds(seconds, "seconds")
     stream = stream_or_current(stream)
-    if _diagnostics._debug:
-        stream._origin = _diagnostics.capture()
-    with _hooks.device_range("delay", stream):
-        stream._backend.delay(stream._handle, seconds)
+    _objects.submit(stream, "delay", _objects.backend(stream).delay, seconds)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from . import _backends, _check, _diagnostics
+from . import _backends, _check, _objects
 from ._backends.virtual import (
     DEFAULT_BANDWIDTH,
     DEFAULT_D2D_BANDWIDTH,
@@ -162,11 +162,9 @@ def submit(
         raise TypeError(f"error must be a message (str) or None, got {error!r}")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a str or None, got {name!r}")
-    backend = stream._backend
+    backend = _objects.backend(stream)
     assert isinstance(backend, VirtualBackend)
-    if _diagnostics._debug:
-        stream._origin = _diagnostics.capture()
-    backend.submit(stream._handle, ns, engine, fn, error, name or engine)
+    _objects.submit(stream, name or engine, backend.submit, ns, engine, fn, error, name or engine)
 
 
 def stats() -> VirtualStats:
@@ -215,7 +213,8 @@ def _fault_target(
             raise ValueError(f"needs a stream of a virtual device, got one on {stream.device}")
         if device is not None and _resolve_device(device) != stream.device:
             raise ValueError(f"stream is on {stream.device}, not on {device}")
-        backend, index, handle = stream._backend, stream.device_index, stream._handle
+        backend, index = _objects.backend(stream), stream.device_index
+        handle = _objects.handle(stream)
     else:
         dev = _resolve_device(device if device is not None else "virtual:0")
         if dev.type != "virtual":

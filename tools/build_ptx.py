@@ -1,4 +1,4 @@
-"""Regenerate aiostream/_backends/kernels/*.ptx from their .cu sources with NVRTC.
+"""Regenerate aiostream/_backends/cuda/kernels/*.ptx from their .cu sources with NVRTC.
 
 A maintainer's tool, not needed to install or use aiostream. It needs NVRTC, for example:
 
@@ -18,7 +18,9 @@ import subprocess
 import sys
 import tempfile
 
-KERNELS = pathlib.Path(__file__).resolve().parent.parent / "aiostream" / "_backends" / "kernels"
+KERNELS = (
+    pathlib.Path(__file__).resolve().parent.parent / "aiostream" / "_backends" / "cuda" / "kernels"
+)
 ARCH = "compute_70"  # the first architecture with __nanosleep; the driver JITs it for newer ones
 
 

@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING
 from .._errors import BackendUnavailableError
 
 if TYPE_CHECKING:
-    from .base import Backend
+    from .base import AnyBackend
 
 __all__ = ["KINDS", "get", "probe", "replace", "restore"]
 
 KINDS = ("cuda", "virtual")
 
 _lock = threading.Lock()
-_instances: dict[str, Backend] = {}
+_instances: dict[str, AnyBackend] = {}
 _unavailable: dict[str, str] = {}
 
 
-def _create(kind: str) -> Backend:
+def _create(kind: str) -> AnyBackend:
     if kind == "virtual":
         from .virtual import VirtualBackend
 
@@ -29,7 +29,7 @@ def _create(kind: str) -> Backend:
     return CudaBackend()
 
 
-def get(kind: str) -> Backend:
+def get(kind: str) -> AnyBackend:
     """Return the backend of ``kind``, creating it on first use."""
     backend = _instances.get(kind)
     if backend is not None:
@@ -63,7 +63,7 @@ def probe(kind: str) -> tuple[bool, str]:
     return True, ""
 
 
-def replace(kind: str, backend: Backend) -> Backend | None:
+def replace(kind: str, backend: AnyBackend) -> AnyBackend | None:
     """Install ``backend`` as the instance of ``kind``; return the one it replaced."""
     with _lock:
         old = _instances.get(kind)
@@ -72,7 +72,7 @@ def replace(kind: str, backend: Backend) -> Backend | None:
         return old
 
 
-def restore(kind: str, backend: Backend | None) -> None:
+def restore(kind: str, backend: AnyBackend | None) -> None:
     """Put back what :func:`replace` returned (None: create afresh on next use)."""
     with _lock:
         if backend is None:

@@ -1,19 +1,32 @@
 """The backend protocol: what a device runtime gives aiostream.
 
 Backends deal in opaque handles and plain values; they know nothing of user objects, event loops
-or anyio. The user objects in ``stream.py`` and ``event.py`` hold a backend and a handle and
-never branch on the backend's kind; ``_waiting.py`` turns :class:`WaitTarget` completion into
-task wake-ups.
+or anyio. The user objects (``_objects.DeviceObject`` and its subclasses) hold a backend and a
+handle and never branch on the backend's kind; ``_waiting.py`` turns :class:`WaitTarget`
+completion into task wake-ups.
+
+Handles are opaque but typed: :class:`Backend` is generic in the types of its stream, event,
+memory and wait-target handles, and each backend implements it explicitly (``class
+VirtualBackend(Backend[vm.Stream, vm.Event, vm.Memory, Target])``), so mypy checks every method
+against the protocol. What only some backends can do is a capability protocol (:class:`Interop`,
+:class:`Timeline`), also implemented explicitly; the user objects ask for the capability with
+``isinstance`` (both are ``runtime_checkable``), never for the kind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Backend", "WaitTarget", "WatchedTarget"]
-
-Handle = Any
+__all__ = [
+    "AnyBackend",
+    "Backend",
+    "Interop",
+    "Timeline",
+    "TimelineRecord",
+    "WaitTarget",
+    "WatchedTarget",
+]
 
 
 class WaitTarget(Protocol):
@@ -42,7 +55,14 @@ class WatchedTarget(WaitTarget, Protocol):
         thereby finishes just the waits that completed, never visiting the pending ones."""
 
 
-class Backend(Protocol):
+S = TypeVar("S")  # a stream handle
+E = TypeVar("E")  # an event handle
+M = TypeVar("M")  # a host or device memory handle
+T = TypeVar("T", bound=WaitTarget)  # what a capture returns
+E_co = TypeVar("E_co", covariant=True)
+
+
+class Backend(Protocol[S, E, M, T]):
     """A device runtime: the ``virtual`` simulator or the CUDA driver."""
 
     kind: ClassVar[str]
@@ -61,51 +81,45 @@ class Backend(Protocol):
     def priority_range(self, index: int) -> tuple[int, int]:
         """(lowest, highest) priority; lower numbers are higher priorities, as in CUDA."""
 
-    def stream_create(self, index: int, priority: int) -> Handle: ...
-    def stream_default(self, index: int) -> Handle: ...
-    def stream_wrap(self, index: int, handle: int) -> tuple[Handle, int]:
-        """A stream made elsewhere, not owned, and its priority (CUDA only)."""
-
-    def stream_destroy(self, stream: Handle) -> None: ...
-    def stream_id(self, stream: Handle) -> int: ...
-    def stream_query(self, stream: Handle) -> bool: ...
-    def stream_wait_event(self, stream: Handle, event: Handle) -> None: ...
-    def stream_capture(self, stream: Handle) -> WaitTarget: ...
+    def stream_create(self, index: int, priority: int) -> S: ...
+    def stream_default(self, index: int) -> S: ...
+    def stream_destroy(self, stream: S) -> None: ...
+    def stream_id(self, stream: S) -> int: ...
+    def stream_query(self, stream: S) -> bool: ...
+    def stream_wait_event(self, stream: S, event: E) -> None: ...
+    def stream_capture(self, stream: S) -> T: ...
 
     # events
     def event_create(
         self, index: int, *, timing: bool, blocking: bool, interprocess: bool
-    ) -> Handle: ...
-    def event_wrap(self, index: int, handle: int) -> Handle:
-        """An event made elsewhere, not owned (CUDA only)."""
-
-    def event_destroy(self, event: Handle) -> None: ...
-    def event_id(self, event: Handle) -> int: ...
-    def event_record(self, event: Handle, stream: Handle) -> None: ...
-    def event_query(self, event: Handle) -> bool: ...
-    def event_capture(self, event: Handle) -> WaitTarget: ...
-    def event_elapsed_ms(self, start: Handle, end: Handle) -> float: ...
-    def event_ipc_handle(self, event: Handle) -> bytes: ...
-    def event_from_ipc_handle(self, index: int, data: bytes) -> Handle: ...
+    ) -> E: ...
+    def event_destroy(self, event: E) -> None: ...
+    def event_id(self, event: E) -> int: ...
+    def event_record(self, event: E, stream: S) -> None: ...
+    def event_query(self, event: E) -> bool: ...
+    def event_capture(self, event: E) -> T: ...
+    def event_elapsed_ms(self, start: E, end: E) -> float: ...
+    def event_ipc_handle(self, event: E) -> bytes: ...
+    def event_from_ipc_handle(self, index: int, data: bytes) -> E: ...
 
     # device work
-    def delay(self, stream: Handle, seconds: float) -> None: ...
+    def delay(self, stream: S, seconds: float) -> None: ...
 
     # memory and copies; a handle freed while a copy uses it is released when the copy is done
-    def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> Handle: ...
-    def host_view(self, host: Handle) -> memoryview:
+    def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> M: ...
+    def host_view(self, host: M) -> memoryview:
         """The host memory, writable, for a zero-copy numpy view."""
 
-    def host_access(self, host: Handle) -> None:
+    def host_access(self, host: M) -> None:
         """The host is about to read or write ``host`` (the virtual backend checks for races)."""
 
-    def host_free(self, host: Handle) -> None: ...
-    def device_alloc(self, index: int, nbytes: int, stream: Handle | None) -> Handle: ...
-    def device_free(self, mem: Handle) -> None: ...
-    def device_ptr(self, mem: Handle) -> int:
+    def host_free(self, host: M) -> None: ...
+    def device_alloc(self, index: int, nbytes: int, stream: S | None) -> M: ...
+    def device_free(self, mem: M) -> None: ...
+    def device_ptr(self, mem: M) -> int:
         """The device address (for ``__cuda_array_interface__``); raise where there is none."""
 
-    def copy(self, stream: Handle, dst: Handle, src: Handle, nbytes: int, kind: str) -> None:
+    def copy(self, stream: S, dst: M, src: M, nbytes: int, kind: str) -> None:
         """Enqueue a copy of ``nbytes`` on ``stream``; ``kind`` is ``h2d``, ``d2h`` or ``d2d``."""
 
     # waiting
@@ -123,15 +137,71 @@ class Backend(Protocol):
         Returns the function that unsubscribes.
         """
 
-    def wait_blocking(self, target: Any) -> None:
+    def wait_blocking(self, target: T) -> None:
         """Block the calling thread until ``target`` is done (raising its error)."""
 
-    def block(self, target: Any) -> None:
+    def block(self, target: T) -> None:
         """Block the calling thread until ``target`` is done or failed; never raise.
 
         Safe to run while the target is released from another thread: what the target holds
         is given back when both are over.
         """
 
-    def notify_done(self, target: Any, fn: Callable[[], None]) -> None:
+    def notify_done(self, target: T, fn: Callable[[], None]) -> None:
         """Call ``fn`` from a driver thread when ``target`` completes (at most once)."""
+
+
+#: A backend of any kind, as the user objects and the waiters hold it: to them its handles are
+#: opaque values they only pass back.
+AnyBackend = Backend[Any, Any, Any, Any]
+
+
+# ---------------------------------------------------------------------- capabilities
+
+
+@runtime_checkable
+class Interop(Protocol[S, E_co]):
+    """Capability: the device's streams and events are driver objects other libraries share
+    (CUDA's ``CUstream`` / ``CUevent``), so they can be wrapped and handed out as ints."""
+
+    def stream_wrap(self, index: int, handle: int) -> tuple[S, int]:
+        """A stream made elsewhere, not owned, and its priority."""
+
+    def stream_native(self, stream: S) -> int:
+        """The driver's handle of ``stream``, as an int (for ``__cuda_stream__``)."""
+
+    def event_wrap(self, index: int, handle: int) -> E_co:
+        """An event made elsewhere, not owned."""
+
+
+class TimelineRecord(Protocol):
+    """One completed device operation, as a :class:`Timeline` backend reports it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def stream(self) -> int: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def submitted(self) -> float: ...
+    @property
+    def start(self) -> float: ...
+    @property
+    def end(self) -> float: ...
+    @property
+    def error(self) -> str | None: ...
+
+
+@runtime_checkable
+class Timeline(Protocol):
+    """Capability: the backend keeps its own clock and a record of the device work it ran (the
+    virtual simulator), so a profiler reads both instead of timing events."""
+
+    def now(self) -> float:
+        """The device clock, in seconds."""
+
+    def timeline(self) -> Sequence[TimelineRecord]:
+        """The completed operations, ordered by start."""

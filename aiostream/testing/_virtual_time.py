@@ -39,7 +39,7 @@ def format_timeline(records: Sequence[OpRecord]) -> str:
     return "\n".join(lines) + "\n"
 
 
-class _Unsupported(Exception):
+class Unsupported(Exception):
     """Virtual time cannot run on this loop; ``skip`` says whether a test should skip."""
 
     def __init__(self, message: str, *, skip: bool) -> None:
@@ -64,44 +64,47 @@ class VirtualTime:
         """Seconds of virtual time since the test body started."""
         return self._read() if self._read is not None else self._frozen
 
-    @contextlib.contextmanager
-    def _running(self) -> Iterator[None]:
-        """Install the fake clock on the running loop for the duration of the test body."""
-        library = sniffio.current_async_library()
-        self.loop = library
-        if library == "trio":
-            import trio
-            import trio.testing
 
-            clock = trio.lowlevel.current_clock()
-            if not isinstance(clock, trio.testing.MockClock):
-                raise _Unsupported(_TRIO_CLOCK_HINT, skip=False)
-            threshold, clock.autojump_threshold = clock.autojump_threshold, 0
-            base = clock.current_time()
-            self._read = lambda: clock.current_time() - base
-            try:
-                yield
-            finally:
-                self._frozen = self.now()
-                self._read = None
-                clock.autojump_threshold = threshold
-            return
-        loop = asyncio.get_running_loop()
-        if not _fake_time.supported(loop):
-            kind = f"{type(loop).__module__}.{type(loop).__name__}"
-            raise _Unsupported(
-                f"virtual_time cannot fake the clock of {kind} (uvloop keeps its own, in "
-                "libuv); run this test on asyncio's default loop or on trio",
-                skip=True,
-            )
-        fake = _fake_time.FakeLoopTime(loop)
-        with fake.installed():
-            self._read = fake.time
-            try:
-                yield
-            finally:
-                self._frozen = self.now()
-                self._read = None
+@contextlib.contextmanager
+def running(vtime: VirtualTime) -> Iterator[None]:
+    """Install the fake clock on the running loop for the duration of the test body."""
+    vtime.loop = sniffio.current_async_library()
+    with _loop_clock(vtime.loop) as read:
+        vtime._read = read  # noqa: SLF001 (VirtualTime is this module's)
+        try:
+            yield
+        finally:
+            vtime._frozen, vtime._read = vtime.now(), None  # noqa: SLF001 (this module's)
+
+
+@contextlib.contextmanager
+def _loop_clock(library: str) -> Iterator[Callable[[], float]]:
+    """Fake the running loop's clock for a block; yield what reads its seconds since then."""
+    if library == "trio":
+        import trio
+        import trio.testing
+
+        clock = trio.lowlevel.current_clock()
+        if not isinstance(clock, trio.testing.MockClock):
+            raise Unsupported(_TRIO_CLOCK_HINT, skip=False)
+        threshold, clock.autojump_threshold = clock.autojump_threshold, 0
+        base = clock.current_time()
+        try:
+            yield lambda: clock.current_time() - base
+        finally:
+            clock.autojump_threshold = threshold
+        return
+    loop = asyncio.get_running_loop()
+    if not _fake_time.supported(loop):
+        kind = f"{type(loop).__module__}.{type(loop).__name__}"
+        raise Unsupported(
+            f"virtual_time cannot fake the clock of {kind} (uvloop keeps its own, in "
+            "libuv); run this test on asyncio's default loop or on trio",
+            skip=True,
+        )
+    fake = _fake_time.FakeLoopTime(loop)
+    with fake.installed():
+        yield fake.time
 
 
 T = TypeVar("T")
@@ -140,7 +143,7 @@ def run_in_virtual_time(
     previous = _backends.replace("virtual", virtual)
 
     async def main() -> T:
-        with vtime._running():
+        with running(vtime):
             return await fn(*args)
 
     try:

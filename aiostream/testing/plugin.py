@@ -38,7 +38,7 @@ import pytest
 from .. import _backends
 from .._backends.virtual import VirtualBackend, VirtualOptions
 from ..device import Device
-from ._virtual_time import VirtualTime, _Unsupported, format_timeline
+from ._virtual_time import Unsupported, VirtualTime, format_timeline, running
 
 __all__ = ["aiostream_device", "virtual_device", "virtual_time"]
 
@@ -196,9 +196,9 @@ def virtual_time(request: pytest.FixtureRequest, virtual_device: Device) -> Iter
     @functools.wraps(original)
     async def in_virtual_time(*args: Any, **kwargs: Any) -> Any:
         try:
-            with vtime._running():
+            with running(vtime):
                 return await original(*args, **kwargs)
-        except _Unsupported as exc:
+        except Unsupported as exc:
             if exc.skip:
                 pytest.skip(str(exc))
             pytest.fail(str(exc), pytrace=False)

@@ -89,11 +89,13 @@ class VirtualClock:
             self._ns += ns
         self._advanced()
 
-    def _listen(self, callback: Callable[[], None]) -> Callable[[], None]:
-        return self._advanced.add(callback)
-
     def __repr__(self) -> str:
         return f"VirtualClock(now={self.now()!r})"
+
+
+def listen(clock: VirtualClock, callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` whenever ``clock`` is advanced; return the function that stops it."""
+    return clock._advanced.add(callback)  # noqa: SLF001 (VirtualClock is this module's)
 
 
 def resolve_clock(clock: object) -> tuple[Callable[[], int], VirtualClock | None]:

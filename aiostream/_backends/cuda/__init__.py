@@ -1,0 +1,27 @@
+"""The CUDA backend: native driver calls through cuda-python (``cuda.bindings.driver``).
+
+Each device runs on its primary context, retained on first use and released last, at
+:meth:`CudaBackend.close` (registered with ``atexit``), after every event, stream, module and
+buffer the backend still holds. Handles are released exactly once, from whichever thread drops
+them; the driver calls that create things run with the device's context pushed, so the calling
+thread's own current context is left as it was.
+
+The modules:
+
+- ``driver``: loading the bindings, and ``Driver.check`` / ``Driver.error``, the one place
+  where a ``CUresult`` becomes an :class:`aiostream.CudaError`;
+- ``handles``: the streams, events and memory given out;
+- ``devices``: per-device state (context, pools of internal events and watcher streams, the
+  sleep kernel) and the registry of devices in use, with the backend's one lock;
+- ``waits``: captures as markers, and blocking, callbacks and release for the waiter;
+- ``memory``: host and device memory, and copies;
+- ``backend``: :class:`CudaBackend`, the :class:`~aiostream._backends.base.Backend` protocol
+  over the others.
+"""
+
+from __future__ import annotations
+
+from .backend import CudaBackend
+from .driver import load_driver
+
+__all__ = ["CudaBackend", "load_driver"]

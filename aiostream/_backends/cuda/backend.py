@@ -1,0 +1,274 @@
+"""The CUDA backend's face: the :class:`Backend` protocol over the driver, the devices, the
+waits and the memory (the modules beside this one)."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+from collections.abc import Callable
+from typing import ClassVar
+
+from ... import _hooks
+from ..._errors import NotReadyError
+from ..base import Backend, Interop
+from .devices import Device, Devices
+from .driver import (
+    EVENT_BLOCKING_SYNC,
+    EVENT_DISABLE_TIMING,
+    EVENT_INTERPROCESS,
+    INVALID_VALUE,
+    NOT_READY,
+    STREAM_NON_BLOCKING,
+    SUCCESS,
+    Driver,
+    load_driver,
+)
+from .handles import Event, Memory, Stream
+from .memory import Memories
+from .waits import Target, Waits
+
+__all__ = ["CudaBackend"]
+
+
+class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]):
+    """The CUDA driver behind ``cuda:N`` devices."""
+
+    kind: ClassVar[str] = "cuda"
+    #: the driver cannot say when work will complete: the waiter uses its strategies
+    completion_times: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._drv = drv = Driver(load_driver())
+        self._cu = cu = drv.cu
+        self._devices = Devices(drv, int(cu.cuDeviceGetCount()[1]))
+        self._waits = Waits(drv, self._devices)
+        self._memory = Memories(drv, self._devices)
+        atexit.register(self.close)
+        _hooks.enable_nvtx()  # record_function's ranges reach Nsight Systems too
+
+    def _stream_device(self, stream: Stream) -> Device:
+        """The stream's device, its context made current if work on it follows the thread."""
+        dev = self._devices[stream.index]
+        if stream.default:
+            dev.make_current()
+        return dev
+
+    # ------------------------------------------------------------------ devices
+
+    def device_count(self) -> int:
+        return self._devices.count
+
+    def device_name(self, index: int) -> str:
+        check, cu = self._drv.check, self._cu
+        dev = check(cu.cuDeviceGet(index), index, "cuDeviceGet")
+        name = check(cu.cuDeviceGetName(256, dev), index, "cuDeviceGetName")
+        return bytes(name).split(b"\0", 1)[0].decode(errors="replace").strip()
+
+    def priority_range(self, index: int) -> tuple[int, int]:
+        return self._devices.get(index).priorities
+
+    # ------------------------------------------------------------------ streams
+
+    def stream_create(self, index: int, priority: int) -> Stream:
+        dev = self._devices.get(index)
+        with self._devices.lock, dev.pushed():
+            ptr = self._drv.check(
+                self._cu.cuStreamCreateWithPriority(STREAM_NON_BLOCKING, priority),
+                index,
+                "cuStreamCreateWithPriority",
+            )
+            stream = Stream(ptr, index, owned=True)
+            dev.streams.add(stream)
+        return stream
+
+    def stream_default(self, index: int) -> Stream:
+        dev = self._devices.get(index)
+        if dev.default is None:
+            dev.default = Stream(self._cu.CUstream(0), index, owned=False, default=True)
+        return dev.default
+
+    def stream_wrap(self, index: int, handle: int) -> tuple[Stream, int]:
+        """A stream made elsewhere (not owned: never destroyed here), and its priority."""
+        dev = self._devices.get(index)
+        if handle == 0:
+            return self.stream_default(index), 0
+        ptr = self._cu.CUstream(handle)
+        priority = self._drv.check(self._cu.cuStreamGetPriority(ptr), index, "cuStreamGetPriority")
+        return Stream(ptr, dev.index, owned=False), int(priority)
+
+    def stream_native(self, stream: Stream) -> int:
+        return stream.id
+
+    def stream_destroy(self, stream: Stream) -> None:
+        with self._devices.lock:
+            if stream.owned and self._devices.retire(stream, "streams"):
+                self._drv.quiet(
+                    self._cu.cuStreamDestroy(stream.ptr), stream.index, "cuStreamDestroy"
+                )
+
+    def stream_id(self, stream: Stream) -> int:
+        return stream.id
+
+    def stream_query(self, stream: Stream) -> bool:
+        if stream.default:
+            self._stream_device(stream)
+        (err,) = self._cu.cuStreamQuery(stream.ptr)
+        if err == SUCCESS:
+            return True
+        if err == NOT_READY:
+            return False
+        raise self._drv.error(err, stream.index, "cuStreamQuery")
+
+    def stream_wait_event(self, stream: Stream, event: Event) -> None:
+        self._stream_device(stream)
+        self._drv.check(
+            self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0), stream.index, "cuStreamWaitEvent"
+        )
+
+    def stream_capture(self, stream: Stream) -> Target:
+        return self._waits.stream_capture(stream)
+
+    # ------------------------------------------------------------------ events
+
+    def event_create(
+        self, index: int, *, timing: bool, blocking: bool, interprocess: bool
+    ) -> Event:
+        flags = 0 if timing else EVENT_DISABLE_TIMING
+        if blocking:
+            flags |= EVENT_BLOCKING_SYNC
+        if interprocess:
+            flags |= EVENT_INTERPROCESS
+        dev = self._devices.get(index)
+        with self._devices.lock, dev.pushed():
+            ptr = self._drv.check(self._cu.cuEventCreate(flags), index, "cuEventCreate")
+            event = Event(ptr, index, owned=True)
+            dev.events.add(event)
+        return event
+
+    def event_wrap(self, index: int, handle: int) -> Event:
+        """An event made elsewhere (not owned: never destroyed here)."""
+        self._devices.get(index)
+        return Event(self._cu.CUevent(handle), index, owned=False)
+
+    def event_destroy(self, event: Event) -> None:
+        with self._devices.lock:
+            if event.owned and self._devices.retire(event, "events"):
+                self._drv.quiet(self._cu.cuEventDestroy(event.ptr), event.index, "cuEventDestroy")
+
+    def event_id(self, event: Event) -> int:
+        return event.id
+
+    def event_record(self, event: Event, stream: Stream) -> None:
+        self._stream_device(stream)
+        self._drv.check(self._cu.cuEventRecord(event.ptr, stream.ptr), event.index, "cuEventRecord")
+        event.lane = ("stream", stream.id)
+
+    def event_query(self, event: Event) -> bool:
+        return self._drv.done(event.ptr, event.index, "cuEventQuery")
+
+    def event_capture(self, event: Event) -> Target:
+        return self._waits.event_capture(event)
+
+    def event_elapsed_ms(self, start: Event, end: Event) -> float:
+        err, ms = self._cu.cuEventElapsedTime(start.ptr, end.ptr)
+        if err == NOT_READY:
+            raise NotReadyError(
+                "elapsed_time() needs both events complete; await end_event.synchronize() first"
+            )
+        if err != SUCCESS:
+            raise self._drv.error(err, start.index, "cuEventElapsedTime")
+        return float(ms)
+
+    def event_ipc_handle(self, event: Event) -> bytes:
+        handle = self._drv.check(
+            self._cu.cuIpcGetEventHandle(event.ptr), event.index, "cuIpcGetEventHandle"
+        )
+        return ctypes.string_at(handle.getPtr(), 64)
+
+    def event_from_ipc_handle(self, index: int, data: bytes) -> Event:
+        cu = self._cu
+        handle = cu.CUipcEventHandle()
+        ctypes.memmove(handle.getPtr(), data, 64)
+        dev = self._devices.get(index)
+        with self._devices.lock, dev.pushed():
+            err, ptr = cu.cuIpcOpenEventHandle(handle)
+            if err == INVALID_VALUE:
+                raise ValueError(
+                    "the driver cannot open this event IPC handle (CUDA_ERROR_INVALID_VALUE): "
+                    "pass the 64 bytes that Event.ipc_handle() returned in another process"
+                ) from self._drv.error(err, index, "cuIpcOpenEventHandle")
+            if err != SUCCESS:
+                raise self._drv.error(err, index, "cuIpcOpenEventHandle")
+            event = Event(ptr, index, owned=True)
+            dev.events.add(event)
+        return event
+
+    # ------------------------------------------------------------------ device work
+
+    def delay(self, stream: Stream, seconds: float) -> None:
+        kernel = self._devices[stream.index].sleep_kernel()
+        self._stream_device(stream)
+        ns = round(seconds * 1e9)
+        self._drv.check(
+            self._cu.cuLaunchKernel(
+                kernel, 1, 1, 1, 1, 1, 1, 0, stream.ptr, ((ns,), (ctypes.c_uint64,)), 0
+            ),
+            stream.index,
+            "cuLaunchKernel",
+        )
+
+    # ------------------------------------------------------------------ memory and copies
+
+    def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> Memory:
+        return self._memory.host_alloc(index, nbytes, pinned=pinned)
+
+    def host_view(self, host: Memory) -> memoryview:
+        return self._memory.host_view(host)
+
+    def host_access(self, host: Memory) -> None:
+        """Nothing to check: the driver has no race detector (the virtual backend does)."""
+
+    def host_free(self, host: Memory) -> None:
+        self._memory.host_free(host)
+
+    def device_alloc(self, index: int, nbytes: int, stream: Stream | None) -> Memory:
+        s = stream if stream is not None else self.stream_default(index)
+        return self._memory.device_alloc(index, nbytes, s)
+
+    def device_free(self, mem: Memory) -> None:
+        self._memory.device_free(mem)
+
+    def device_ptr(self, mem: Memory) -> int:
+        return mem.ptr
+
+    def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
+        self._memory.copy(stream, dst, src, nbytes, kind)
+
+    # ------------------------------------------------------------------ waiting
+
+    def wake_hint(self, index: int) -> float | None:
+        return None  # the driver gives no completion times: see completion_times
+
+    def subscribe(self, index: int, callback: Callable[[], None]) -> Callable[[], None]:
+        return _nothing
+
+    def block(self, target: Target) -> None:
+        self._waits.block(target)
+
+    def wait_blocking(self, target: Target) -> None:
+        self._waits.block(target)
+        target.done()  # raises the device's error, if the work failed
+
+    def notify_done(self, target: Target, fn: Callable[[], None]) -> None:
+        self._waits.notify_done(target, fn)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Release every handle, then the primary contexts (idempotent; runs at exit)."""
+        self._devices.close()
+        atexit.unregister(self.close)
+
+
+def _nothing() -> None:
+    pass

@@ -1,0 +1,122 @@
+"""The driver itself: loading cuda-python's bindings, and the one place where a ``CUresult``
+becomes an :class:`aiostream.CudaError`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..._errors import BackendUnavailableError, CudaError
+
+__all__ = ["NOT_READY", "SUCCESS", "Driver", "load_driver"]
+
+logger = logging.getLogger("aiostream")
+
+SUCCESS = 0
+NOT_READY = 600
+INVALID_VALUE = 1
+_NO_DEVICE = 100
+_STUB_LIBRARY = 34
+_INSUFFICIENT_DRIVER = 35
+
+STREAM_NON_BLOCKING = 0x1
+EVENT_BLOCKING_SYNC = 0x1
+EVENT_DISABLE_TIMING = 0x2
+EVENT_INTERPROCESS = 0x4
+#: the flags of the internal events that waits block on: a blocked thread sleeps in the driver
+MARKER_FLAGS = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING
+
+
+def load_driver() -> Any:
+    """Import the bindings and initialise the driver, or say why CUDA cannot be used here."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "cuda",
+            f"cuda-python is not installed ({exc}); run 'pip install cuda-python', or use a "
+            "virtual device ('virtual:0')",
+        ) from None
+    try:
+        (err,) = driver.cuInit(0)
+    except RuntimeError as exc:  # cuda.pathfinder's DynamicLibNotFoundError: no libcuda.so.1
+        raise BackendUnavailableError(
+            "cuda",
+            f"no NVIDIA driver library (libcuda.so.1) could be loaded ({exc}); install the "
+            "NVIDIA driver, or use a virtual device ('virtual:0')",
+        ) from None
+    code = int(err)
+    if code == _NO_DEVICE:
+        raise BackendUnavailableError("cuda", "the NVIDIA driver found no CUDA device")
+    if code == _STUB_LIBRARY:
+        raise BackendUnavailableError(
+            "cuda",
+            "libcuda.so.1 is the CUDA toolkit's stub library, not a driver: put the real "
+            "driver's library first on the library path",
+        )
+    if code == _INSUFFICIENT_DRIVER:
+        raise BackendUnavailableError(
+            "cuda",
+            "the NVIDIA driver is older than the CUDA version cuda-python was built for; "
+            "update the driver or install an older cuda-python",
+        )
+    if code != SUCCESS:
+        raise BackendUnavailableError("cuda", f"cuInit failed: {describe(driver, code)}")
+    err, count = driver.cuDeviceGetCount()
+    if int(err) != SUCCESS or not count:
+        raise BackendUnavailableError("cuda", "the NVIDIA driver found no CUDA device")
+    return driver
+
+
+def describe(driver: Any, code: int) -> str:
+    """``NAME (code): message`` for a CUresult, as far as the driver can name it."""
+    try:
+        result = driver.CUresult(code)
+    except ValueError:
+        return f"CUresult {code}"
+    err, name = driver.cuGetErrorName(result)
+    err2, message = driver.cuGetErrorString(result)
+    name_s = name.decode() if int(err) == SUCCESS and name else result.name
+    msg_s = message.decode() if int(err2) == SUCCESS and message else ""
+    return f"{name_s} ({code}): {msg_s}" if msg_s and msg_s != name_s else f"{name_s} ({code})"
+
+
+class Driver:
+    """The bindings module (``cu``) and the checks every call's result goes through."""
+
+    __slots__ = ("cu",)
+
+    def __init__(self, cu: Any) -> None:
+        self.cu = cu
+
+    def error(self, err: Any, index: int | None, call: str) -> CudaError:
+        code = int(err)
+        detail = describe(self.cu, code)
+        name = detail.split(" ", 1)[0]
+        where = f"cuda:{index}" if index is not None else "cuda"
+        return CudaError(f"{call} failed on {where}: {detail}", device=where, code=code, name=name)
+
+    def check(self, result: tuple[Any, ...], index: int | None, call: str) -> Any:
+        """The value of a driver call's result tuple, or raise its CudaError."""
+        if result[0] != SUCCESS:
+            raise self.error(result[0], index, call)
+        return result[1] if len(result) == 2 else None
+
+    def quiet(self, result: tuple[Any, ...], index: int, call: str) -> None:
+        """For release calls, which never raise (they run in finalizers): log what went wrong."""
+        if result[0] != SUCCESS:
+            logger.warning("%s", self.error(result[0], index, call))
+
+    def done(self, ptr: Any, index: int, call: str) -> bool:
+        """Whether the event ``ptr`` completed (``cuEventQuery``); raise if its work failed."""
+        (err,) = self.cu.cuEventQuery(ptr)
+        if err == SUCCESS:
+            return True
+        if err == NOT_READY:
+            return False
+        raise self.error(err, index, call)
+
+    def over(self, ptr: Any) -> bool:
+        """Whether the event ``ptr``'s work is over, completed or failed; never raises."""
+        (err,) = self.cu.cuEventQuery(ptr)
+        return bool(err != NOT_READY)

@@ -1,0 +1,128 @@
+"""Memory on virtual devices: host buffers, device memory of a stated size, copies that take
+simulated time on the copy engines, and the race detector."""
+
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+
+from ..._errors import DeviceError
+from .model import DONE, RUNNING, Device, Memory, Race, Stream
+from .simulation import Simulation
+
+__all__ = ["POISON", "Memories"]
+
+#: The byte value that fills a copy's destination from the copy's start until it completes.
+POISON = 0xA5
+_COPY_ENGINES = {"h2d": "h2d", "d2h": "d2h", "d2d": "compute"}
+
+
+class Memories:
+    """The live buffers, the allocation accounting per device, copies and races."""
+
+    def __init__(self, sim: Simulation, size: int, bandwidth: dict[str, float], latency: float):
+        self.sim = sim
+        self.size = size  # bytes of memory per device
+        self.bandwidth = bandwidth  # bytes per second, by copy kind
+        self.latency = latency
+        self.live: set[Memory] = set()
+        self.races: list[Race] = []
+
+    def host_alloc(self, index: int, nbytes: int) -> Memory:
+        with self.sim.lock:
+            self.sim.check_open()
+            try:
+                mem = Memory(nbytes, self.sim.devices[index], host=True)
+            except (MemoryError, OverflowError):
+                raise MemoryError(f"cannot allocate {nbytes} bytes of host memory") from None
+            self.live.add(mem)
+            return mem
+
+    def host_access(self, host: Memory) -> None:
+        if not host.writers:
+            return
+        with self.sim.lock:
+            self.sim.now_locked()
+            if not host.writers:
+                return
+            writer = next(iter(host.writers))
+            copy = (
+                f"{writer.name!r} on {writer.device.name} stream {writer.stream.id} "
+                f"(submitted at t={writer.submit / 1e9:.9f}s)"
+            )
+            where = "".join(traceback.format_stack(limit=11)[:-3])  # up to the .numpy() call
+            self.races.append(Race(len(host.data), copy, where))
+
+    def take_races(self, clear: bool) -> list[Race]:
+        with self.sim.lock:
+            found = list(self.races)
+            if clear:
+                self.races.clear()
+            return found
+
+    def host_free(self, host: Memory) -> None:
+        with self.sim.lock:
+            self.live.discard(host)
+
+    def device_alloc(self, index: int, nbytes: int) -> Memory:
+        with self.sim.lock:
+            device = self.sim.devices[index]
+            self.sim.check_device(device)
+            if nbytes > self.size - device.allocated:
+                raise self._out_of_memory(device, nbytes, "")
+            try:
+                mem = Memory(nbytes, device, host=False)
+            except (MemoryError, OverflowError):  # the host cannot hold the simulated bytes
+                raise self._out_of_memory(device, nbytes, "; the host could not hold it") from None
+            device.allocated += nbytes
+            self.live.add(mem)
+            return mem
+
+    def _out_of_memory(self, device: Device, nbytes: int, why: str) -> DeviceError:
+        size = self.size
+        return DeviceError(
+            f"{device.name} is out of memory: {nbytes} bytes asked, {size - device.allocated} "
+            f"of {size} free{why} (aiostream.virtual.reset(memory=...) sets the size)",
+            device=device.name,
+        )
+
+    def device_free(self, mem: Memory) -> None:
+        # The bytes live on while a copy's closure holds them: freeing never races a copy.
+        with self.sim.lock:
+            if mem in self.live:
+                mem.device.allocated -= len(mem.data)
+            self.live.discard(mem)
+
+    def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
+        engine = _COPY_ENGINES[kind]
+        seconds = self.latency + nbytes / self.bandwidth[kind]
+
+        # Both run on whichever thread advances the simulation, usually the host's own: in
+        # place (a fill and a memcpy), never building a temporary of the copy's size, whose
+        # fresh pages would cost the host more than the copy itself.
+        def begin() -> None:  # the destination holds poison from the copy's start
+            np.frombuffer(dst.data, np.uint8, nbytes).fill(POISON)
+
+        def land() -> None:  # data moves when the copy completes
+            memoryview(dst.data)[:nbytes] = memoryview(src.data)[:nbytes]
+
+        def settle() -> None:  # completed or aborted: no longer in flight
+            dst.writers.pop(item, None)
+
+        sim = self.sim
+        with sim.lock:
+            sim.check_device(stream.device)
+            item = sim.submit_locked(
+                stream, round(seconds * 1e9), engine, land, None, f"copy {kind}"
+            )
+            if item.state == DONE:  # zero-length and already landed
+                return
+            dst.writers[item] = None
+            item.on_start = begin
+            if item.state == RUNNING:  # it started at once, before the hook was set
+                begin()
+            if item.watchers is None:
+                item.watchers = [settle]
+            else:
+                item.watchers.append(settle)

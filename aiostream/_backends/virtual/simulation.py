@@ -1,0 +1,210 @@
+"""The simulation's state and time: devices, the scheduler and one clock under one lock, and
+the waits on its work.
+
+Device time is kept in integer nanoseconds, read from one clock per backend (the monotonic
+clock, a manual :class:`VirtualClock`, or any callable returning seconds), so that arithmetic on
+it is exact and a program gives the same timeline on every run.
+
+The simulation is lazy: nothing happens between calls. Every call first brings the scheduler
+to the clock's "now" (:meth:`Simulation.now`), which processes the completions that came due in
+time order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..._errors import AiostreamError, StaleHandleError
+from .clock import Listeners, listen, resolve_clock
+from .model import DONE, Device, Item, Stream
+from .options import VirtualOptions
+from .scheduler import Scheduler
+
+__all__ = ["Simulation", "Target"]
+
+_NEVER = float("inf")
+
+
+class Target:
+    """One wait's captured work: an item, and whoever watches for its completion."""
+
+    __slots__ = ("callback", "item", "lane", "released", "seq", "sim")
+
+    def __init__(self, sim: Simulation, item: Item) -> None:
+        self.sim = sim
+        self.item = item
+        self.released = False
+        self.callback: Callable[[], None] | None = None
+        self.lane: object = item.stream
+        self.seq = item.seq
+
+    def done(self) -> bool:
+        return self.sim.item_done(self.item)
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, from any thread, when the work completes or fails or the
+        backend closes; at once if it already has."""
+        self.sim.watch(self, callback)
+
+    def __call__(self) -> None:  # the scheduler calls its watchers
+        callback, self.callback = self.callback, None
+        if callback is not None and not self.released:
+            callback()
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.callback = None
+            self.sim.release(self)
+
+
+class Simulation:
+    """Devices, scheduler and clock, and the waits: what every part of the backend shares.
+
+    ``lock`` (reentrant) guards it all; the methods named ``*_locked`` expect it held.
+    """
+
+    def __init__(self, options: VirtualOptions, clock: object) -> None:
+        self.lock = threading.RLock()
+        self.clock_ns, self.manual = resolve_clock(clock)
+        slots = options.slots()
+        self.devices = [Device(i, slots) for i in range(options.devices)]
+        self.sched = Scheduler(self.devices, self.clock_ns())
+        self.closed = False
+        self.listeners = Listeners()
+        self._unlisten = listen(self.manual, self.listeners) if self.manual else None
+        self._hinted: float = _NEVER  # the earliest completion a waiter was told to sleep until
+        self.targets: dict[Target, None] = {}
+
+    def close(self) -> bool:
+        """Retire the simulation and wake every pending wait; False if already closed."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.closed = True
+            if self._unlisten is not None:
+                self._unlisten()
+            targets = list(self.targets)
+        for target in targets:  # pending waits wake up and see the error
+            target()
+        self.listeners()
+        return True
+
+    # ------------------------------------------------------------------ checks and time
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise StaleHandleError(
+                "this object belongs to a virtual backend that aiostream.virtual.reset() "
+                "replaced; create new streams and events after the reset"
+            )
+
+    def check_device(self, device: Device) -> None:
+        self.check_open()
+        if device.failure is not None:
+            raise device.failure.error()
+
+    def now_locked(self) -> int:
+        """Bring the simulation to the clock's now and return it."""
+        sched = self.sched
+        now = self.clock_ns()
+        if now < sched.t:  # a clock must not run backwards; keep the timeline monotonic
+            now = sched.t
+        sched.advance(now)
+        return now
+
+    def settled(self) -> bool:
+        """Lock-free: no completion has come due since the last sync (in doubt, False)."""
+        running = self.sched.running
+        try:
+            return not running or running[0][0] > self.clock_ns()
+        except IndexError:  # emptied by another thread meanwhile
+            return False
+
+    def item_done(self, item: Item) -> bool:
+        device = item.device
+        if item.state == DONE and device.failure is None and not self.closed and self.settled():
+            return True
+        with self.lock:
+            self.check_open()
+            self.now_locked()
+            if device.failure is not None:
+                raise device.failure.error()
+            return item.state == DONE
+
+    def submit_locked(
+        self,
+        stream: Stream,
+        duration: int,
+        engine: str | None,
+        fn: Callable[[], object] | None,
+        error: str | None,
+        name: str,
+    ) -> Item:
+        """Submit on ``stream`` (device checked); wake waiters if it ends sooner than they
+        sleep."""
+        self.now_locked()
+        item = self.sched.submit(stream, duration, engine, fn, error, name)
+        # A waiter told "nothing runs" (_NEVER) needs no wake: with nothing running, all
+        # pending work is held by a stalled engine, which only a release (it notifies) frees.
+        if engine is not None and self._hinted != _NEVER:
+            end = self.sched.next_end()
+            if end is not None and end < self._hinted:
+                self._hinted = end
+                self.listeners()
+        return item
+
+    # ------------------------------------------------------------------ waits
+
+    def target_locked(self, item: Item) -> Target:
+        target = Target(self, item)
+        self.targets[target] = None
+        return target
+
+    def release(self, target: Target) -> None:
+        with self.lock:
+            self.targets.pop(target, None)
+            watchers = target.item.watchers
+            if watchers is not None and target in watchers:
+                watchers.remove(target)
+
+    def watch(self, target: Target, callback: Callable[[], None]) -> None:
+        item = target.item
+        with self.lock:
+            if not (self.closed or item.state == DONE or item.device.failure is not None):
+                target.callback = callback
+                if item.watchers is None:
+                    item.watchers = [target]
+                else:
+                    item.watchers.append(target)
+                return
+        callback()
+
+    def wake_hint(self) -> float | None:
+        with self.lock:
+            if self.closed:
+                return 0.0
+            now = self.now_locked()
+            end = self.sched.next_end()
+            if self.manual is not None or end is None:
+                self._hinted = _NEVER
+                return None
+            self._hinted = end
+            return (end - now) / 1e9
+
+    def wait_blocking(self, target: Target) -> None:
+        changed = threading.Event()
+        unsubscribe = self.listeners.add(changed.set)
+        try:
+            while not target.done():
+                changed.wait(self.wake_hint())
+                changed.clear()
+        finally:
+            unsubscribe()
+
+    def block(self, target: Target) -> None:
+        try:
+            self.wait_blocking(target)
+        except AiostreamError:
+            pass  # the caller learns the outcome from target.done()

@@ -1,0 +1,188 @@
+"""The base of the objects users hold on a device: :class:`DeviceObject`.
+
+``Stream``, ``Event``, ``HostBuffer`` and ``DeviceBuffer`` are each a device, the backend of its
+kind, and that backend's opaque handle. This module owns those three attributes: the user
+objects set them through :meth:`DeviceObject._bind` and read their own; where one object needs
+another's handle (an event recorded on a stream, a copy between buffers) it goes through the
+functions below, never through another module's private attribute (ruff's SLF001 holds every
+other module to that).
+
+The await sequence shared by streams and events lives here too (:class:`Awaitable`): a fast
+path that costs one checkpoint when the work is already complete, else a capture handed to
+``_waiting``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from . import _diagnostics, _hooks, _waiting
+from ._errors import StaleHandleError
+
+if TYPE_CHECKING:
+    from ._backends.base import AnyBackend, WaitTarget
+    from .device import Device
+
+__all__ = [
+    "Awaitable",
+    "DeviceObject",
+    "backend",
+    "check_same_backend",
+    "handle",
+    "note_submission",
+    "submit",
+    "unowned",
+]
+
+D = TypeVar("D", bound="DeviceObject")
+
+
+class DeviceObject:
+    """A device, its backend, and the backend's handle of the thing itself."""
+
+    __slots__ = ("__weakref__", "_backend", "_device", "_finalizer", "_handle", "_origin")
+
+    _backend: AnyBackend
+    _device: Device
+    _handle: Any
+    _finalizer: weakref.finalize[..., Any] | None
+    #: where work was last submitted or recorded (debug mode), for the pending-wait listing
+    _origin: _diagnostics.Origin | None
+
+    def _bind(
+        self,
+        device: Device,
+        backend: AnyBackend,
+        handle: Any,
+        release: Callable[[Any], object] | None,
+    ) -> None:
+        """Set the three attributes; ``release(handle)`` runs when the object is collected
+        (None: the handle is not owned, and never released here)."""
+        self._device = device
+        self._backend = backend
+        self._handle = handle
+        self._origin = None
+        self._finalizer = None if release is None else weakref.finalize(self, release, handle)
+
+    def _adopt(self, handle: Any, release: Callable[[Any], object]) -> None:
+        """Take ``handle`` on an object bound without one (an event before its first record)."""
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, release, handle)
+
+    @property
+    def device(self) -> Device:
+        """The device this object belongs to."""
+        return self._device
+
+
+class Awaitable(DeviceObject):
+    """A device object whose work can be awaited: a stream (all its work so far) or an event
+    (the work it captured)."""
+
+    __slots__ = ()
+
+    #: what it is, for messages: "stream" or "event"
+    _what: ClassVar[str]
+
+    def _done(self) -> bool:
+        """Whether the work completed already (raise the device's error if it failed)."""
+        raise NotImplementedError
+
+    def _capture(self) -> WaitTarget:
+        """The work to wait for, fixed now."""
+        raise NotImplementedError
+
+    def _subject(self) -> str:
+        """What a pending-wait listing calls this wait."""
+        raise NotImplementedError
+
+    async def synchronize(self, *, strategy: str | None = None) -> None:
+        """Suspend the calling task until the work completes: for a stream, all work submitted
+        to it so far; for an event, the work it captured.
+
+        Raises ``DeviceError`` if that work failed. Cancelling it (or a timeout around it)
+        removes the wait and leaks nothing; the device work goes on.
+
+        Args:
+            strategy: how a CUDA wait is watched, for this call only: ``"hybrid"``, ``"poll"``,
+                ``"thread"`` or ``"callback"`` (see :func:`aiostream.set_wait_strategy`).
+
+        Note:
+            On CUDA this is ``cuStreamQuery`` / ``cuEventQuery``, then a wait for a marker
+            event recorded after the work; the event loop never blocks.
+        """
+        if strategy is not None:
+            _waiting.check_strategy(strategy)
+        if self._done():
+            if _hooks.observer is None:
+                await _waiting.checkpoint()
+            else:
+                await _waiting.observed(self._subject(), str(self._device))
+            return
+        target = self._capture()
+        await _waiting.wait(
+            self._backend, self._device.index, target, self._subject(), self._origin, strategy
+        )
+
+    def synchronize_blocking(self) -> None:
+        """Block the calling thread until the work completes.
+
+        For threads that run no event loop; in a loop's thread it raises instead of blocking.
+
+        Note:
+            Wraps ``cuStreamSynchronize`` / ``cuEventSynchronize`` on CUDA.
+        """
+        if self._done():
+            return
+        _waiting.wait_blocking(self._backend, self._capture(), self._what)
+
+
+def handle(obj: DeviceObject) -> Any:
+    """The backend's handle of ``obj`` (None for an event never recorded)."""
+    return obj._handle  # noqa: SLF001 (this module owns the attribute)
+
+
+def backend(obj: DeviceObject) -> AnyBackend:
+    """The backend ``obj`` belongs to."""
+    return obj._backend  # noqa: SLF001
+
+
+def submit(stream: DeviceObject, what: str, fn: Callable[..., None], *args: Any) -> None:
+    """Submit work to ``stream``: ``fn(stream's handle, *args)``, noting where it was submitted
+    (debug mode), bracketed by the observer's marks as ``what``."""
+    if _diagnostics.debug:
+        note_submission(stream)
+    with _hooks.device_range(what, stream):
+        fn(stream._handle, *args)  # noqa: SLF001
+
+
+def note_submission(stream: DeviceObject) -> _diagnostics.Origin | None:
+    """Remember, on ``stream``, where work is being submitted to it now (debug mode), for the
+    pending-wait listing; return it."""
+    origin = stream._origin = _diagnostics.capture()  # noqa: SLF001
+    return origin
+
+
+def unowned(cls: type[D], device: Device, backend: AnyBackend, handle: Any) -> D:
+    """A ``cls`` over a handle made elsewhere (a default or foreign stream, a foreign event),
+    never released here. The caller sets the class's own attributes."""
+    obj = cls.__new__(cls)
+    obj._bind(device, backend, handle, None)  # noqa: SLF001
+    return obj
+
+
+def check_same_backend(a: DeviceObject, b: DeviceObject) -> None:
+    """Refuse to mix objects of two backends (two kinds, or two instances of one kind, as after
+    ``aiostream.virtual.reset()``): a handle means something only to its own backend."""
+    ba, bb = a._backend, b._backend  # noqa: SLF001
+    if ba is bb:
+        return
+    pair = f"{type(a).__name__} on {a._device} and {type(b).__name__} on {b._device}"  # noqa: SLF001
+    if type(ba) is not type(bb):
+        raise ValueError(f"{pair} belong to different backends")
+    raise StaleHandleError(
+        f"{pair} come from two instances of one backend: it was replaced between them (for "
+        "the virtual backend, aiostream.virtual.reset() ran); create them again after it"
+    )

@@ -1,0 +1,59 @@
+"""Each backend implements the Backend protocol, and exactly the capabilities it declares.
+
+mypy checks the signatures (both backends subclass the protocols explicitly, so a missing or
+mistyped method fails ``mypy --strict`` in CI); these tests check the same at run time, and that
+the user objects ask for capabilities rather than kinds.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import aiostream as ais
+from aiostream._backends.base import Backend, Interop, Timeline
+from aiostream._backends.cuda import CudaBackend
+from aiostream._backends.virtual import VirtualBackend
+
+
+def _members(protocol: type) -> set[str]:
+    names = {n for n in vars(protocol) if not n.startswith("_")}
+    return names | set(getattr(protocol, "__annotations__", {}))
+
+
+@pytest.mark.parametrize(
+    ("cls", "capabilities"),
+    [(VirtualBackend, {Timeline}), (CudaBackend, {Interop})],
+    ids=["virtual", "cuda"],
+)
+def test_each_backend_implements_the_protocol_and_its_capabilities(
+    cls: type, capabilities: set[type]
+) -> None:
+    assert Backend in cls.__mro__  # explicit: mypy checks every method against the protocol
+    for protocol in (Backend, Interop, Timeline):
+        declared = protocol in cls.__mro__
+        assert declared == (protocol is Backend or protocol in capabilities), protocol
+        if not declared:
+            continue
+        for name in _members(protocol):
+            own = inspect.getattr_static(cls, name)
+            assert own is not inspect.getattr_static(protocol, name, None), (
+                f"{cls.__name__}.{name} is the protocol's stub, not an implementation"
+            )
+    assert not inspect.isabstract(cls)
+
+
+def test_capabilities_are_seen_at_run_time() -> None:
+    backend = VirtualBackend()
+    try:
+        assert isinstance(backend, Timeline)
+        assert not isinstance(backend, Interop)
+    finally:
+        backend.close()
+
+
+def test_objects_of_a_backend_without_interop_refuse_interop() -> None:
+    s = ais.Stream("virtual:0")
+    with pytest.raises(TypeError, match="not a CUDA stream"):
+        s.__cuda_stream__()

@@ -226,9 +226,16 @@ def _positive(kind: type, name: str):  # type: ignore[no-untyped-def]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aiostream", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m aiostream",
+        description="aiostream's command line: what this machine has, and demos to run on it.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="backends, devices and versions on this machine")
+    sub.add_parser(
+        "info",
+        help="backends, devices and versions on this machine",
+        description="The backends, devices and versions on this machine.",
+    )
     p_demo = sub.add_parser(
         "demo", help="the end-to-end pipeline: host transform, copies, compute, results checked"
     )

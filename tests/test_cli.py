@@ -127,6 +127,17 @@ def test_bad_arguments_exit_with_a_message(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["streams"]])
+def test_help_reads_as_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m aiostream")
+    for markup in ("``", ":func:", ":class:", ":meth:"):
+        assert markup not in out, f"reST markup {markup!r} in --help"
+
+
 def test_python_dash_m_entry_point() -> None:
     proc = run_python("-m", "aiostream", "info")
     assert proc.returncode == 0, proc.stderr

@@ -154,6 +154,9 @@ def submit(stream: DeviceObject, what: str, fn: Callable[..., None], *args: Any)
     (debug mode), bracketed by the observer's marks as ``what``."""
     if _diagnostics.debug:
         note_submission(stream)
+    if _hooks.observer is None:  # the common case: no context manager at all
+        fn(stream._handle, *args)  # noqa: SLF001
+        return
     with _hooks.device_range(what, stream):
         fn(stream._handle, *args)  # noqa: SLF001
 

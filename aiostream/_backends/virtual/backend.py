@@ -69,9 +69,10 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
         return PRIORITY_RANGE
 
     def stream_create(self, index: int, priority: int) -> Stream:
-        with self._sim.lock:
-            self._sim.check_open()
-            device = self._sim.devices[index]
+        sim = self._sim
+        with sim.lock:
+            sim.check_open()
+            device = sim.devices[index]
             stream = Stream(device, next(device.stream_ids), priority)
             self._live_streams.add(stream)
             return stream
@@ -216,9 +217,10 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
         error: str | None,
         name: str,
     ) -> None:
-        with self._sim.lock:
-            self._sim.check_device(stream.device)
-            self._sim.submit_locked(stream, duration_ns, engine, fn, error, name)
+        sim = self._sim
+        with sim.lock:
+            sim.check_device(stream.device)
+            sim.submit_locked(stream, duration_ns, engine, fn, error, name)
 
     def inject(
         self,
@@ -298,13 +300,9 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
 
     # ------------------------------------------------------------------ inspection, timeline
 
-    def _synced(self) -> None:
-        if not self._sim.closed:
-            self._sim.now_locked()
-
     def stats(self) -> VirtualStats:
         with self._sim.lock:
-            self._synced()
+            self._sim.sync_locked()
             return VirtualStats(
                 streams=len(self._live_streams),
                 events=len(self._live_events),
@@ -316,7 +314,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
     def leaks(self) -> list[str]:
         """One line per live stream, live event, pending operation and pending wait."""
         with self._sim.lock:
-            self._synced()
+            self._sim.sync_locked()
             return inspect.leaks(
                 sorted((t.item for t in self._sim.targets), key=_by_seq),
                 self._sim.sched.unfinished_ops(),
@@ -327,7 +325,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
 
     def timeline(self) -> list[OpRecord]:
         with self._sim.lock:
-            self._synced()
+            self._sim.sync_locked()
             return self._sim.sched.timeline()
 
     def now(self) -> float:

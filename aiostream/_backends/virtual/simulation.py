@@ -114,6 +114,11 @@ class Simulation:
         sched.advance(now)
         return now
 
+    def sync_locked(self) -> None:
+        """Bring the simulation to now, unless it is closed (for inspection)."""
+        if not self.closed:
+            self.now_locked()
+
     def settled(self) -> bool:
         """Lock-free: no completion has come due since the last sync (in doubt, False)."""
         running = self.sched.running

@@ -22,7 +22,6 @@ from . import _check
 __all__ = [
     "PendingWait",
     "capture",
-    "debug_enabled",
     "pending_waits",
     "set_debug",
     "set_watchdog",
@@ -47,11 +46,6 @@ def set_debug(enabled: bool) -> None:
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False, got {enabled!r}")
     debug = enabled
-
-
-def debug_enabled() -> bool:
-    """Whether debug captures are on (``set_debug`` or ``AIOSTREAM_DEBUG=1``)."""
-    return debug
 
 
 def set_watchdog(seconds: float | None) -> None:

@@ -86,8 +86,9 @@ class Awaitable(DeviceObject):
     #: what it is, for messages: "stream" or "event"
     _what: ClassVar[str]
 
-    def _done(self) -> bool:
-        """Whether the work completed already (raise the device's error if it failed)."""
+    def query(self) -> bool:
+        """Whether the work completed already; never blocks (raises the device's error if it
+        failed)."""
         raise NotImplementedError
 
     def _capture(self) -> WaitTarget:
@@ -115,7 +116,7 @@ class Awaitable(DeviceObject):
         """
         if strategy is not None:
             _waiting.check_strategy(strategy)
-        if self._done():
+        if self.query():
             if _hooks.observer is None:
                 await _waiting.checkpoint()
             else:
@@ -134,7 +135,7 @@ class Awaitable(DeviceObject):
         Note:
             Wraps ``cuStreamSynchronize`` / ``cuEventSynchronize`` on CUDA.
         """
-        if self._done():
+        if self.query():
             return
         _waiting.wait_blocking(self._backend, self._capture(), self._what)
 

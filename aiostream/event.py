@@ -123,10 +123,6 @@ class Event(_objects.Awaitable):
         """
         return True if self._handle is None else self._backend.event_query(self._handle)
 
-    def _done(self) -> bool:
-        handle = self._handle
-        return handle is None or self._backend.event_query(handle)
-
     def _capture(self) -> WaitTarget:
         target: WaitTarget = self._backend.event_capture(self._handle)
         return target

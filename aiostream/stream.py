@@ -102,9 +102,6 @@ class Stream(_objects.Awaitable):
         """
         return self._backend.stream_query(self._handle)
 
-    def _done(self) -> bool:
-        return self._backend.stream_query(self._handle)
-
     def _capture(self) -> WaitTarget:
         target: WaitTarget = self._backend.stream_capture(self._handle)
         return target

@@ -11,7 +11,7 @@ from typing import ClassVar
 from ... import _hooks
 from ..._errors import NotReadyError
 from ..base import Backend, Interop
-from .devices import Device, Devices
+from .devices import Devices
 from .driver import (
     EVENT_BLOCKING_SYNC,
     EVENT_DISABLE_TIMING,
@@ -45,13 +45,6 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         self._memory = Memories(drv, self._devices)
         atexit.register(self.close)
         _hooks.enable_nvtx()  # record_function's ranges reach Nsight Systems too
-
-    def _stream_device(self, stream: Stream) -> Device:
-        """The stream's device, its context made current if work on it follows the thread."""
-        dev = self._devices[stream.index]
-        if stream.default:
-            dev.make_current()
-        return dev
 
     # ------------------------------------------------------------------ devices
 
@@ -110,8 +103,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return stream.id
 
     def stream_query(self, stream: Stream) -> bool:
-        if stream.default:
-            self._stream_device(stream)
+        self._devices.follow(stream)
         (err,) = self._cu.cuStreamQuery(stream.ptr)
         if err == SUCCESS:
             return True
@@ -120,7 +112,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         raise self._drv.error(err, stream.index, "cuStreamQuery")
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
-        self._stream_device(stream)
+        self._devices.follow(stream)
         self._drv.check(
             self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0), stream.index, "cuStreamWaitEvent"
         )
@@ -159,7 +151,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return event.id
 
     def event_record(self, event: Event, stream: Stream) -> None:
-        self._stream_device(stream)
+        self._devices.follow(stream)
         self._drv.check(self._cu.cuEventRecord(event.ptr, stream.ptr), event.index, "cuEventRecord")
         event.lane = ("stream", stream.id)
 
@@ -207,7 +199,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def delay(self, stream: Stream, seconds: float) -> None:
         kernel = self._devices[stream.index].sleep_kernel()
-        self._stream_device(stream)
+        self._devices.follow(stream)
         ns = round(seconds * 1e9)
         self._drv.check(
             self._cu.cuLaunchKernel(

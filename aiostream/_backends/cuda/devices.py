@@ -218,6 +218,12 @@ class Devices:
         """A device already in use (its handles exist)."""
         return self.by_index[index]
 
+    def follow(self, stream: Stream) -> None:
+        """Work on the legacy default stream goes to the calling thread's current context:
+        make it the stream's device's (other streams carry their context)."""
+        if stream.default:
+            self.by_index[stream.index].make_current()
+
     def retire(self, handle: Stream | Event | Memory, owner: str) -> Device | None:
         """Mark ``handle`` released (lock held): its device, if the caller must release it.
 

@@ -109,8 +109,7 @@ class Memories:
         call = _COPIES.get(kind)
         if call is None:
             raise ValueError(f"copy kind must be 'h2d', 'd2h' or 'd2d', got {kind!r}")
-        if stream.default:
-            self.devices[stream.index].make_current()
+        self.devices.follow(stream)
         if kind == "h2d":
             result = cu.cuMemcpyHtoDAsync(cu.CUdeviceptr(dst.ptr), src.ptr, nbytes, stream.ptr)
         elif kind == "d2h":

@@ -83,6 +83,7 @@ STRATEGIES = ("hybrid", "poll", "thread", "callback")
 SPIN_S = 100e-6  #: poll: check every loop turn this long after progress
 POLL_CAP_S = 2e-3  #: poll: the longest sleep between checks
 HYBRID_HANDOFF_S = 1e-3  #: hybrid: a wait this old goes to a thread
+_loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
 CALLBACK_SAFETY_S = 0.05  #: callback: the slow check for host functions that never run
 _ENV = "AIOSTREAM_WAIT_STRATEGY"
 _strategy: str | None = None  # set_wait_strategy(); None: $AIOSTREAM_WAIT_STRATEGY or hybrid
@@ -189,7 +190,7 @@ class _Entry:
         self.target = target
         self.record = record
         self.strategy = strategy
-        self.since = anyio.current_time()  # loop time, for the watchdog and hybrid's hand-off
+        self.since = _loop_time()  # loop time, for the watchdog and hybrid's hand-off
         # what the waiting task sleeps on: a future (asyncio, uvloop) or a trio.Event, both
         # far smaller than an anyio.Event with its queue of waiters
         self.parked = parked
@@ -337,7 +338,7 @@ class _Waiter:
         self._by_age = deque(watched)
         if not watched:
             return None
-        now = anyio.current_time()
+        now = _loop_time()
         _diagnostics.warn_late([e.record for e in watched if now - e.since >= threshold])
         pending = [e.since for e in watched if not e.record.warned]
         return min(pending) + threshold - now if pending else None
@@ -528,7 +529,7 @@ class _StrategyWaiter(_Waiter):
             self._tg = None
 
     def _sweep(self) -> float | None:
-        now = anyio.current_time()
+        now = _loop_time()
         visit, self._visit = self._visit, {}
         poll = bool(self._polled) and now >= min(self._poll_at, self._handoff_at)
         if poll:

@@ -305,18 +305,61 @@ async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str
         assert 3 <= work.checks < 200  # backed off: far fewer checks than loop turns in 30 ms
 
 
-async def test_hybrid_catches_short_waits_without_a_thread(anyio_backend: object) -> None:
+class _FrozenLoopTime:
+    """The waiter's view of the loop clock, moved only by the test: a machine under load can
+    take longer than hybrid's hand-off window between two loop turns, a frozen clock cannot."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def loop_time(monkeypatch: pytest.MonkeyPatch) -> _FrozenLoopTime:
+    frozen = _FrozenLoopTime()
+    monkeypatch.setattr(_waiting, "_loop_time", frozen)
+    return frozen
+
+
+async def test_hybrid_catches_short_waits_without_a_thread(
+    anyio_backend: object, loop_time: _FrozenLoopTime
+) -> None:
     backend = _ManualBackend()
     work = _Work("s", 0)
 
     async def finish_soon() -> None:
         await anyio.lowlevel.checkpoint()
+        loop_time.now += _waiting.HYBRID_HANDOFF_S / 2  # within the window
         work.complete.set()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(finish_soon)
-        await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(finish_soon)
+            await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
     assert backend.blocked == []
+    assert work.checks >= 2  # polled while pending, then seen complete
+
+
+async def test_hybrid_hands_a_wait_past_its_window_to_a_thread(
+    anyio_backend: object, loop_time: _FrozenLoopTime
+) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+
+    async def outlast_the_window() -> None:
+        await anyio.lowlevel.checkpoint()
+        loop_time.now += 2 * _waiting.HYBRID_HANDOFF_S  # the window has passed, work pending
+        while not backend.blocked:
+            await anyio.sleep(0.001)
+        work.complete.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(outlast_the_window)
+            await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+    assert backend.blocked == [work] and work.released
 
 
 async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from typing import Any
+
 import anyio
 import pytest
 
@@ -132,8 +136,36 @@ def test_ipc_bad_input() -> None:
         ais.Event.from_ipc_handle("virtual:0", bytes(64))
     handle = ais.Event(interprocess=True).ipc_handle()
     ais.virtual.reset()
-    with pytest.raises(ais.StaleHandleError, match="another virtual backend"):
+    with pytest.raises(ais.StaleHandleError, match=r"virtual.reset\(\) replaced"):
         ais.Event.from_ipc_handle("virtual:0", handle)
+
+
+def _open_in_child(handle: bytes, out: Any) -> None:
+    try:
+        ais.Event.from_ipc_handle("virtual:0", handle)
+    except ais.StaleHandleError as exc:
+        out.put(("StaleHandleError", str(exc)))
+    except BaseException as exc:  # reported to the parent, which fails the test with it
+        out.put((type(exc).__name__, str(exc)))
+    else:
+        out.put(("opened", ""))
+
+
+def test_ipc_handle_in_another_process_is_refused_with_the_reason() -> None:
+    """A virtual device is one process's simulation: another process gets a clear error at
+    once, never an event that would hang its waits."""
+    handle = ais.Event(interprocess=True).ipc_handle()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_open_in_child, args=(handle, out))
+    child.start()
+    try:
+        kind, message = out.get(timeout=60)
+    finally:
+        child.join(timeout=60)
+    assert kind == "StaleHandleError", message
+    assert f"process {os.getpid()}" in message and f"process {child.pid}" in message
+    assert "within one process" in message and "CUDA" in message
 
 
 def test_ipc_handle_of_another_device() -> None:

@@ -1,0 +1,317 @@
+"""An async inference server: concurrent requests batched onto a device stream and awaited.
+
+Each ``POST /infer`` request waits at most ``--max-wait-ms`` for others to join its batch (up to
+``--max-batch``); the batch is copied to the device, run, copied back and awaited with
+``await event.synchronize()``, which suspends the batch's task only: the loop keeps accepting
+requests, filling the next batch, and answering ``/health`` meanwhile. Batches run on
+``--lanes`` streams, each with its own buffers, so one batch fills while another runs.
+
+The device part of the "model" is a timed stand-in, ``ais.delay(launch + n * per_item)``, that
+leaves the data as it is: each reply carries its own request's row back through the device. On
+a GPU, put your model's kernels on the lane's stream instead (PyTorch:
+``torch.cuda.ExternalStream(lane.stream.__cuda_stream__()[1])``).
+
+    pip install "aiostream-cuda[server]"
+    python examples/inference_server.py --device virtual:0 --port 8000
+    curl -s localhost:8000/infer -d '{"x": [1, 2, 3, 4]}' -H 'content-type: application/json'
+
+Endpoints: ``POST /infer`` ``{"x": [FEATURES floats]}`` -> ``{"y": [...], "batch": n}``;
+``GET /health`` (503 once the device failed: device errors are sticky, so restart the process);
+``GET /stats`` (served, batches, queued, in flight, pending waits, the device
+bound in requests/s). A full queue answers 503; a malformed request, 422.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import math
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+import aiostream as ais
+
+
+@dataclass(frozen=True)
+class Model:
+    """What a batch costs on the device: a fixed launch plus a cost per item."""
+
+    features: int = 4
+    launch_s: float = 0.004
+    per_item_s: float = 0.000125
+
+    def cost(self, n: int) -> float:
+        return self.launch_s + n * self.per_item_s
+
+    def bound(self, max_batch: int) -> float:
+        """Requests per second when every batch is full: the device's limit."""
+        return max_batch / self.cost(max_batch)
+
+
+class Busy(Exception):
+    """The queue is full: the client should retry later (HTTP 503)."""
+
+
+class _Request:
+    __slots__ = ("x", "y", "batch", "error", "done", "abandoned")
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+        self.y: np.ndarray | None = None
+        self.batch = 0
+        self.error: BaseException | None = None
+        self.done = anyio.Event()
+        self.abandoned = False  # its client went away: the batcher skips it
+
+
+class _Lane:
+    """A stream and the buffers of one batch in flight."""
+
+    def __init__(self, device: ais.Device, max_batch: int, features: int) -> None:
+        nbytes = max_batch * features * 4
+        self.stream = ais.Stream(device)
+        self.host_in = ais.HostBuffer(nbytes, device=device)
+        self.dev = ais.DeviceBuffer(nbytes, device)
+        self.host_out = ais.HostBuffer(nbytes, device=device)
+        self.shape = (max_batch, features)
+
+
+class Batcher:
+    """Gathers concurrent requests into batches and runs them on the device.
+
+    Call :meth:`infer` from request handlers while :meth:`run` runs in a task (the app's
+    lifespan). A batch starts when a lane is free and a request is queued; it takes the
+    requests that arrive within ``max_wait_s`` of the first, up to ``max_batch``. Cancelling a
+    request (its client disconnected) leaves its batch running; the reply is dropped.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        device: ais.Device,
+        *,
+        max_batch: int = 32,
+        max_wait_s: float = 0.002,
+        lanes: int = 2,
+        max_queue: int = 4096,
+        blocking: bool = False,
+    ) -> None:
+        if max_batch < 1 or lanes < 1 or max_queue < 1:
+            raise ValueError("max_batch, lanes and max_queue must be at least 1")
+        if not (0.0 <= max_wait_s < math.inf):
+            raise ValueError(f"max_wait_s must be a finite number >= 0, got {max_wait_s!r}")
+        self.model, self.device = model, device
+        self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
+        self.blocking = blocking  # the anti-pattern, for comparison: block the loop per batch
+        self._lanes = [_Lane(device, max_batch, model.features) for _ in range(lanes)]
+        self._queue: collections.deque[_Request] = collections.deque()
+        self._arrived = anyio.Event()
+        self._lane_free = anyio.Event()
+        self.served = self.batches = self.in_flight = 0
+        self.failed: str | None = None  # the device error that failed a batch, if one did
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def infer(self, x: np.ndarray) -> tuple[np.ndarray, int]:
+        """The model's output for one input row, and the size of the batch it ran in."""
+        if len(self._queue) >= self.max_queue:
+            raise Busy(f"{len(self._queue)} requests queued; retry later")
+        request = _Request(x)
+        self._queue.append(request)
+        self._arrived.set()
+        try:
+            await request.done.wait()
+        finally:
+            request.abandoned = True  # the batch, if it still runs, need not answer
+        if request.error is not None:
+            raise request.error
+        assert request.y is not None
+        return request.y, request.batch
+
+    async def run(self) -> None:
+        """Form and launch batches until cancelled."""
+        free = list(self._lanes)
+        async with anyio.create_task_group() as tg:
+            while True:
+                while not free:
+                    self._lane_free = anyio.Event()
+                    await self._lane_free.wait()
+                batch = await self._gather()
+                lane = free.pop()
+                tg.start_soon(self._run_batch, lane, batch, free)
+
+    async def _gather(self) -> list[_Request]:
+        batch: list[_Request] = []
+        deadline = math.inf
+        while len(batch) < self.max_batch:
+            while self._queue and len(batch) < self.max_batch:
+                request = self._queue.popleft()
+                if not request.abandoned:
+                    batch.append(request)
+            if len(batch) >= self.max_batch:
+                break
+            if batch and deadline == math.inf:
+                deadline = anyio.current_time() + self.max_wait_s
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                break
+            self._arrived = anyio.Event()
+            with anyio.move_on_after(remaining):
+                await self._arrived.wait()
+        return batch
+
+    async def _run_batch(self, lane: _Lane, batch: list[_Request], free: list[_Lane]) -> None:
+        self.in_flight += 1
+        settled = False  # the lane's work is over: its buffers may take the next batch
+        try:
+            n = len(batch)
+            x = lane.host_in.numpy(np.float32, lane.shape)
+            for i, request in enumerate(batch):
+                x[i] = request.x
+            ais.copy_async(lane.dev, lane.host_in, stream=lane.stream)
+            ais.delay(self.model.cost(n), stream=lane.stream)  # the model's kernels
+            ais.copy_async(lane.host_out, lane.dev, stream=lane.stream)
+            done = lane.stream.record_event()
+            if self.blocking:
+                # What a blocking sync in a handler does (torch.cuda.synchronize(), say): every
+                # task on the loop stalls until the batch is done. aiostream's own
+                # synchronize_blocking() refuses to run on a loop's thread.
+                while not done.query():
+                    time.sleep(0.0002)
+            else:
+                await done.synchronize()  # suspends this batch only
+            settled = True
+            y = lane.host_out.numpy(np.float32, lane.shape)
+            for i, request in enumerate(batch):
+                request.y, request.batch = y[i].copy(), n
+            self.served += n
+            self.batches += 1
+        except Exception as exc:  # a device error: every request of the batch gets it
+            settled = True
+            self.failed = f"{type(exc).__name__}: {exc}"
+            for request in batch:
+                request.error = exc
+        except BaseException:  # cancelled: the server shuts down
+            for request in batch:
+                request.error = ais.AiostreamError("the server is shutting down")
+            raise
+        finally:
+            for request in batch:
+                request.done.set()
+            self.in_flight -= 1
+            if settled:  # cancelled mid-batch (shutdown): the device may still use its buffers
+                free.append(lane)
+                self._lane_free.set()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device),
+            "served": self.served,
+            "batches": self.batches,
+            "mean_batch": self.served / self.batches if self.batches else 0.0,
+            "queued": self.queued,
+            "in_flight": self.in_flight,
+            "pending_waits": len(ais.pending_waits()),
+            "bound_rps": self.model.bound(self.max_batch),
+            "blocking": self.blocking,
+            "failed": self.failed,
+        }
+
+
+class Item(BaseModel):
+    x: list[float]
+
+
+def create_app(
+    model: Model | None = None, device: str | None = None, **batcher_options: Any
+) -> FastAPI:
+    """The FastAPI app; its lifespan owns the batcher and its task."""
+    model = model or Model()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher = Batcher(model, ais.device(device), **batcher_options)
+        app.state.batcher = batcher
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(batcher.run)
+            yield
+            tg.cancel_scope.cancel()
+
+    app = FastAPI(title="aiostream inference server", lifespan=lifespan)
+
+    @app.post("/infer")
+    async def infer(item: Item) -> dict[str, Any]:
+        if len(item.x) != model.features:
+            raise HTTPException(422, f"x must hold {model.features} numbers, got {len(item.x)}")
+        try:
+            y, n = await app.state.batcher.infer(np.asarray(item.x, np.float32))
+        except Busy as exc:
+            raise HTTPException(503, str(exc)) from None
+        except ais.AiostreamError as exc:  # the device failed this request's batch
+            raise HTTPException(500, f"{type(exc).__name__}: {exc}") from None
+        return {"y": y.tolist(), "batch": n}
+
+    @app.get("/health")
+    async def health() -> Any:
+        failed = app.state.batcher.failed
+        if failed is not None:  # device errors are sticky: restart the process
+            return JSONResponse({"ok": False, "error": failed}, status_code=503)
+        return {"ok": True}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return app.state.batcher.stats()  # type: ignore[no-any-return]
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default=None, help="cuda:0, virtual:0 (default: ais.device())")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0: any free port")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--max-wait-ms", type=float, default=2.0)
+    parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("--max-queue", type=int, default=4096, help="more queued: 503")
+    parser.add_argument("--launch-ms", type=float, default=Model.launch_s * 1e3)
+    parser.add_argument("--per-item-ms", type=float, default=Model.per_item_s * 1e3)
+    parser.add_argument(
+        "--blocking", action="store_true", help="block the loop on each batch (for comparison)"
+    )
+    args = parser.parse_args(argv)
+    model = Model(launch_s=args.launch_ms / 1e3, per_item_s=args.per_item_ms / 1e3)
+    app = create_app(
+        model,
+        args.device,
+        max_batch=args.max_batch,
+        max_wait_s=args.max_wait_ms / 1e3,
+        lanes=args.lanes,
+        max_queue=args.max_queue,
+        blocking=args.blocking,
+    )
+    sock = socket.create_server((args.host, args.port))
+    host, port = sock.getsockname()[:2]
+    print(f"serving on http://{host}:{port} (device bound {model.bound(args.max_batch):.0f} req/s)")
+    print(flush=True, end="")
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C once it has shut down
+        uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()

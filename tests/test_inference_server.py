@@ -1,0 +1,209 @@
+"""examples/inference_server.py: its batcher in virtual time on every loop, and the real server
+(uvicorn on a loopback port, in a subprocess) driven by httpx clients in real time."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from types import ModuleType
+
+import anyio
+import numpy as np
+import pytest
+
+import aiostream as ais
+from aiostream.testing import VirtualTime
+
+from .conftest import ROOT, run_python
+
+for _dist in ("fastapi", "uvicorn", "httpx"):
+    pytest.importorskip(_dist, reason='the server example needs pip install -e ".[server]"')
+
+pytestmark = pytest.mark.anyio
+
+
+def _example(name: str) -> ModuleType:
+    path = str(ROOT / "examples")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
+
+
+server = _example("inference_server")
+client = _example("inference_client")
+
+MODEL = server.Model(features=4, launch_s=0.040, per_item_s=0.00125)  # 80 ms per 32: 400 req/s
+# A batch's upload and download each take the virtual device's copy time (its defaults:
+# 10 us + bytes / 25 GB/s); the lanes' buffers hold 32 rows of 4 float32.
+COPY_S = 10e-6 + 32 * 4 * 4 / 25e9
+
+
+# ---------------------------------------------------------------------- the batcher, in-process
+
+
+async def _requests(batcher: object, rows: list[np.ndarray]) -> list[tuple[np.ndarray, int]]:
+    out: list[tuple[np.ndarray, int]] = [None] * len(rows)  # type: ignore[list-item]
+
+    async def one(i: int) -> None:
+        out[i] = await batcher.infer(rows[i])  # type: ignore[attr-defined]
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(rows)):
+            tg.start_soon(one, i)
+    return out
+
+
+async def test_concurrent_requests_share_batches_and_get_their_own_rows(
+    virtual_time: VirtualTime,
+) -> None:
+    batcher = server.Batcher(MODEL, ais.device(), max_batch=32, max_wait_s=0.002, lanes=2)
+    rows = [np.array([i, -i, 2 * i, 0.5], np.float32) for i in range(100)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.run)
+        replies = await _requests(batcher, rows)
+        tg.cancel_scope.cancel()
+    for row, (y, _) in zip(rows, replies, strict=True):
+        assert y.tolist() == row.tolist()
+    # 100 requests at once: full batches of 32, then the rest (4), back to back on the single
+    # compute engine (the next batch fills while one runs): the device never idles.
+    assert sorted(n for _, n in replies) == [4] * 4 + [32] * 96
+    assert (batcher.served, batcher.batches, batcher.in_flight, batcher.queued) == (100, 4, 0, 0)
+    compute = [op for op in ais.virtual.timeline() if op.engine == "compute"]
+    costs = [MODEL.cost(32)] * 3 + [MODEL.cost(4)]
+    assert [op.end - op.start for op in compute] == pytest.approx(costs, abs=1e-9)
+    assert [b.start for b in compute[1:]] == pytest.approx([a.end for a in compute[:-1]])
+    # the first batch's upload and the last one's download are all the device adds
+    assert virtual_time.now() == pytest.approx(sum(costs) + 2 * COPY_S, abs=1e-9)
+    assert ais.pending_waits() == []
+
+
+async def test_a_lone_request_waits_max_wait_for_company(virtual_time: VirtualTime) -> None:
+    batcher = server.Batcher(MODEL, ais.device(), max_batch=32, max_wait_s=0.002)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.run)
+        y, n = await batcher.infer(np.ones(4, np.float32))
+        tg.cancel_scope.cancel()
+    assert n == 1 and y.tolist() == [1.0] * 4
+    assert virtual_time.now() == pytest.approx(0.002 + 2 * COPY_S + MODEL.cost(1), abs=1e-9)
+
+
+async def test_cancelled_requests_leave_their_batch_and_nothing_pending(
+    virtual_time: VirtualTime,
+) -> None:
+    batcher = server.Batcher(MODEL, ais.device(), max_batch=8, max_wait_s=0.002, lanes=1)
+    answered = []
+
+    async def impatient(i: int) -> None:
+        with anyio.move_on_after(0.010):  # gives up while its batch runs on the device
+            answered.append(await batcher.infer(np.full(4, i, np.float32)))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.run)
+        async with anyio.create_task_group() as clients:
+            for i in range(20):
+                clients.start_soon(impatient, i)
+        assert answered == []
+        # The requests still queued were dropped unrun; the one batch launched completed.
+        await anyio.sleep(1.0)
+        assert (batcher.in_flight, batcher.queued) == (0, 0)
+        assert batcher.batches == 1 and batcher.served == 8
+        y, n = await batcher.infer(np.ones(4, np.float32))  # the server still serves
+        assert n == 1 and y.tolist() == [1.0] * 4
+        tg.cancel_scope.cancel()
+    assert ais.pending_waits() == []
+
+
+async def test_a_device_fault_reaches_every_request_and_the_batcher_says_so(
+    virtual_time: VirtualTime,
+) -> None:
+    batcher = server.Batcher(MODEL, ais.device(), max_batch=4, max_wait_s=0.002, lanes=1)
+    ais.virtual.fail_next(engine="compute", message="ECC error")
+    outcomes: list[object] = []
+
+    async def one(i: int) -> None:
+        try:
+            outcomes.append((await batcher.infer(np.full(4, i, np.float32)))[1])
+        except ais.DeviceError as exc:
+            outcomes.append(str(exc))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.run)
+        async with anyio.create_task_group() as clients:
+            for i in range(4):
+                clients.start_soon(one, i)
+        assert len(outcomes) == 4 and all("ECC error" in str(o) for o in outcomes)
+        assert (batcher.in_flight, batcher.queued, batcher.served) == (0, 0, 0)
+        assert batcher.failed is not None and "ECC error" in batcher.failed  # /health: 503
+        with pytest.raises(ais.DeviceError, match="ECC error"):  # sticky, as on CUDA
+            await batcher.infer(np.ones(4, np.float32))
+        tg.cancel_scope.cancel()
+    assert ais.pending_waits() == []
+
+
+async def test_a_full_queue_refuses_at_once_and_bad_options_are_named() -> None:
+    ais.virtual.reset()
+    batcher = server.Batcher(MODEL, ais.device("virtual:0"), max_queue=2)
+    async with anyio.create_task_group() as tg:
+        for _ in range(2):
+            tg.start_soon(batcher.infer, np.ones(4, np.float32))
+        await anyio.wait_all_tasks_blocked()
+        with pytest.raises(server.Busy, match="2 requests queued; retry later"):
+            await batcher.infer(np.ones(4, np.float32))
+        tg.cancel_scope.cancel()
+    with pytest.raises(ValueError, match="at least 1"):
+        server.Batcher(MODEL, ais.device("virtual:0"), lanes=0)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        server.Batcher(MODEL, ais.device("virtual:0"), max_wait_s=float("nan"))
+
+
+# ---------------------------------------------------------------------- the real server
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    args = ["--device", "virtual:0", "--launch-ms", "40", "--per-item-ms", "1.25"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(ROOT))  # the server runs this checkout's aiostream
+        with client.serving(*args, "--max-batch", "32") as url:
+            yield url
+
+
+def test_bad_requests_get_422(url: str) -> None:
+    import httpx
+
+    short = httpx.post(url + "/infer", json={"x": [1.0, 2.0]})
+    assert short.status_code == 422 and "x must hold 4 numbers, got 2" in short.text
+    assert httpx.post(url + "/infer", content=b"not json").status_code == 422
+    assert httpx.post(url + "/infer", json={"x": ["a", 1, 2, 3]}).status_code == 422
+
+
+def test_the_server_reaches_the_device_bound_and_health_stays_fast(url: str) -> None:
+    """128 clients for 4 s (real time) against a device bound of 400 requests/s."""
+    with client.HealthProbe(url) as idle:
+        time.sleep(1.0)
+    result = client.measure(url, clients=128, seconds=4.0)
+    assert result["errors"] == []
+    # Near the device bound, and never above it: the device is the limit, and batching is what
+    # reaches it (one request per batch would give 1 / 41 ms = 24 requests/s).
+    assert 0.6 <= result["of_bound"] <= 1.05, result
+    assert result["mean_batch"] >= 16
+    # /health never waits out a batch (80 ms of device time): the loop stays free under load.
+    assert result["health"]["p99_ms"] < 80.0, result["health"]
+    assert idle.summary()["p99_ms"] < 80.0
+    # Nothing left behind: every request answered, nothing queued or pending on the device.
+    stats = client.stats(url)
+    assert stats["served"] >= result["requests"]
+    assert (stats["queued"], stats["in_flight"], stats["pending_waits"]) == (0, 0, 0)
+
+
+def test_server_benchmark_smoke_run() -> None:
+    """bench_server.py runs end to end, --json included (its figures are not judged here)."""
+    proc = run_python("benchmarks/bench_server.py", "--quick", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [r["bound_rps"] for r in report["rows"]] == [100.0, 400.0]
+    assert all(r["errors"] == 0 and r["rps"] > 0 for r in [*report["rows"], report["blocking"]])
+    assert report["blocking"]["blocking"] and report["http_ceiling_rps"] > 0

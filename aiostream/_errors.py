@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AiostreamError",
     "BackendUnavailableError",
@@ -13,7 +15,21 @@ __all__ = [
 
 
 class AiostreamError(Exception):
-    """Base class of every error aiostream raises on its own account."""
+    """Base class of every error aiostream raises on its own account.
+
+    Every one pickles with its attributes, so it crosses processes (multiprocessing, Ray)
+    whole: the subclasses' keyword-only arguments would otherwise break unpickling.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[AiostreamError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class DeviceError(AiostreamError):

@@ -9,6 +9,7 @@ MemoryError from deep inside, a hang) is a defect. Sizes are kept to the small a
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -135,3 +136,23 @@ def test_a_public_call_succeeds_or_raises_a_documented_error(
     assert raised is None or isinstance(raised, DOCUMENTED), (
         f"{name}({a!r}, {b!r}, {c!r}) raised {type(raised).__name__}: {raised}"
     )
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ais.AiostreamError("plain"),
+        ais.DeviceError("ECC error", device="virtual:0"),
+        ais.CudaError("launch failed", device="cuda:0", code=719, name="CUDA_ERROR_LAUNCH_FAILED"),
+        ais.BackendUnavailableError("cuda", "no driver"),
+        ais.NotReadyError("not yet"),
+        ais.StaleHandleError("gone"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_cross_processes_whole(error: ais.AiostreamError) -> None:
+    """Errors pickle with their attributes (multiprocessing and Ray ship them to the caller)."""
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error) and copy.args == error.args
+    assert vars(copy) == vars(error)

@@ -1,9 +1,10 @@
-"""The command line: ``python -m aiostream info``, ``demo`` and ``streams``."""
+"""The command line: ``python -m aiostream info``, ``demo``, ``streams`` and ``bench``."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import platform
 import sys
 import time
@@ -14,6 +15,7 @@ import anyio
 import aiostream as ais
 
 from . import _backends, _demo
+from ._bench import suite
 
 LOOPS = ("asyncio", "uvloop", "trio")
 
@@ -212,6 +214,23 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
     return 0 if results["pipe"].checksum_ok and results["seq"].checksum_ok else 1
 
 
+def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    installed = suite.installed_loops()
+    loops = args.loops.split(",") if args.loops else installed
+    for loop in loops:
+        if loop not in LOOPS:
+            parser.error(f"--loops: {loop!r} is not one of {', '.join(LOOPS)}")
+        if loop not in installed:
+            parser.error(f"--loops {loop} needs the {loop!r} package: pip install {loop}")
+    sections = args.sections.split(",")
+    for section in sections:
+        if section not in suite.SECTIONS:
+            parser.error(f"--sections: {section!r} is not one of {', '.join(suite.SECTIONS)}")
+    report = suite.run(loops, sections, args.quick)
+    print(json.dumps(report) if args.json else suite.table(report))
+    return 0
+
+
 def _positive(kind: type, name: str):  # type: ignore[no-untyped-def]
     def parse(text: str):  # type: ignore[no-untyped-def]
         try:
@@ -284,11 +303,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="work per task unit, ms (default 40)",
     )
     p_streams.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
+    p_bench = sub.add_parser(
+        "bench",
+        help="what aiostream costs on this machine: one table of ratios, in a few minutes",
+        description=(
+            "Run a short selection of the benchmarks (the waiter's costs, waits at scale up to "
+            "100,000 streams, the data loader, and CUDA waits where a GPU works), each against "
+            "a baseline measured in the same run, and print one table of ratios with the "
+            "machine and versions. All figures are real time. benchmarks/ in the source tree "
+            "has the full scripts."
+        ),
+    )
+    p_bench.add_argument("--quick", action="store_true", help="smaller sizes: about a minute")
+    p_bench.add_argument(
+        "--loops",
+        default=None,
+        help="comma-separated loops (default: every installed one of asyncio, uvloop, trio)",
+    )
+    p_bench.add_argument(
+        "--sections",
+        default=",".join(suite.SECTIONS),
+        help=f"comma-separated sections (default: {','.join(suite.SECTIONS)})",
+    )
+    p_bench.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args(argv)
 
     if args.command == "info":
         print(info())
         return 0
+    if args.command == "bench":
+        return _run_bench(parser, args)
     try:
         device = ais.device(args.device)
     except (ValueError, TypeError, ais.AiostreamError) as exc:

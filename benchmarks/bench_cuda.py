@@ -24,75 +24,20 @@ import asyncio
 import datetime
 import platform
 import statistics
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiostream as ais
 from aiostream import _backends
+from aiostream._bench.cuda import DEVICE, floor_thread, short_awaits, strategy_wait
 
-DEVICE = "cuda:0"
 STRATEGIES = ("hybrid", "poll", "thread", "callback")
 
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
-
-
-def short_awaits(
-    n: int, kernel_s: float, wait: Callable[[ais.Stream, ais.Event], Awaitable[None]]
-) -> tuple[list[float], float]:
-    """Latencies (s) of n sequential awaits of one kernel each, and the CPU seconds used."""
-
-    async def main() -> tuple[list[float], float]:
-        s = ais.Stream(DEVICE)
-        e = ais.Event(DEVICE)
-        for _ in range(20):  # warm-up: module loaded, pools filled, threads started
-            ais.delay(kernel_s, stream=s)
-            e.record(s)
-            await wait(s, e)
-        out = []
-        cpu = time.process_time()
-        for _ in range(n):
-            t0 = time.perf_counter()
-            ais.delay(kernel_s, stream=s)
-            e.record(s)
-            await wait(s, e)
-            out.append(time.perf_counter() - t0 - kernel_s)
-        return out, time.process_time() - cpu
-
-    return asyncio.run(main())
-
-
-def floor_thread(n: int, kernel_s: float) -> tuple[list[float], float]:
-    """(a): the same work, waited with cuEventSynchronize in a plain thread (no loop)."""
-    from cuda.bindings import driver
-
-    result: list[Any] = []
-
-    def run() -> None:
-        s = ais.Stream(DEVICE)
-        e = ais.Event(DEVICE)
-        for _ in range(20):
-            ais.delay(kernel_s, stream=s)
-            e.record(s)
-            driver.cuEventSynchronize(e._handle.ptr)
-        out = []
-        cpu = time.process_time()
-        for _ in range(n):
-            t0 = time.perf_counter()
-            ais.delay(kernel_s, stream=s)
-            e.record(s)
-            driver.cuEventSynchronize(e._handle.ptr)
-            out.append(time.perf_counter() - t0 - kernel_s)
-        result.extend([out, time.process_time() - cpu])
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    return result[0], result[1]
 
 
 def torch_wait() -> Callable[[ais.Stream, ais.Event], Awaitable[None]] | None:
@@ -112,13 +57,6 @@ def torch_wait() -> Callable[[ais.Stream, ais.Event], Awaitable[None]] | None:
             te = events[s.stream_id] = torch.cuda.Event()
         te.record(ext)
         await asyncio.to_thread(te.synchronize)
-
-    return wait
-
-
-def strategy_wait(strategy: str) -> Callable[[ais.Stream, ais.Event], Awaitable[None]]:
-    async def wait(s: ais.Stream, e: ais.Event) -> None:
-        await e.synchronize(strategy=strategy)
 
     return wait
 

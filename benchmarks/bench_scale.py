@@ -32,121 +32,16 @@ import gc
 import platform
 import statistics
 import time
-import tracemalloc
-from collections.abc import Callable, Coroutine
 from typing import Any
 
-import anyio
-
 import aiostream as ais
+from aiostream._bench.core import run_on
+from aiostream._bench.scale import MIN_WINDOW, memory_per_wait, waits_base, waits_ours, window
 
 SLOTS = {"h2d": 2, "compute": 4, "d2h": 2}  # the simulated pipeline's engines
-MIN_WINDOW = 1.0  # seconds; --quick shortens it
 
 
-def run_on(loop: str, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    gc.collect()  # each phase starts from a collected heap: no one pays for earlier garbage
-    if loop == "trio":
-        return anyio.run(fn, backend="trio")
-    return anyio.run(fn, backend="asyncio", backend_options={"use_uvloop": loop == "uvloop"})
-
-
-def window(n: int) -> float:
-    """Completions 200 us apart at the least: a bare timer task costs about 50 us of CPU on a
-    small machine, so neither side is measured while the loop is saturated."""
-    return max(MIN_WINDOW, n * 200e-6)
-
-
-def lead(n: int) -> float:
-    """Time to create the tasks before the first completion."""
-    return 0.2 * MIN_WINDOW + n * 150e-6
-
-
-# ---------------------------------------------------------------------- 1. waits in real time
-
-
-async def waits_ours(n: int) -> tuple[float, float, list[float]]:
-    """(setup CPU s, CPU s per wait, lateness list) for N streams awaited by N tasks."""
-    ais.virtual.reset(compute_slots=n)  # every operation starts at once: ends spread by length
-    c = time.process_time()
-    t0 = time.monotonic()
-    first, span = lead(n), window(n)
-    streams = [ais.Stream("virtual:0") for _ in range(n)]
-    ends = []
-    for i, s in enumerate(streams):
-        seconds = t0 + first + span * (i + 1) / n - time.monotonic()
-        ais.delay(seconds, stream=s)
-        ends.append(ais.virtual.now() + seconds)
-    setup = time.process_time() - c
-    late: list[float] = [0.0] * n
-
-    async def wait(i: int) -> None:
-        await streams[i].synchronize()
-        late[i] = time.monotonic() - ends[i]
-
-    c = time.process_time()
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(wait, i)
-    cpu = time.process_time() - c
-    assert ais.virtual.stats().waits == 0
-    return setup, cpu / n, late
-
-
-async def waits_base(n: int) -> tuple[float, list[float]]:
-    """(CPU s per wait, lateness list) for N tasks sleeping on the loop timer until the same
-    moments."""
-    t0 = time.monotonic()
-    first, span = lead(n), window(n)
-    ends = [t0 + first + span * (i + 1) / n for i in range(n)]
-    late: list[float] = [0.0] * n
-
-    async def sleep(i: int) -> None:
-        # until the moment has passed: uvloop's timers fire up to a millisecond early, and a
-        # wait must never resume before its work is done
-        while (left := ends[i] - time.monotonic()) > 0:
-            await anyio.sleep(left)
-        late[i] = time.monotonic() - ends[i]
-
-    c = time.process_time()
-    async with anyio.create_task_group() as tg:
-        for i in range(n):
-            tg.start_soon(sleep, i)
-    return (time.process_time() - c) / n, late
-
-
-# ---------------------------------------------------------------------- 2. memory per wait
-
-
-async def memory_per_wait(n: int) -> tuple[float, float]:
-    """Bytes per pending wait, its asyncio task included: (ours, a task sleeping on a timer)."""
-    import asyncio
-
-    clock = ais.virtual.VirtualClock()
-    ais.virtual.reset(clock=clock, compute_slots=n)
-    streams = [ais.Stream("virtual:0") for _ in range(n)]
-    for s in streams:
-        ais.delay(1.0, stream=s)
-    results = []
-    for ours in (True, False):
-        gc.collect()
-        tracemalloc.start()
-        before = tracemalloc.get_traced_memory()[0]
-        tasks = [
-            asyncio.create_task(s.synchronize() if ours else asyncio.sleep(3600)) for s in streams
-        ]
-        for _ in range(3):  # every task runs up to its wait
-            await asyncio.sleep(0)
-        results.append((tracemalloc.get_traced_memory()[0] - before) / n)
-        tracemalloc.stop()
-        if ours:
-            clock.advance(1.0)
-        else:
-            for t in tasks:
-                t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    assert ais.virtual.stats().waits == 0
-    return results[0], results[1]
+# ------------------------------------------------- 1, 2: in aiostream/_bench/scale.py
 
 
 # ---------------------------------------------------------------------- 3. the simulator
@@ -276,9 +171,7 @@ def main() -> None:
     args = parser.parse_args()
     loops = [name for name in args.loops.split(",") if name]
     sizes = [100, 300] if args.quick else [int(v) for v in args.sizes.split(",")]
-    if args.quick:
-        global MIN_WINDOW
-        MIN_WINDOW = 0.1
+    min_window = 0.1 if args.quick else MIN_WINDOW
 
     from importlib.metadata import version
 
@@ -299,14 +192,14 @@ def main() -> None:
     curves: dict[str, list[tuple[int, float, float]]] = {}
     for loop in loops:
         for n in sizes:
-            setup, cpu, late = run_on(loop, lambda n=n: waits_ours(n))
-            cpu_b, late_b = run_on(loop, lambda n=n: waits_base(n))
+            setup, cpu, late = run_on(loop, lambda n=n: waits_ours(n, min_window))
+            cpu_b, late_b = run_on(loop, lambda n=n: waits_base(n, min_window))
             med, med_b = statistics.median(late), statistics.median(late_b)
             p99 = sorted(late)[int(0.99 * (n - 1))]
             p99_b = sorted(late_b)[int(0.99 * (n - 1))]
             curves.setdefault(loop, []).append((n, cpu * 1e6, cpu_b * 1e6))
             print(
-                f"   {loop:8} {n:8,} {window(n):6.1f}s {setup / n * 1e6:10.1f}us "
+                f"   {loop:8} {n:8,} {window(n, min_window):6.1f}s {setup / n * 1e6:10.1f}us "
                 f"{cpu * 1e6:12.1f}us {cpu_b * 1e6:7.1f}us {cpu / cpu_b:6.2f} "
                 f"{med * 1e3:15.2f}ms {med_b * 1e3:7.2f}ms {p99 * 1e3:7.2f}ms {p99_b * 1e3:7.2f}ms",
                 flush=True,

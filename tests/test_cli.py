@@ -116,6 +116,8 @@ def test_pipeline_demo_checks_its_results_and_reports(
         (["streams", "--tasks", "0"], "--tasks must be > 0"),
         (["streams", "--duration-ms", "-1"], "--duration-ms must be > 0"),
         (["nonsense"], "invalid choice"),
+        (["bench", "--loops", "curio"], "'curio' is not one of asyncio, uvloop, trio"),
+        (["bench", "--sections", "core,gpu"], "'gpu' is not one of core, scale, loader, cuda"),
     ],
 )
 def test_bad_arguments_exit_with_a_message(
@@ -127,7 +129,7 @@ def test_bad_arguments_exit_with_a_message(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["streams"]])
+@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["streams"], ["bench"]])
 def test_help_reads_as_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main([*command, "--help"])
@@ -136,6 +138,43 @@ def test_help_reads_as_plain_text(command: list[str], capsys: pytest.CaptureFixt
     assert out.startswith("usage: python -m aiostream")
     for markup in ("``", ":func:", ":class:", ":meth:"):
         assert markup not in out, f"reST markup {markup!r} in --help"
+
+
+def test_bench_prints_one_table_of_ratios_with_the_machine() -> None:
+    proc = run_python(
+        "-m", "aiostream", "bench", "--quick", "--sections", "core,loader,cuda", "--loops", "trio"
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("aiostream bench (quick): ") and "CPUs; aiostream " in lines[0]
+    assert all(f"{dist} " in lines[0] for dist in ("python", "anyio", "numpy", "trio"))
+    assert "real time" in proc.stdout
+    rows = [line for line in lines if line.startswith("| core:") or line.startswith("| loader:")]
+    assert len(rows) == 3 + 2 and all("| trio |" in row for row in rows)
+    # one progress line per step (stderr is not a terminal here), and a last one
+    assert proc.stderr.count(" steps, ") == 2 + 1 + (1 if ais.is_available("cuda") else 0)
+    if not ais.is_available("cuda"):
+        assert "not run: cuda: " in proc.stdout
+
+
+def test_bench_json_is_one_object_for_machines() -> None:
+    proc = run_python(
+        "-m", "aiostream", "bench", "--quick", "--json", "--sections", "scale", "--loops", "asyncio"
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["machine"]["versions"]["aiostream"] == ais.__version__
+    sizes = [(r["what"].split(" / ")[0], r["size"]) for r in report["rows"]]
+    assert sizes == [
+        ("CPU per wait", "1,000 streams"),
+        ("wake lateness, median", "1,000 streams"),
+        ("CPU per wait", "10,000 streams"),
+        ("wake lateness, median", "10,000 streams"),
+        ("memory per pending wait", "10,000 waits"),
+    ]
+    for r in report["rows"]:
+        assert r["ours"] > 0 and r["baseline"] > 0
+        assert r["ratio"] == pytest.approx(r["ours"] / r["baseline"])
 
 
 def test_python_dash_m_entry_point() -> None:

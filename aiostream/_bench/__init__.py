@@ -1,0 +1,6 @@
+"""Measurements behind ``python -m aiostream bench`` and the scripts under ``benchmarks/``.
+
+Each function measures one thing against a baseline measured the same way; the suite
+(:mod:`.suite`) runs a short selection of them with a progress bar and prints one table of
+ratios; the scripts run them at full size and print every figure.
+"""

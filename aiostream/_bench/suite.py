@@ -1,0 +1,279 @@
+"""``python -m aiostream bench``: what aiostream costs on this machine, in a few minutes.
+
+A short selection of the benchmarks under ``benchmarks/``, each against a baseline measured in
+the same run, with a progress bar, printed as one table of ratios (or one JSON object). Every
+figure is real (wall-clock or CPU) time: the virtual device runs on the monotonic clock here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, TextIO
+
+import aiostream as ais
+
+from .. import _backends, _demo
+from . import core, cuda, loader, scale
+
+SECTIONS = ("core", "scale", "loader", "cuda")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement: aiostream's figure, the baseline's, and their ratio."""
+
+    section: str
+    what: str
+    loop: str
+    size: str
+    ours: float
+    baseline: float
+    ratio: float
+    unit: str
+    goal: str
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str
+    seconds: float  # about how long it takes: the progress bar's weight
+    run: Callable[[], list[Row]]
+
+
+def _versions() -> dict[str, str]:
+    out = {"aiostream": ais.__version__, "python": platform.python_version()}
+    for dist in ("anyio", "numpy", "uvloop", "trio", "cuda-python"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """The machine and what runs on it."""
+    ok, reason = _backends.probe("cuda")
+    gpus = []
+    if ok:
+        backend = _backends.get("cuda")
+        gpus = [backend.device_name(i) for i in range(ais.device_count("cuda"))]
+    return {
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "cpus": os.cpu_count(),
+        "versions": _versions(),
+        "gpus": gpus,
+        "cuda": "available" if ok else f"unavailable: {reason}",
+    }
+
+
+def installed_loops() -> list[str]:
+    loops = ["asyncio"]
+    for name in ("uvloop", "trio"):
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        loops.append(name)
+    return loops
+
+
+# ---------------------------------------------------------------------- the steps
+
+
+def _core(loop: str, quick: bool) -> list[Row]:
+    n_fast, rounds = (5_000, 3) if quick else (20_000, 5)
+    n_wait = 200 if quick else 1_000
+    n_cpu, pending = (200, 0.3) if quick else (1_000, 1.0)
+    ours, base = core.run_on(loop, lambda: core.fast_path(n_fast, rounds))
+    late = core.run_on(loop, lambda: core.lateness_ours(n_wait, 0.001, 8))
+    floor = core.run_on(loop, lambda: core.lateness_base(n_wait, 0.001, loop, rearm=True))
+    (cpu, _) = core.run_on(loop, lambda: core.cpu_pending(n_cpu, pending, busy=False))
+    (busy, _) = core.run_on(loop, lambda: core.cpu_pending(n_cpu, pending, busy=True))
+    med, med_floor = statistics.median(late), statistics.median(floor)
+    return [
+        Row(
+            "core", "await a complete event / a bare checkpoint", loop, f"{n_fast:,} awaits",
+            ours * 1e6, base * 1e6, ours / base, "us", "<= 1.5",
+        ),
+        Row(
+            "core", "wake lateness, median / a loop timer", loop, f"{n_wait:,} waits",
+            med * 1e6, med_floor * 1e6, med / med_floor, "us", "<= 2",
+        ),
+        Row(
+            "core", "CPU while waits are pending / a query loop", loop, f"{n_cpu:,} waits",
+            cpu * 1e3, busy * 1e3, cpu / busy, "ms", "< 0.05",
+        ),
+    ]  # fmt: skip
+
+
+def _scale(n: int, quick: bool) -> list[Row]:
+    window = 0.3 if quick else scale.MIN_WINDOW
+    _, cpu, late = core.run_on("asyncio", lambda: scale.waits_ours(n, window))
+    cpu_b, late_b = core.run_on("asyncio", lambda: scale.waits_base(n, window))
+    med, med_b = statistics.median(late), statistics.median(late_b)
+    return [
+        Row(
+            "scale", "CPU per wait / a task on a timer", "asyncio", f"{n:,} streams",
+            cpu * 1e6, cpu_b * 1e6, cpu / cpu_b, "us", "<= 3",
+        ),
+        Row(
+            "scale", "wake lateness, median / a task on a timer", "asyncio", f"{n:,} streams",
+            med * 1e3, med_b * 1e3, med / med_b, "ms", "<= 2 or < 2 ms",
+        ),
+    ]  # fmt: skip
+
+
+def _memory(n: int) -> list[Row]:
+    ours, base = core.run_on("asyncio", lambda: scale.memory_per_wait(n))
+    return [
+        Row(
+            "scale", "memory per pending wait / a task on a timer", "asyncio", f"{n:,} waits",
+            ours, base, ours / base, "B", "< 2 KiB",
+        )
+    ]  # fmt: skip
+
+
+def _loader(loop: str, quick: bool) -> list[Row]:
+    cfg = _demo.PipelineConfig(batches=30 if quick else 100, device=ais.Device("virtual", 0))
+    eff, speedup, _, ok, _ = loader.real_time_pipeline(loop, cfg, repeats=1)
+    if not ok:
+        raise AssertionError("the loader pipeline's checksum did not match")
+    return [
+        Row(
+            "loader", "pipelined batches/s / the bound (slowest stage)", loop,
+            f"{cfg.batches} x 1 MiB", eff, 1.0, eff, "", ">= 0.90",
+        ),
+        Row(
+            "loader", "pipelined / sequential, speed-up", loop, f"{cfg.batches} x 1 MiB",
+            speedup, 1.0, speedup, "x", ">= 1.8",
+        ),
+    ]  # fmt: skip
+
+
+def _cuda(quick: bool) -> list[Row]:
+    n, kernel = (100 if quick else 1_000), 20e-6
+    lat, _ = cuda.short_awaits(n, kernel, cuda.strategy_wait("hybrid"))
+    floor, _ = cuda.floor_thread(n, kernel)
+    med, med_f = statistics.median(lat), statistics.median(floor)
+    return [
+        Row(
+            "cuda", "await of a 20 us kernel, latency / cuEventSynchronize", "asyncio",
+            f"{n:,} awaits", med * 1e6, med_f * 1e6, med / med_f, "us", "<= 2",
+        )
+    ]  # fmt: skip
+
+
+def steps(loops: list[str], sections: list[str], quick: bool) -> list[Step]:
+    """What to run, in order, each with the seconds it is expected to take."""
+    out: list[Step] = []
+    if "core" in sections:
+        for loop in loops:
+            out.append(Step(f"core ({loop})", 3 if quick else 6, partial(_core, loop, quick)))
+    if "scale" in sections:
+        sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
+        for n in sizes:
+            cost = 2 * (scale.lead(n) + scale.window(n)) + n * 2e-4
+            out.append(Step(f"scale ({n:,} streams)", cost, partial(_scale, n, quick)))
+        mem = max(sizes)
+        out.append(Step(f"memory ({mem:,} waits)", mem * 2e-5, partial(_memory, mem)))
+    if "loader" in sections:
+        for loop in loops:
+            out.append(Step(f"loader ({loop})", 2 if quick else 5, partial(_loader, loop, quick)))
+    if "cuda" in sections and _backends.probe("cuda")[0]:
+        out.append(Step("cuda (cuda:0)", 3 if quick else 10, partial(_cuda, quick)))
+    return out
+
+
+# ---------------------------------------------------------------------- running and printing
+
+
+class Progress:
+    """A text progress bar weighted by the steps' expected seconds: redrawn in place on a
+    terminal, a line per step otherwise."""
+
+    def __init__(self, todo: list[Step], out: TextIO) -> None:
+        self.todo, self.out, self.live = todo, out, out.isatty()
+        self.total = sum(s.seconds for s in todo) or 1.0
+        self.done = 0.0
+        self.started = time.perf_counter()
+
+    def show(self, index: int) -> None:
+        width = 30
+        filled = round(width * self.done / self.total)
+        label = self.todo[index].label if index < len(self.todo) else "done"
+        line = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {index}/{len(self.todo)} steps, "
+            f"{time.perf_counter() - self.started:4.0f} s: {label}"
+        )
+        self.out.write(f"\r{line:<79}" if self.live else line + "\n")
+        if self.live and index == len(self.todo):
+            self.out.write("\n")
+        self.out.flush()
+
+    def step_done(self, index: int) -> None:
+        self.done += self.todo[index].seconds
+
+
+def run(
+    loops: list[str], sections: list[str], quick: bool, progress: TextIO | None = None
+) -> dict[str, Any]:
+    """Run the steps; the machine, the rows and how long it took."""
+    todo = steps(loops, sections, quick)
+    bar = Progress(todo, progress if progress is not None else sys.stderr)
+    rows: list[Row] = []
+    started = time.perf_counter()
+    for i, step in enumerate(todo):
+        bar.show(i)
+        rows.extend(step.run())
+        bar.step_done(i)
+    bar.show(len(todo))
+    cuda_ok, why = _backends.probe("cuda")
+    return {
+        "machine": machine(),
+        "quick": quick,
+        "seconds": time.perf_counter() - started,
+        "clock": "real time (the virtual device on the monotonic clock; CPU time where named)",
+        "rows": [asdict(r) for r in rows],
+        "skipped": [] if cuda_ok or "cuda" not in sections else [f"cuda: {why}"],
+    }
+
+
+def _figure(value: float, unit: str) -> str:
+    if unit in ("", "x"):
+        return f"{value:.2f}{unit}"
+    return f"{value:,.1f} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+
+
+def _ratio(value: float) -> str:
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"
+
+
+def table(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    lines = [
+        f"aiostream bench{' (quick)' if report['quick'] else ''}: {m['platform']}, "
+        f"{m['cpus']} CPUs; {versions}",
+        f"GPUs: {', '.join(m['gpus']) or 'none'} (CUDA {m['cuda'].split(':')[0]})",
+        f"{report['clock']}; {report['seconds']:.0f} s in all",
+        "",
+        "| measure (aiostream / baseline) | loop | size | aiostream | baseline | ratio | goal |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['section']}: {r['what']} | {r['loop']} | {r['size']} | "
+            f"{_figure(r['ours'], r['unit'])} | {_figure(r['baseline'], r['unit'])} | "
+            f"{_ratio(r['ratio'])} | {r['goal']} |"
+        )
+    for why in report["skipped"]:
+        lines.append(f"not run: {why}")
+    return "\n".join(lines)

@@ -30,7 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-import inference_client as client  # noqa: E402 - the example's harness, found through examples/
+try:
+    import inference_client as client  # noqa: E402 - the example's harness, in examples/
+except ImportError as exc:  # fastapi, uvicorn or httpx missing
+    client = None
+    MISSING = f"{exc.name} is not installed: pip install 'aiostream-cuda[server]'"
 
 MAX_BATCH = 32
 
@@ -76,6 +80,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--quick", action="store_true", help="a smoke run: two bounds, 1 s each")
     args = parser.parse_args()
+    if client is None:
+        print(f"bench_server: skipped, {MISSING}")
+        return
     bounds = [float(b) for b in args.bounds.split(",")]
     clients, seconds = args.clients, args.seconds
     if args.quick:

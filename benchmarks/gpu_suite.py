@@ -15,6 +15,11 @@ and each step's raw output as ``OUTDIR/<step>.txt``. The steps:
    1,000 concurrent awaits on 100 streams.
 4. ``demo-<loop>``: ``python -m aiostream demo --device cuda:0`` on each loop.
 5. ``bench-torch-loader``: PyTorch's DataLoader beside aiostream's on ``cuda:0``.
+6. ``aiostream-bench``: ``python -m aiostream bench --sections core,cuda``, the table a user
+   gets, with the CUDA row.
+7. ``bench-server``: ``benchmarks/bench_server.py --device cuda:0``, the inference server
+   example on the GPU (needs fastapi, uvicorn and httpx: ``gpu_suite.sh`` installs them from
+   ``.whl/``).
 
 Without a CUDA device, steps 2-5 are marked "not run" with the reason. Against the stand-in
 driver of the tests (``tests/fake_cuda``) everything runs, and the report says that its figures
@@ -87,6 +92,11 @@ def steps(quick: bool) -> list[Step]:
             )
         )
     out.append(Step("bench-torch-loader", [py, "benchmarks/bench_torch_loader.py", *q], 540))
+    sections = ["--sections", "core,cuda"]
+    out.append(Step("aiostream-bench", [py, "-m", "aiostream", "bench", *sections, *q], 300))
+    bounds = ["--bounds", "400,3200"] + (["--quick"] if quick else [])
+    server = [py, "benchmarks/bench_server.py", "--device", "cuda:0", *bounds]
+    out.append(Step("bench-server", server, 300))
     return out
 
 
@@ -144,6 +154,8 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.summary = last.strip("= ")
         step.notes = [line for line in lines if line.startswith("SKIPPED")]
         step.notes += [line for line in lines if line.startswith("FAILED")]
+    elif step.name == "aiostream-bench":
+        step.summary = "; ".join(line for line in lines if line.startswith("| cuda:"))
     elif step.name.startswith("demo-"):
         keep = ("overlap efficiency", "speed-up", "bottleneck")
         step.summary = "; ".join(line for line in lines if line.startswith(keep))

@@ -208,7 +208,10 @@ def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(stand_in: Path, tmp_path:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = (tmp_path / "report.md").read_text()
     assert "- device: the stand-in driver of tests/fake_cuda" in report
-    for step in ("info", "cuda-tests", "bench-cuda", "demo-asyncio", "demo-trio"):
+    for step in (
+        *("info", "cuda-tests", "bench-cuda", "demo-asyncio", "demo-trio"),
+        *("aiostream-bench", "bench-server"),
+    ):
         assert re.search(rf"^\| {step} \| passed \|", report, re.MULTILINE), report
         assert (tmp_path / f"{step}.txt").exists()
     assert "needs a real GPU: the stand-in driver runs no kernels" in report
@@ -225,7 +228,7 @@ def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Pa
     assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
     assert (
         len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report, re.MULTILINE))
-        == 6
+        == 8
     ), report
 
 

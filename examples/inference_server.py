@@ -126,6 +126,9 @@ class Batcher:
 
     async def infer(self, x: np.ndarray) -> tuple[np.ndarray, int]:
         """The model's output for one input row, and the size of the batch it ran in."""
+        x = np.asarray(x, np.float32)
+        if x.shape != (self.model.features,):
+            raise ValueError(f"x must hold {self.model.features} numbers, got shape {x.shape}")
         if len(self._queue) >= self.max_queue:
             raise Busy(f"{len(self._queue)} requests queued; retry later")
         request = _Request(x)
@@ -200,7 +203,8 @@ class Batcher:
             self.batches += 1
         except Exception as exc:  # a device error: every request of the batch gets it
             settled = True
-            self.failed = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, ais.DeviceError):  # sticky: the device runs nothing more
+                self.failed = f"{type(exc).__name__}: {exc}"
             for request in batch:
                 request.error = exc
         except BaseException:  # cancelled: the server shuts down

@@ -153,6 +153,8 @@ async def test_a_full_queue_refuses_at_once_and_bad_options_are_named() -> None:
         with pytest.raises(server.Busy, match="2 requests queued; retry later"):
             await batcher.infer(np.ones(4, np.float32))
         tg.cancel_scope.cancel()
+    with pytest.raises(ValueError, match=r"x must hold 4 numbers, got shape \(3,\)"):
+        await batcher.infer(np.ones(3, np.float32))
     with pytest.raises(ValueError, match="at least 1"):
         server.Batcher(MODEL, ais.device("virtual:0"), lanes=0)
     with pytest.raises(ValueError, match="max_wait_s"):

@@ -214,18 +214,24 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
     return 0 if results["pipe"].checksum_ok and results["seq"].checksum_ok else 1
 
 
+def _names(
+    parser: argparse.ArgumentParser, flag: str, text: str, known: Sequence[str]
+) -> list[str]:
+    """A comma-separated list of names, each one of ``known``."""
+    names = text.split(",")
+    for name in names:
+        if name not in known:
+            parser.error(f"{flag}: {name!r} is not one of {', '.join(known)}")
+    return names
+
+
 def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     installed = suite.installed_loops()
-    loops = args.loops.split(",") if args.loops else installed
+    loops = _names(parser, "--loops", args.loops or ",".join(installed), LOOPS)
     for loop in loops:
-        if loop not in LOOPS:
-            parser.error(f"--loops: {loop!r} is not one of {', '.join(LOOPS)}")
         if loop not in installed:
             parser.error(f"--loops {loop} needs the {loop!r} package: pip install {loop}")
-    sections = args.sections.split(",")
-    for section in sections:
-        if section not in suite.SECTIONS:
-            parser.error(f"--sections: {section!r} is not one of {', '.join(suite.SECTIONS)}")
+    sections = _names(parser, "--sections", args.sections, suite.SECTIONS)
     report = suite.run(loops, sections, args.quick)
     print(json.dumps(report) if args.json else suite.table(report))
     return 0

@@ -6,12 +6,14 @@ Every backend comes from the plugin's own `aiostream_device` fixture (aiostream.
 from __future__ import annotations
 
 import gc
+import importlib
 import importlib.util
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -34,6 +36,15 @@ def run_python(*args: str, timeout: float = 120, **env: str) -> subprocess.Compl
         cwd=ROOT,
         env=environ,
     )
+
+
+def import_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` by its name, as the examples import each other (and as
+    Ray's workers import an actor's module): examples/ goes on ``sys.path``."""
+    path = str(ROOT / "examples")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+    return importlib.import_module(name)
 
 
 _LOOPS = [

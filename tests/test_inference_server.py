@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 import time
 from collections.abc import Iterator
-from types import ModuleType
 
 import anyio
 import numpy as np
@@ -17,7 +14,7 @@ import pytest
 import aiostream as ais
 from aiostream.testing import VirtualTime
 
-from .conftest import ROOT, run_python
+from .conftest import ROOT, import_example, run_python
 
 for _dist in ("fastapi", "uvicorn", "httpx"):
     pytest.importorskip(_dist, reason='the server example needs pip install -e ".[server]"')
@@ -25,15 +22,8 @@ for _dist in ("fastapi", "uvicorn", "httpx"):
 pytestmark = pytest.mark.anyio
 
 
-def _example(name: str) -> ModuleType:
-    path = str(ROOT / "examples")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    return importlib.import_module(name)
-
-
-server = _example("inference_server")
-client = _example("inference_client")
+server = import_example("inference_server")
+client = import_example("inference_client")
 
 MODEL = server.Model(features=4, launch_s=0.040, per_item_s=0.00125)  # 80 ms per 32: 400 req/s
 # A batch's upload and download each take the virtual device's copy time (its defaults:

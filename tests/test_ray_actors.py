@@ -3,30 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
-import sys
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from .conftest import ROOT
+from .conftest import ROOT, import_example
 
 ray = pytest.importorskip("ray", reason='the Ray example needs pip install -e ".[ray]"')
 
 
-def _example() -> ModuleType:
-    path = str(ROOT / "examples")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    return importlib.import_module("ray_actors")
-
-
 @pytest.fixture(scope="module")
 def example() -> Iterator[ModuleType]:
-    module = _example()
+    module = import_example("ray_actors")
     # Ray's workers import the actor's module by name, and inherit the environment of the
     # processes ray.init() starts: they get the checkout and examples/.
     with pytest.MonkeyPatch.context() as mp:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["MAX_SECONDS", "flag", "integer", "number", "seconds"]
+__all__ = ["MAX_HANDLE", "MAX_SECONDS", "flag", "handle", "integer", "number", "seconds"]
 
 #: The longest duration a device's clock holds: 2**63 nanoseconds, rounded down (292 years).
 MAX_SECONDS = 9.2e9
@@ -39,6 +39,21 @@ def integer(
         raise ValueError(f"{name} must be >= {minimum}, got {number}")
     if maximum is not None and number > maximum:
         raise ValueError(f"{name} must be at most {maximum}, got {number}")
+    return number
+
+
+#: The largest value a driver handle (a pointer) can have.
+MAX_HANDLE = 2**64 - 1
+
+
+def handle(value: object, name: str, what: str) -> int:
+    """``value`` as a driver handle: an int in the pointer range, 0 to 2**64 - 1."""
+    number = integer(value, name, what=what)
+    if not 0 <= number <= MAX_HANDLE:
+        raise ValueError(
+            f"{name} must be a pointer, 0 to 2**64 - 1 (a live handle from the library that "
+            f"made it), got {number}"
+        )
     return number
 
 

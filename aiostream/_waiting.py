@@ -19,13 +19,15 @@ with a *strategy*, chosen per wait (see :func:`set_wait_strategy`):
   long wait costs one check every ``POLL_CAP_S``.
 - ``thread``: hand the wait to a thread at once; the thread blocks in the driver on a
   blocking-sync marker (``Backend.block``, no CPU) and the loop resumes when it returns. Each
-  stream has at most one such thread, as only the head of each lane is handed over.
+  stream has at most one such thread, as only the head of each lane is handed over. The
+  threads are daemons of aiostream's own (:class:`_Blockers`): interpreter exit never waits
+  for device work, as it would for anyio's worker threads on asyncio.
 - ``hybrid`` (the default): ``poll`` for the first ``HYBRID_HANDOFF_S`` of a wait, then
   ``thread``: short waits are caught by the cheap checks, long ones cost no CPU.
-- ``callback``: the driver calls a host function when the work completes
-  (``Backend.notify_done``), which wakes the loop from the driver's thread. It runs Python on
-  that thread: see the deadlock caveat in the README. A slow check every
-  ``CALLBACK_SAFETY_S`` covers host functions the driver never runs (after a device failure).
+- ``callback``: the driver runs a host function when the work completes, and the backend
+  calls back (``Backend.notify_done``) from a thread of its own, never the driver's: no Python
+  runs on a driver thread. A slow check every ``CALLBACK_SAFETY_S`` covers host functions the
+  driver never runs (after a device failure).
 
 Everything else goes through anyio; the loop-specific pieces are how a background task is
 spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and uvloop,
@@ -45,12 +47,11 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
-import anyio.to_thread
 import sniffio
 
 from . import _diagnostics, _hooks
@@ -171,7 +172,6 @@ class _Entry:
         "handed",
         "parked",
         "record",
-        "scope",
         "since",
         "strategy",
         "target",
@@ -198,7 +198,6 @@ class _Entry:
         self.finished = False
         self.dead = False
         self.handed = False  # given to a thread (thread, hybrid) or to the driver (callback)
-        self.scope: anyio.CancelScope | None = None  # the thread's task, to abandon it
 
     def __call__(self) -> None:
         """The backend says the work completed (``WaitTarget.watch``); any thread."""
@@ -278,9 +277,7 @@ class _Waiter:
         """Forget a wait whose task was cancelled."""
         if entry.finished or entry.dead:
             return
-        entry.dead = True
-        if entry.scope is not None:
-            entry.scope.cancel()  # abandon its thread: the marker is returned when it is done
+        entry.dead = True  # a thread blocked on it returns when the work is done, unheeded
         self._pending -= 1
         self._discarded(entry)
         if not self._pending:
@@ -344,8 +341,6 @@ class _Waiter:
         return min(pending) + threshold - now if pending else None
 
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:
-        if entry.scope is not None:
-            entry.scope.cancel()
         entry.finished = True
         entry.error = error
         self._pending -= 1
@@ -475,8 +470,6 @@ class _StrategyWaiter(_Waiter):
         self._handoff_at = math.inf  # loop time of the next hybrid hand-off among them
         self._safety_at = 0.0  # loop time of the next check for host functions that never ran
         self._progress_at = 0.0  # loop time of the last progress, for poll's back-off
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._limiter: anyio.CapacityLimiter | None = None
 
     def _added(self, entry: _Entry) -> None:
         self._progress_at = entry.since
@@ -512,21 +505,6 @@ class _StrategyWaiter(_Waiter):
         """The thread or host function watching ``lane``'s head returned (loop thread)."""
         self._visit[lane] = None
         self._kick()
-
-    async def _serve(self) -> None:
-        # A private limiter: lane heads handed to threads must not queue behind anyio's
-        # default 40 threads, nor take them from the user's own to_thread calls.
-        self._limiter = anyio.CapacityLimiter(1_000_000)
-        try:
-            while self._pending:  # again if a wait came while the task group was closing
-                async with anyio.create_task_group() as tg:
-                    self._tg = tg
-                    try:
-                        await self._watch()
-                    finally:
-                        tg.cancel_scope.cancel()  # abandon threads of waits no one needs
-        finally:
-            self._tg = None
 
     def _sweep(self) -> float | None:
         now = _loop_time()
@@ -601,16 +579,16 @@ class _StrategyWaiter(_Waiter):
     def _hand_off(self, lane: Hashable, entry: _Entry) -> None:
         if not entry.handed:
             entry.handed = True
-            assert self._tg is not None
-            self._tg.start_soon(self._block, lane, entry)
+            _blockers.run(functools.partial(self._block, lane, entry))
 
-    async def _block(self, lane: Hashable, entry: _Entry) -> None:
-        with anyio.CancelScope() as scope:
-            entry.scope = scope
-            await anyio.to_thread.run_sync(
-                self.backend.block, entry.target, abandon_on_cancel=True, limiter=self._limiter
-            )
-        entry.scope = None
+    def _block(self, lane: Hashable, entry: _Entry) -> None:
+        """In a blocker thread: block until the head is done, then tell the loop."""
+        try:
+            self.backend.block(entry.target)
+        finally:
+            self._soon_threadsafe(functools.partial(self._blocked, lane, entry))
+
+    def _blocked(self, lane: Hashable, entry: _Entry) -> None:
         entry.handed = False  # were it somehow not done, the next look hands it again
         self._report(lane)
 
@@ -632,6 +610,52 @@ class _StrategyWaiter(_Waiter):
         self._called.clear()
         self._visit.clear()
         self._dead = 0
+
+
+class _Blockers:
+    """The daemon threads that block in the driver for the ``thread`` strategy.
+
+    Daemons, so that interpreter exit (Ctrl-C included) never waits for device work; an idle
+    one takes the next job, and leaves after ``IDLE_S`` without one.
+    """
+
+    IDLE_S = 10.0
+
+    def __init__(self) -> None:
+        self._jobs: SimpleQueue[Callable[[], object]] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._names = itertools.count(1)
+
+    def run(self, job: Callable[[], object]) -> None:
+        with self._lock:  # ``_idle``: threads waiting for a job, less the jobs queued
+            self._jobs.put(job)
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1
+        if start:
+            name = f"aiostream blocker {next(self._names)}"
+            threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.IDLE_S)
+            except Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._idle -= 1
+                        return
+                continue
+            try:
+                job()
+            except Exception:  # never lose the thread to a job's failure
+                logger.exception("aiostream: a blocking wait failed")
+            with self._lock:
+                self._idle += 1
+
+
+_blockers = _Blockers()
 
 
 def _waiter(backend: AnyBackend, index: int) -> _Waiter:

@@ -44,6 +44,19 @@ def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int
     return dt, tuple(int(d) for d in dims)
 
 
+class _Owner:
+    """What a :meth:`HostBuffer.numpy` array is made from: it holds the buffer, so the array
+    (whose ``.base`` chain ends here) keeps the memory alive, on every backend; freed pinned
+    memory is unmapped, and touching it would crash the process."""
+
+    __slots__ = ("__array_interface__", "buffer", "raw")
+
+    def __init__(self, raw: np.ndarray, buffer: HostBuffer) -> None:
+        self.raw = raw
+        self.buffer = buffer
+        self.__array_interface__ = raw.__array_interface__
+
+
 class HostBuffer(_objects.DeviceObject):
     """Host memory for copies to and from a device.
 
@@ -91,14 +104,16 @@ class HostBuffer(_objects.DeviceObject):
     def numpy(self, dtype: Any = np.uint8, shape: Any = None) -> np.ndarray:
         """A zero-copy numpy view of the memory, of ``dtype`` and ``shape`` (1-D by default).
 
-        The view is valid while this buffer lives. Read it only after the copies into it have
-        completed (await their event or stream): on virtual devices, asking for a view while a
-        copy into the buffer is in flight is recorded as a race (``aiostream.virtual.races()``)
-        and the bytes hold ``aiostream.virtual.POISON`` until the copy lands.
+        The view keeps this buffer alive (through its ``.base``). Read it only after the
+        copies into it have completed (await their event or stream): on virtual devices, asking
+        for a view while a copy into the buffer is in flight is recorded as a race
+        (``aiostream.virtual.races()``) and the bytes hold ``aiostream.virtual.POISON`` until
+        the copy lands.
         """
         dt, dims = _shape_for(self._nbytes, dtype, shape)
         self._backend.host_access(self._handle)
-        view = np.frombuffer(self._backend.host_view(self._handle), dtype=dt)
+        raw = np.frombuffer(self._backend.host_view(self._handle), dtype=dt)
+        view: np.ndarray = np.asarray(_Owner(raw, self))
         return view.reshape(dims)
 
     def __repr__(self) -> str:
@@ -108,14 +123,20 @@ class HostBuffer(_objects.DeviceObject):
 
 
 class DeviceBuffer(_objects.DeviceObject):
-    """Device memory of ``nbytes``, allocated stream-ordered where the backend can.
+    """Device memory of ``nbytes``, allocated stream-ordered on the current stream where the
+    backend can.
 
     It carries a ``dtype`` and ``shape`` for interop (``uint8`` and ``(nbytes,)`` unless made by
     :meth:`view`). On CUDA it exposes ``__cuda_array_interface__`` (version 3, with the stream of
     its allocation), so CuPy, Numba and PyTorch can use it without copies.
 
+    When it is collected, the memory is freed on the device (never with a host wait) once the
+    work of every stream that used it has completed: its allocation stream, the streams of
+    aiostream's copies, and those named with :meth:`record_stream`.
+
     Note:
-        Wraps ``cuMemAllocAsync`` / ``cuMemFreeAsync`` on CUDA.
+        Wraps ``cuMemAllocAsync`` / ``cuMemFreeAsync`` on CUDA (``cuMemAlloc`` / ``cuMemFree``
+        on a device without memory pools).
     """
 
     __slots__ = ("_base", "_dtype", "_nbytes", "_shape", "_stream")
@@ -157,6 +178,29 @@ class DeviceBuffer(_objects.DeviceObject):
         other._dtype, other._shape = dt, dims
         other._base = self._base if self._base is not None else self
         return other
+
+    def record_stream(self, stream: Stream) -> None:
+        """Mark ``stream`` as using this memory (as ``torch.Tensor.record_stream``).
+
+        The memory is freed only after the work submitted to ``stream`` by then has
+        completed, besides the work of its allocation stream and of the streams aiostream's
+        copies used it on. On CUDA a stream's first use of a stream-ordered allocation is
+        also ordered after the allocation, on the device. Call it for every other stream your
+        kernels use the buffer on.
+
+        Raises:
+            TypeError: ``stream`` is not a Stream.
+            ValueError: the stream is on another device.
+        """
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
+        if stream.device != self._device:
+            raise ValueError(
+                f"the buffer is on {self._device}, the stream on {stream.device}: a stream "
+                "uses memory of its own device"
+            )
+        _objects.check_same_backend(stream, self)
+        self._backend.memory_use(self._handle, _objects.handle(stream))
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _backends
+from . import _backends, _check
 from ._backends.base import Interop
 from .device import Device
 from .device import device as _resolve_device
@@ -84,7 +84,11 @@ def as_event(obj: Any, device: Device | str | None = None) -> Event:
 
     Raises:
         TypeError: ``obj`` is none of the above.
-        ValueError: the event has no CUDA event yet (torch makes it at the first record).
+        ValueError: the event has no CUDA event yet (torch makes it at the first record), or
+            the int is no pointer.
+
+    A handle must be a live one, made by the library that owns it: the driver cannot tell a
+    stale or made-up handle, and may crash the process on one.
     """
     if isinstance(obj, Event):
         return obj
@@ -99,6 +103,7 @@ def as_event(obj: Any, device: Device | str | None = None) -> Event:
             f"{obj!r} has no CUDA event yet: record it first (PyTorch creates the CUDA event at "
             "the first record())"
         )
+    _check.handle(handle, "the CUevent handle", what="an int")
     dev = _resolve_device(_owner_device(obj, device))
     backend = _backends.get(dev.type)
     if not isinstance(backend, Interop):

@@ -57,7 +57,7 @@ from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device
 from .device import device as _resolve_device
 from .event import Event
-from .stream import Stream, current_stream
+from .stream import Stream, current_stream, use_stream
 
 __all__ = ["Batch", "DataLoader", "LoaderStats"]
 
@@ -269,7 +269,8 @@ class _Staging:
         """Enqueue the copies of a prepared item to the slot's device buffers: its batch."""
         if prepared.arrays is not None:
             slot.staging = [HostBuffer(a.nbytes, device=self.device) for a in prepared.arrays]
-            slot.device = [DeviceBuffer(a.nbytes, self.device) for a in prepared.arrays]
+            with use_stream(self.copy_stream):  # allocated in order with the copies into them
+                slot.device = [DeviceBuffer(a.nbytes, self.device) for a in prepared.arrays]
             slot.released = []
             self.allocations += len(prepared.arrays)
             for array, host in zip(prepared.arrays, slot.staging, strict=True):
@@ -295,7 +296,11 @@ class _Staging:
             if slot.mark is None:
                 slot.mark = Event(self.device)
             released = [current.record_event(slot.mark)]
-            released += [s.record_event() for s in dict.fromkeys(slot.users) if s != current]
+            users = [s for s in dict.fromkeys(slot.users) if s != current]
+            released += [s.record_event() for s in users]
+            for buf in slot.device:  # freeing them (at close, on a new shape) waits for these
+                for stream in (current, *users):
+                    buf.record_stream(stream)
             slot.released = released
             slot.users = []
             self.free.append(slot)

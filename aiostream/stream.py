@@ -190,9 +190,7 @@ class ExternalStream(Stream):
     __slots__ = ()
 
     def __init__(self, stream_ptr: int, device: Device | str | None = None) -> None:
-        stream_ptr = _check.integer(
-            stream_ptr, "stream_ptr", minimum=0, what="an int (a CUstream handle)"
-        )
+        stream_ptr = _check.handle(stream_ptr, "stream_ptr", what="an int (a CUstream handle)")
         dev = _resolve_device("cuda:0" if device is None else device)
         backend = _backends.get(dev.type)
         if not isinstance(backend, Interop):

@@ -3,8 +3,8 @@
 On CUDA devices the strategy decides how the loop learns that work completed: ``hybrid``
 (the default) checks on the next loop turns and hands long waits to a thread, ``poll`` keeps
 checking with a growing back-off, ``thread`` blocks a worker thread in the driver at once, and
-``callback`` has the driver call back (opt-in; see the README's caveat). A virtual device knows
-when its work completes, so there every strategy sleeps until that moment.
+``callback`` has the driver post a semaphore that a thread of aiostream's waits on (opt-in). A
+virtual device knows when its work completes, so there every strategy sleeps until that moment.
 
 Run it with ``python examples/wait_strategies.py``: on ``cuda:0`` where a GPU works, else on
 ``virtual:0``.

@@ -31,6 +31,47 @@ def test_host_buffer_views_share_memory(virtual_device: ais.Device) -> None:
     assert "16 bytes" in repr(buf)
 
 
+def test_a_view_keeps_its_buffer_alive(virtual_device: ais.Device) -> None:
+    """The buffer lives while a view of it does (through the view's ``.base``), on every
+    backend: freed pinned memory is unmapped on CUDA, and a view outliving it would crash."""
+    before = ais.virtual.stats().buffers
+    view = ais.HostBuffer(64).numpy(np.float32, (4, 4))
+    gc.collect()
+    assert ais.virtual.stats().buffers == before + 1
+    view[:] = 2.0
+    assert view.sum() == 32.0
+    row = view[1]  # a view of the view keeps it too
+    del view
+    gc.collect()
+    assert ais.virtual.stats().buffers == before + 1 and row.tolist() == [2.0] * 4
+    del row
+    gc.collect()
+    assert ais.virtual.stats().buffers == before
+
+
+@pytest.mark.aiostream(devices=2)
+async def test_a_host_buffer_serves_copies_on_any_device(virtual_time: VirtualTime) -> None:
+    host, out = ais.HostBuffer(16, device="virtual:0"), ais.HostBuffer(16, device="virtual:0")
+    host.numpy()[:] = 3
+    s1 = ais.Stream("virtual:1")
+    dev = ais.DeviceBuffer(16, "virtual:1")
+    ais.copy_async(dev, host, stream=s1)
+    ais.copy_async(out, dev, stream=s1)
+    await s1.synchronize()
+    assert out.numpy().tolist() == [3] * 16
+
+
+@pytest.mark.aiostream(devices=2)
+def test_record_stream_names_a_stream_of_the_buffers_device(virtual_device: ais.Device) -> None:
+    buf = ais.DeviceBuffer(16)
+    buf.record_stream(ais.Stream())
+    buf.view(np.float32).record_stream(ais.default_stream())
+    with pytest.raises(TypeError, match="stream must be an aiostream.Stream, got 0"):
+        buf.record_stream(0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="the buffer is on virtual:0, the stream on virtual:1"):
+        buf.record_stream(ais.Stream("virtual:1"))
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "exc", "match"),
     [

@@ -8,7 +8,6 @@ stand-in's hooks (fault injection, handle counts) skip on a real GPU.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import gc
 import sys
 import threading
@@ -23,29 +22,11 @@ import pytest
 import aiostream as ais
 from aiostream import _backends
 
-_OK, _REASON = _backends.probe("cuda")
-pytestmark = pytest.mark.skipif(not _OK, reason=f"needs a CUDA device: {_REASON}")
+from .stand_in import EVENTS, FAKE, MODULES, OK, REASON, STREAMS, needs_stand_in
+
+pytestmark = pytest.mark.skipif(not OK, reason=f"needs a CUDA device: {REASON}")
 
 DEV = "cuda:0"
-STREAMS, EVENTS, CONTEXTS, MODULES = 0, 1, 2, 5
-
-
-def _stand_in() -> Any:
-    if not _OK:
-        return None
-    lib = ctypes.CDLL("libcuda.so.1")
-    if not hasattr(lib, "fake_cuda_live"):
-        return None
-    lib.fake_cuda_live.restype = ctypes.c_long
-    lib.fake_cuda_violations.restype = ctypes.c_long
-    lib.fake_cuda_host_calls.restype = ctypes.c_long
-    return lib
-
-
-FAKE = _stand_in()
-needs_stand_in = pytest.mark.skipif(
-    FAKE is None, reason="uses the stand-in driver's hooks (test_fake_driver.py runs it)"
-)
 
 
 @pytest.fixture

@@ -115,7 +115,15 @@ class Backend(Protocol[S, E, M, T]):
 
     def host_free(self, host: M) -> None: ...
     def device_alloc(self, index: int, nbytes: int, stream: S | None) -> M: ...
-    def device_free(self, mem: M) -> None: ...
+    def device_free(self, mem: M) -> None:
+        """Free device memory once the work of every stream that used it (its allocation
+        stream, the streams of copies, those given to :meth:`memory_use`) has completed,
+        counting the work those streams had been given by the time of the free."""
+
+    def memory_use(self, mem: M, stream: S) -> None:
+        """``stream`` uses ``mem`` (``record_stream``): its first use is ordered after the
+        allocation, and freeing the memory waits for its work."""
+
     def device_ptr(self, mem: M) -> int:
         """The device address (for ``__cuda_array_interface__``); raise where there is none."""
 

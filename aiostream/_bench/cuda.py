@@ -42,12 +42,23 @@ def short_awaits(
 
 
 def floor_thread(n: int, kernel_s: float) -> tuple[list[float], float]:
-    """(a): the same work, waited with cuEventSynchronize in a plain thread (no loop)."""
+    """(a): the same work, waited with cuEventSynchronize in a plain thread (no loop), the
+    device's primary context made current once, as a program of its own would."""
     from cuda.bindings import driver
 
     result: list[Any] = []
 
     def run() -> None:
+        _, dev = driver.cuDeviceGet(0)
+        _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+        driver.cuCtxPushCurrent(ctx)
+        try:
+            measure()
+        finally:
+            driver.cuCtxPopCurrent()
+            driver.cuDevicePrimaryCtxRelease(dev)
+
+    def measure() -> None:
         s = ais.Stream(DEVICE)
         e = ais.Event(DEVICE)
         for _ in range(20):

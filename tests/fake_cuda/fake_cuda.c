@@ -3,28 +3,59 @@
  * machines without a GPU. The tests build it with the machine's C compiler and run the backend
  * against it in a subprocess whose LD_LIBRARY_PATH points at it.
  *
- * It implements, in memory on the CPU, exactly the driver entry points the backend uses, at the
- * versions cuda-python asks for through cuGetProcAddress_v2. Device work is a time model: each
- * stream has a tail (the monotonic time at which its work so far completes); a kernel adds its
- * duration, an event records the tail, waiting on an event raises the tail. Synchronize calls
- * sleep until the time comes (no CPU), as a blocking-sync wait does.
+ * It implements, in memory on the CPU, the driver entry points the backend uses, at the
+ * versions cuda-python asks for through cuGetProcAddress_v2, and it keeps the driver API's
+ * documented contract, strictly by default: where the documentation says a call is invalid,
+ * this driver refuses it and counts a *violation*; a test may relax one rule where it needs to.
+ *
+ * The contract kept:
+ * - Contexts. Each device has one primary context, retained and released by count. Every call
+ *   that acts on a context's objects (streams, events, modules, memory, launches, copies, host
+ *   functions) needs that context current on the calling thread (a per-thread stack, as
+ *   cuCtxPushCurrent/PopCurrent/SetCurrent keep it); otherwise CUDA_ERROR_INVALID_CONTEXT.
+ *   cuEventRecord needs the event and the stream in one context (CUDA_ERROR_INVALID_HANDLE).
+ *   Releasing the last reference resets the context: its objects are destroyed (pinned memory
+ *   unmapped), and handles still alive then are counted as leaked.
+ * - Work. Each operation gets a due time when it is submitted (after the earlier work of its
+ *   stream, the events the stream waits for, and the operation's own duration), and one driver
+ *   thread of this library's own completes operations in (due time, submission) order: a
+ *   kernel at its end, a copy moving its bytes then (never at the call), an event record, a
+ *   host function called on that thread. Queries and synchronizations read what that thread
+ *   has completed; synchronizations sleep on a condition variable, as blocking-sync waits do.
+ * - Faults. A kernel made to fail sets its context's sticky error when it completes; every
+ *   later call in that context returns it, and no later operation of the context takes effect:
+ *   host functions enqueued before or after it never run, copies move nothing.
+ * - Memory. Pinned host memory is mmap'd and unmapped when freed, so touching it afterwards
+ *   crashes, as on a GPU. A stream-ordered allocation completes after its stream's earlier work
+ *   plus FAKE_CUDA_ALLOC_NS (default 1 ms); an operation on another stream that runs before
+ *   the allocation completed is a violation, as is any operation on freed memory and a free of
+ *   memory that pending operations still use. Pinned memory used in another context's copy
+ *   needs CU_MEMHOSTALLOC_PORTABLE. Pageable host memory is staged at the call (host to
+ *   device) or copied before the call returns (device to host), as the driver does.
+ * - Host functions must be C functions: one that is not a named symbol of a loaded library
+ *   (dladdr), such as a ctypes closure that would run Python on this driver thread, is a
+ *   violation (rule "python-host-fn").
+ * - At exit it reports live handles, leaked handles and every violation on stderr, and the
+ *   process exits with status 70 if there is any (live handles are allowed under rule "exit").
  *
  * Environment: FAKE_CUDA_DEVICES (default 1; 0 makes cuInit fail with CUDA_ERROR_NO_DEVICE),
- * FAKE_CUDA_STUB=1 (cuInit fails as the toolkit's stub library does), FAKE_CUDA_TRACE=1 (print
- * each symbol lookup to stderr).
- * Test hooks (called through ctypes): fake_cuda_fail_next_launch(code) makes the next kernel
- * fail when it completes, with a sticky error, and fake_cuda_clear_error() forgets it (a real
- * context stays failed); fake_cuda_live(kind) counts live handles (0 streams, 1 events,
- * 2 contexts, 3 pinned host buffers, 4 device buffers, 5 modules); fake_cuda_violations()
- * counts handles released twice or after their context; fake_cuda_host_calls() counts host
- * functions launched.
+ * FAKE_CUDA_STUB=1 (cuInit fails as the toolkit's stub library does), FAKE_CUDA_NO_POOLS=1 (no
+ * memory pools: cuMemAllocAsync returns CUDA_ERROR_NOT_SUPPORTED), FAKE_CUDA_ALLOC_NS,
+ * FAKE_CUDA_RELAX (comma-separated rules to relax: context, portable, python-host-fn, exit),
+ * FAKE_CUDA_TRACE=1 (print symbol lookups that fail, and violations as they happen).
+ *
+ * Test hooks (called through ctypes) are at the end of this file, each with its comment.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,33 +69,125 @@ enum {
     OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, STUB_LIBRARY = 34,
     NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_IMAGE = 200, INVALID_CONTEXT = 201,
     INVALID_HANDLE = 400, NOT_FOUND = 500, NOT_READY = 600, CONTEXT_IS_DESTROYED = 709,
-    LAUNCH_FAILED = 719,
+    LAUNCH_FAILED = 719, NOT_SUPPORTED = 801,
 };
 enum { EV_BLOCKING = 1, EV_DISABLE_TIMING = 2, EV_INTERPROCESS = 4 };
+enum { HOST_PORTABLE = 1 };
+enum { ATTR_MEMORY_POOLS_SUPPORTED = 115 };
 enum { KIND_STREAM = 0, KIND_EVENT = 1, KIND_CONTEXT = 2, KIND_HOST = 3, KIND_DEVICE = 4,
-       KIND_MODULE = 5 };
-#define STREAM_MAGIC 0x5354524du
-#define EVENT_MAGIC 0x4556454eu
-#define DEAD 0xdeadu
+       KIND_MODULE = 5, KIND_FUNCTION = 6 };
+enum { RELAX_CONTEXT = 1, RELAX_PORTABLE = 2, RELAX_PYTHON_HOST_FN = 4, RELAX_EXIT = 8 };
+#define MAXDEV 8
+#define MAGIC 0xC0DA5EEDu
+#define COPY_LATENCY_NS 5000u
+#define COPY_BYTES_PER_NS 10u  /* 10 GB/s */
 
-typedef struct { unsigned magic; int dev; int priority; uint64_t tail; } Stream;
+static const char *kind_names[] = {"stream", "event", "context", "pinned host buffer",
+                                   "device buffer", "module", "function"};
+
+/* ------------------------------------------------------------------ objects */
+
+typedef struct Ctx {
+    int dev;
+    int refs;
+    unsigned gen;          /* a reset starts a new generation; objects remember theirs */
+    CUresult sticky;       /* the context's sticky error, once its failing work completed */
+    struct Stream *null_stream;
+    uint64_t submitted, done;  /* operations of this generation */
+} Ctx;
+
+typedef struct Obj {
+    unsigned magic;
+    int kind;
+    Ctx *ctx;
+    unsigned gen;
+    int dead;              /* destroyed explicitly, or with its context */
+} Obj;
+
+typedef struct Stream {
+    Obj h;
+    int priority, is_null;
+    uint64_t tail;         /* due time of its last operation */
+    uint64_t submitted, done;
+} Stream;
+
 typedef struct Event {
-    unsigned magic; int dev; unsigned flags; int recorded; uint64_t time; struct Event *peer;
+    Obj h;
+    unsigned flags;
+    uint64_t recs, done;   /* records submitted, and the last one completed */
+    uint64_t due;          /* due time of the latest record */
+    uint64_t time;         /* completion time of the last completed record */
+    int blockers;          /* threads inside cuEventSynchronize on it */
+    struct Event *peer;    /* an IPC-opened event follows its source */
 } Event;
-typedef struct { int dev; } Module;
-typedef struct { int dev; } Function;
+
+typedef struct Module { Obj h; } Module;
+typedef struct Function { Obj h; Module *module; } Function;
+
+typedef struct Block {
+    Obj h;
+    char *base;
+    size_t size, mapped;   /* mapped > 0: mmap'd (pinned host memory) */
+    int host, portable, pooled;
+    int ready;             /* a stream-ordered allocation has completed */
+    int freed, free_submitted;
+    long pending;          /* operations submitted and not completed that use it */
+    Stream *alloc_stream;
+} Block;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int initialized, ndevices = 1;
-static int ctx_refs[8];
-static Stream default_streams[8];
-static __thread int current_dev = -1;
-static __thread int ctx_stack[16], ctx_stack_depth;
-static CUresult sticky;
-static uint64_t sticky_at;
+static pthread_cond_t work = PTHREAD_COND_INITIALIZER;      /* new operations */
+static pthread_cond_t progress = PTHREAD_COND_INITIALIZER;  /* operations completed */
+static int initialized, ndevices = 1, no_pools, relaxed;
+static uint64_t alloc_ns = 1000000;
+static Ctx ctxs[MAXDEV];
+static __thread Ctx *ctx_stack[32];
+static __thread int ctx_depth;
 static int fail_next_code;
-static long live[6], violations, host_calls;
+static long violations, leaks, host_calls, host_calls_python;
+static char vlog[16][240];
 static const char ipc_magic[8] = "AIOSFAKE";
+
+/* Every object ever made (never freed, so a stale handle is always recognised), and the
+ * memory blocks among them. */
+static Obj **objects;
+static size_t nobjects, capobjects;
+static struct Block **blocks;
+static size_t nblocks, capblocks;
+
+/* A set of their addresses, so that a handle is checked without reading through it. */
+#define BUCKETS 8192
+typedef struct Entry { void *p; struct Entry *next; } Entry;
+static Entry *buckets[BUCKETS];
+
+static size_t bucket_of(const void *p) { return ((uintptr_t)p >> 4) % BUCKETS; }
+
+static int known(const void *p) {
+    for (Entry *e = buckets[bucket_of(p)]; e; e = e->next) if (e->p == p) return 1;
+    return 0;
+}
+
+static void *new_object(size_t size, int kind, Ctx *ctx) {
+    Obj *o = calloc(1, size);
+    o->magic = MAGIC;
+    o->kind = kind;
+    o->ctx = ctx;
+    o->gen = ctx ? ctx->gen : 0;
+    Entry *e = malloc(sizeof *e);
+    e->p = o;
+    e->next = buckets[bucket_of(o)];
+    buckets[bucket_of(o)] = e;
+    if (nobjects == capobjects) {
+        capobjects = capobjects ? 2 * capobjects : 1024;
+        objects = realloc(objects, capobjects * sizeof *objects);
+    }
+    objects[nobjects++] = o;
+    return o;
+}
+
+static int is_live(const Obj *o) {
+    return !o->dead && o->ctx && o->gen == o->ctx->gen && o->ctx->refs > 0;
+}
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -72,49 +195,429 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void sleep_until(uint64_t t) {
-    uint64_t n = now_ns();
-    if (t <= n) return;
-    struct timespec ts = {(time_t)((t - n) / 1000000000u), (long)((t - n) % 1000000000u)};
-    while (nanosleep(&ts, &ts) != 0) {}
-}
-
 static uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
-/* The sticky error, once the failing work's time has come; call with the lock held. */
-static CUresult failed(void) {
-    return (sticky && now_ns() >= sticky_at) ? sticky : OK;
+/* Count a breach of the driver's contract (lock held). */
+static void violation(const char *fmt, ...) {
+    char *slot = vlog[violations % 16];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(slot, sizeof vlog[0], fmt, ap);
+    va_end(ap);
+    violations++;
+    if (getenv("FAKE_CUDA_TRACE")) fprintf(stderr, "fake_cuda: violation: %s\n", slot);
 }
 
-static Stream *stream_of(void *h) {
-    if (h == NULL || h == (void *)1 || h == (void *)2) {
-        return &default_streams[current_dev < 0 ? 0 : current_dev];
+/* ------------------------------------------------------------------ failing chosen calls */
+
+typedef struct { char name[64]; long countdown; CUresult code; } FailPoint;
+static FailPoint failpoints[8];
+
+/* Whether this call of ``name`` is the one a test asked to fail (lock held). */
+static CUresult failpoint(const char *name) {
+    for (int i = 0; i < 8; i++) {
+        FailPoint *f = &failpoints[i];
+        if (f->countdown > 0 && strcmp(f->name, name) == 0 && --f->countdown == 0) return f->code;
     }
-    Stream *s = h;
-    return s->magic == STREAM_MAGIC ? s : NULL;
+    return OK;
 }
 
-static Event *event_of(void *h) {
-    Event *e = h;
-    return (e != NULL && e->magic == EVENT_MAGIC) ? e : NULL;
+#define ENTER() pthread_mutex_lock(&lock); do { CUresult fp_ = failpoint(__func__); \
+    if (fp_ != OK) { pthread_mutex_unlock(&lock); return fp_; } } while (0)
+#define LEAVE(r) do { CUresult r_ = (r); pthread_mutex_unlock(&lock); return r_; } while (0)
+
+/* ------------------------------------------------------------------ contexts */
+
+static Ctx *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+static const char *ctx_name(const Ctx *c, char *buf) {
+    if (c == NULL) return "no context";
+    snprintf(buf, 32, "cuda:%d's context", c->dev);
+    return buf;
 }
 
-#define LOCKED(body) do { pthread_mutex_lock(&lock); CUresult r_ = (body); \
-    pthread_mutex_unlock(&lock); return r_; } while (0)
-#define NEEDS_INIT() do { if (!initialized) { pthread_mutex_unlock(&lock); \
-    return NOT_INITIALIZED; } } while (0)
+/* The context a call on ``o`` (NULL: on the current context itself) runs in, checked. */
+static CUresult need_context(const char *call, const Obj *o) {
+    Ctx *cur = current();
+    char a[32], b[32];
+    if (relaxed & RELAX_CONTEXT) {
+        if (o != NULL) cur = o->ctx;
+        if (cur == NULL) return INVALID_CONTEXT;
+    } else if (cur == NULL) {
+        violation("%s with no current context%s", call,
+                  o ? " (the object's context must be current)" : "");
+        return INVALID_CONTEXT;
+    } else if (o != NULL && cur != o->ctx) {
+        violation("%s on an object of %s with %s current", call, ctx_name(o->ctx, a),
+                  ctx_name(cur, b));
+        return INVALID_CONTEXT;
+    }
+    if (cur->refs == 0) {
+        violation("%s in %s, which was reset (its last reference released)", call,
+                  ctx_name(cur, a));
+        return CONTEXT_IS_DESTROYED;
+    }
+    return cur->sticky;
+}
+
+/* Look up a handle of ``kind`` without trusting it. */
+static Obj *lookup(void *h, int kind, const char *call, CUresult *err) {
+    if (h == NULL || !known(h)) {
+        violation("%s: %p is not a handle this driver gave out", call, h);
+        *err = INVALID_HANDLE;
+        return NULL;
+    }
+    Obj *o = h;
+    if (o->kind != kind) {
+        violation("%s: %p is a %s, not a %s", call, h, kind_names[o->kind], kind_names[kind]);
+        *err = INVALID_HANDLE;
+        return NULL;
+    }
+    if (o->dead || o->gen != o->ctx->gen) {
+        violation("%s: a %s used after it was destroyed%s", call, kind_names[kind],
+                  o->gen != o->ctx->gen ? " with its context" : "");
+        *err = INVALID_HANDLE;
+        return NULL;
+    }
+    *err = OK;
+    return o;
+}
+
+/* A stream handle: NULL and the legacy/per-thread constants mean the current context's
+ * default stream. */
+static Stream *stream_of(void *h, const char *call, CUresult *err) {
+    if (h == NULL || h == (void *)1 || h == (void *)2) {
+        Ctx *cur = current();
+        if (cur == NULL || cur->refs == 0) {
+            if (!(relaxed & RELAX_CONTEXT) || cur == NULL) {
+                violation("%s on the default stream with no current context", call);
+                *err = INVALID_CONTEXT;
+                return NULL;
+            }
+        }
+        *err = OK;
+        return cur->null_stream;
+    }
+    return (Stream *)lookup(h, KIND_STREAM, call, err);
+}
+
+static void reset_context(Ctx *c);
+
+static CUresult cuDevicePrimaryCtxRetain(void **out, CUdevice dev) {
+    ENTER();
+    if (!initialized) LEAVE(NOT_INITIALIZED);
+    if (dev < 0 || dev >= ndevices) LEAVE(INVALID_DEVICE);
+    Ctx *c = &ctxs[dev];
+    if (c->refs++ == 0) {
+        c->gen++;
+        c->sticky = OK;
+        c->null_stream = new_object(sizeof(Stream), KIND_STREAM, c);
+        c->null_stream->is_null = 1;
+    }
+    *out = c;
+    LEAVE(OK);
+}
+
+static CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    ENTER();
+    if (dev < 0 || dev >= ndevices) LEAVE(INVALID_DEVICE);
+    Ctx *c = &ctxs[dev];
+    if (c->refs == 0) {
+        violation("cuDevicePrimaryCtxRelease of cuda:%d, which holds no reference", dev);
+        LEAVE(INVALID_CONTEXT);
+    }
+    if (--c->refs == 0) reset_context(c);
+    LEAVE(OK);
+}
+
+static int valid_ctx(void *h) {
+    for (int i = 0; i < ndevices; i++) if (h == &ctxs[i]) return 1;
+    return 0;
+}
+
+static CUresult cuCtxSetCurrent(void *h) {
+    if (h != NULL && !valid_ctx(h)) return INVALID_CONTEXT;
+    if (ctx_depth == 0) {
+        if (h == NULL) return OK;
+        ctx_stack[ctx_depth++] = h;
+    } else {
+        ctx_stack[ctx_depth - 1] = h;
+    }
+    return OK;
+}
+
+static CUresult cuCtxGetCurrent(void **out) {
+    *out = current();
+    return OK;
+}
+
+static CUresult cuCtxPushCurrent(void *h) {
+    if (!valid_ctx(h)) return INVALID_CONTEXT;
+    if (ctx_depth >= 32) return INVALID_VALUE;
+    ctx_stack[ctx_depth++] = h;
+    return OK;
+}
+
+static CUresult cuCtxPopCurrent(void **out) {
+    if (ctx_depth == 0) return INVALID_CONTEXT;
+    Ctx *c = ctx_stack[--ctx_depth];
+    if (out) *out = c;
+    return OK;
+}
+
+static CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
+    ENTER();
+    CUresult r = need_context("cuCtxGetStreamPriorityRange", NULL);
+    if (r == OK) {
+        *least = 0;
+        *greatest = -5;
+    }
+    LEAVE(r);
+}
+
+/* ------------------------------------------------------------------ the driver's thread */
+
+enum { OP_KERNEL, OP_RECORD, OP_COPY, OP_HOSTFN, OP_ALLOC, OP_FREE, OP_TOUCH };
+
+typedef struct Op {
+    uint64_t due, seq;
+    int kind;
+    Stream *s;
+    unsigned gen;
+    CUresult fail;               /* OP_KERNEL: the sticky error it sets */
+    Event *e;                    /* OP_RECORD */
+    uint64_t rec;
+    char *dst, *src;             /* OP_COPY, OP_TOUCH (src) */
+    size_t n;
+    Block *bdst, *bsrc;
+    char *staging;               /* a pageable source, staged at the call */
+    CUhostFn fn;                 /* OP_HOSTFN */
+    void *data;
+    Block *block;                /* OP_ALLOC, OP_FREE */
+} Op;
+
+static Op **heap;
+static size_t nheap, capheap;
+static uint64_t seq_counter;
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+
+static int before(const Op *a, const Op *b) {
+    return a->due < b->due || (a->due == b->due && a->seq < b->seq);
+}
+
+static void heap_push(Op *op) {
+    if (nheap == capheap) {
+        capheap = capheap ? 2 * capheap : 256;
+        heap = realloc(heap, capheap * sizeof *heap);
+    }
+    size_t i = nheap++;
+    while (i > 0 && before(op, heap[(i - 1) / 2])) {
+        heap[i] = heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    heap[i] = op;
+}
+
+static Op *heap_pop(void) {
+    Op *top = heap[0], *last = heap[--nheap];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= nheap) break;
+        if (c + 1 < nheap && before(heap[c + 1], heap[c])) c++;
+        if (!before(heap[c], last)) break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    if (nheap) heap[i] = last;
+    return top;
+}
+
+/* Check, when an operation runs, that the memory it uses may be used (lock held). */
+static int usable(Block *b, Stream *s, const char *what) {
+    if (b == NULL) return 1;
+    if (b->freed) {
+        violation("%s on cuda:%d used %s memory after it was freed", what, s->h.ctx->dev,
+                  b->host ? "pinned host" : "device");
+        return 0;
+    }
+    if (!b->ready && b->alloc_stream != s) {
+        violation("%s used a stream-ordered allocation on another stream before the "
+                  "allocation completed (nothing ordered it after the allocation)", what);
+    }
+    return 1;
+}
+
+static void release_block(Block *b) {
+    if (b->freed) return;
+    b->freed = 1;
+    if (b->mapped) munmap(b->base, b->mapped);
+    else free(b->base);
+}
+
+static void complete(Op *op) {
+    Stream *s = op->s;
+    Ctx *c = s->h.ctx;
+    int dropped = op->gen != c->gen || c->sticky != OK;
+    switch (op->kind) {
+    case OP_KERNEL:
+        if (!dropped && op->fail) c->sticky = op->fail;
+        break;
+    case OP_RECORD:
+        if (!dropped) op->e->time = op->due;
+        if (op->e->done < op->rec) op->e->done = op->rec;
+        break;
+    case OP_COPY:
+        if (!dropped && usable(op->bdst, s, "a copy") && usable(op->bsrc, s, "a copy")) {
+            memcpy(op->dst, op->staging ? op->staging : op->src, op->n);
+        }
+        break;
+    case OP_TOUCH:
+        if (!dropped) usable(op->bsrc, s, "a kernel");
+        break;
+    case OP_HOSTFN:
+        if (!dropped) {
+            pthread_mutex_unlock(&lock);
+            op->fn(op->data);
+            pthread_mutex_lock(&lock);
+        }
+        break;
+    case OP_ALLOC:
+        op->block->ready = 1;
+        break;
+    case OP_FREE:
+        if (op->block->pending > 0) {
+            violation("cuMemFreeAsync freed device memory that %ld pending operation(s) still "
+                      "use: they run after the free", op->block->pending);
+        }
+        release_block(op->block);
+        break;
+    }
+    if (op->bdst) op->bdst->pending--;
+    if (op->bsrc) op->bsrc->pending--;
+    free(op->staging);
+    s->done++;
+    if (op->gen == c->gen) c->done++;
+}
+
+static void *engine(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&lock);
+    for (;;) {
+        if (nheap == 0) {
+            pthread_cond_wait(&work, &lock);
+            continue;
+        }
+        uint64_t due = heap[0]->due, n = now_ns();
+        if (due > n) {
+            struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
+            pthread_cond_timedwait(&work, &lock, &ts);
+            continue;
+        }
+        Op *op = heap_pop();
+        complete(op);
+        free(op);
+        pthread_cond_broadcast(&progress);
+    }
+    return NULL;
+}
+
+static void start_engine(void) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&work, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_t t;
+    pthread_create(&t, NULL, engine, NULL);
+    pthread_detach(t);
+}
+
+/* A new operation on ``s``, due after its stream's earlier work and ``ns`` (lock held). */
+static Op *submit(Stream *s, int kind, uint64_t ns) {
+    pthread_once(&engine_once, start_engine);
+    Op *op = calloc(1, sizeof *op);
+    op->kind = kind;
+    op->s = s;
+    op->gen = s->h.ctx->gen;
+    op->seq = ++seq_counter;
+    op->due = max_u64(now_ns(), s->tail) + ns;
+    s->tail = op->due;
+    s->submitted++;
+    s->h.ctx->submitted++;
+    heap_push(op);
+    pthread_cond_signal(&work);
+    return op;
+}
+
+/* Wait (lock held) until ``*done`` reaches ``target``, or the context fails or is reset. */
+static CUresult wait_for(const uint64_t *done, uint64_t target, Ctx *c, unsigned gen) {
+    while (*done < target && c->sticky == OK && c->gen == gen) {
+        pthread_cond_wait(&progress, &lock);
+    }
+    if (c->gen != gen) return CONTEXT_IS_DESTROYED;
+    return c->sticky;
+}
+
+/* Releasing the last reference: every object of the context is destroyed. A handle still
+ * alive then was leaked, except memory while the context still had work pending (memory
+ * that work may use cannot be freed before it completes; the reset reclaims it). */
+static void reset_context(Ctx *c) {
+    long live_handles = 0;
+    int busy = c->done < c->submitted;
+    for (size_t i = 0; i < nobjects; i++) {
+        Obj *o = objects[i];
+        if (o->ctx != c || o->gen != c->gen || o->dead) continue;
+        o->dead = 1;
+        if (o->kind == KIND_EVENT && ((Event *)o)->blockers) {
+            violation("cuda:%d's context was reset while %d thread(s) were blocked in "
+                      "cuEventSynchronize on one of its events", c->dev,
+                      ((Event *)o)->blockers);
+        }
+        if (o->kind == KIND_HOST || o->kind == KIND_DEVICE) {
+            release_block((Block *)o);
+            if (busy) continue;
+        }
+        if (o->kind == KIND_STREAM && ((Stream *)o)->is_null) continue;
+        if (o->kind == KIND_FUNCTION) continue;
+        live_handles++;
+    }
+    if (c->sticky == OK) leaks += live_handles;  /* a failed context can release nothing */
+    if (live_handles && getenv("FAKE_CUDA_TRACE")) {
+        fprintf(stderr, "fake_cuda: cuda:%d reset with %ld live handle(s)\n", c->dev,
+                live_handles);
+    }
+    c->gen++;  /* pending operations of the old generation are dropped */
+    c->null_stream = NULL;
+    pthread_cond_broadcast(&progress);
+}
 
 /* ------------------------------------------------------------------ init and devices */
+
+static unsigned parse_relax(const char *s) {
+    unsigned r = 0;
+    if (s == NULL) return 0;
+    if (strstr(s, "context")) r |= RELAX_CONTEXT;
+    if (strstr(s, "portable")) r |= RELAX_PORTABLE;
+    if (strstr(s, "python-host-fn")) r |= RELAX_PYTHON_HOST_FN;
+    if (strstr(s, "exit")) r |= RELAX_EXIT;
+    return r;
+}
 
 static CUresult cuInit(unsigned flags) {
     (void)flags;
     if (getenv("FAKE_CUDA_STUB") && atoi(getenv("FAKE_CUDA_STUB"))) return STUB_LIBRARY;
+    pthread_mutex_lock(&lock);
     const char *n = getenv("FAKE_CUDA_DEVICES");
     ndevices = n ? atoi(n) : 1;
-    if (ndevices <= 0) return NO_DEVICE;
-    if (ndevices > 8) ndevices = 8;
-    initialized = 1;
-    return OK;
+    if (ndevices > MAXDEV) ndevices = MAXDEV;
+    no_pools = getenv("FAKE_CUDA_NO_POOLS") && atoi(getenv("FAKE_CUDA_NO_POOLS"));
+    if (getenv("FAKE_CUDA_ALLOC_NS")) alloc_ns = strtoull(getenv("FAKE_CUDA_ALLOC_NS"), 0, 10);
+    relaxed |= parse_relax(getenv("FAKE_CUDA_RELAX"));
+    for (int i = 0; i < MAXDEV; i++) ctxs[i].dev = i;
+    if (ndevices > 0) initialized = 1;
+    pthread_mutex_unlock(&lock);
+    return ndevices <= 0 ? NO_DEVICE : OK;
 }
 
 static CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
@@ -138,6 +641,12 @@ static CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     return OK;
 }
 
+static CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
+    if (dev < 0 || dev >= ndevices) return INVALID_DEVICE;
+    *value = attribute == ATTR_MEMORY_POOLS_SUPPORTED ? !no_pools : 0;
+    return OK;
+}
+
 static const char *error_name(CUresult r) {
     switch (r) {
     case OK: return "CUDA_SUCCESS";
@@ -154,6 +663,7 @@ static const char *error_name(CUresult r) {
     case NOT_READY: return "CUDA_ERROR_NOT_READY";
     case CONTEXT_IS_DESTROYED: return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
     case LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
+    case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     default: return NULL;
     }
 }
@@ -169,454 +679,583 @@ static CUresult cuGetErrorString(CUresult r, const char **out) {
     case LAUNCH_FAILED: *out = "unspecified launch failure"; return OK;
     case INVALID_VALUE: *out = "invalid argument"; return OK;
     case NOT_READY: *out = "device not ready"; return OK;
+    case INVALID_CONTEXT: *out = "invalid device context"; return OK;
+    case NOT_SUPPORTED: *out = "operation not supported"; return OK;
     default: *out = error_name(r); return *out ? OK : INVALID_VALUE;
     }
-}
-
-/* ------------------------------------------------------------------ contexts */
-
-static CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice dev) {
-    pthread_mutex_lock(&lock);
-    NEEDS_INIT();
-    if (dev < 0 || dev >= ndevices) { pthread_mutex_unlock(&lock); return INVALID_DEVICE; }
-    if (ctx_refs[dev]++ == 0) live[KIND_CONTEXT]++;
-    *ctx = (void *)(uintptr_t)(0x1000 + dev);
-    pthread_mutex_unlock(&lock);
-    return OK;
-}
-
-static CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-    pthread_mutex_lock(&lock);
-    CUresult r = OK;
-    if (dev < 0 || dev >= ndevices) r = INVALID_DEVICE;
-    else if (ctx_refs[dev] == 0) { violations++; r = INVALID_CONTEXT; }
-    else if (--ctx_refs[dev] == 0) live[KIND_CONTEXT]--;
-    pthread_mutex_unlock(&lock);
-    return r;
-}
-
-static CUresult cuCtxSetCurrent(void *ctx) {
-    if (ctx == NULL) { current_dev = -1; return OK; }
-    int dev = (int)((uintptr_t)ctx - 0x1000);
-    if (dev < 0 || dev >= ndevices) return INVALID_CONTEXT;
-    current_dev = dev;
-    return OK;
-}
-
-static CUresult cuCtxPushCurrent(void *ctx) {
-    if (ctx_stack_depth >= 16) return INVALID_VALUE;
-    ctx_stack[ctx_stack_depth++] = current_dev;
-    return cuCtxSetCurrent(ctx);
-}
-
-static CUresult cuCtxPopCurrent(void **out) {
-    if (ctx_stack_depth == 0) return INVALID_CONTEXT;
-    if (out) *out = current_dev < 0 ? NULL : (void *)(uintptr_t)(0x1000 + current_dev);
-    current_dev = ctx_stack[--ctx_stack_depth];
-    return OK;
-}
-
-/* Work needs a current, retained context; handles need theirs to be alive. */
-static CUresult need_context(void) {
-    if (current_dev < 0) return INVALID_CONTEXT;
-    if (ctx_refs[current_dev] == 0) return CONTEXT_IS_DESTROYED;
-    return failed();
-}
-
-static CUresult alive(int dev) {
-    if (ctx_refs[dev] == 0) { violations++; return CONTEXT_IS_DESTROYED; }
-    return OK;
-}
-
-static CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
-    *least = 0;
-    *greatest = -5;
-    return OK;
-}
-
-static CUresult cuCtxSynchronize(void) {
-    pthread_mutex_lock(&lock);
-    CUresult r = need_context();
-    uint64_t t = 0;
-    if (r == OK) t = default_streams[current_dev].tail;
-    pthread_mutex_unlock(&lock);
-    sleep_until(t);
-    return r;
 }
 
 /* ------------------------------------------------------------------ streams */
 
 static CUresult cuStreamCreateWithPriority(void **out, unsigned flags, int priority) {
     (void)flags;
-    pthread_mutex_lock(&lock);
-    CUresult r = need_context();
-    if (r == OK) {
-        Stream *s = calloc(1, sizeof *s);
-        s->magic = STREAM_MAGIC;
-        s->dev = current_dev;
-        s->priority = priority < -5 ? -5 : (priority > 0 ? 0 : priority);
-        *out = s;
-        live[KIND_STREAM]++;
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r = need_context("cuStreamCreateWithPriority", NULL);
+    if (r != OK) LEAVE(r);
+    Stream *s = new_object(sizeof *s, KIND_STREAM, current());
+    s->priority = priority < -5 ? -5 : (priority > 0 ? 0 : priority);
+    *out = s;
+    LEAVE(OK);
+}
+
+static CUresult cuStreamCreate(void **out, unsigned flags) {
+    return cuStreamCreateWithPriority(out, flags, 0);
 }
 
 static CUresult cuStreamGetPriority(void *h, int *priority) {
-    pthread_mutex_lock(&lock);
-    Stream *s = stream_of(h);
-    CUresult r = s ? OK : INVALID_HANDLE;
-    if (s) *priority = s->priority;
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(h, "cuStreamGetPriority", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuStreamGetPriority", &s->h)) != OK) LEAVE(r);
+    *priority = s->priority;
+    LEAVE(OK);
 }
 
 static CUresult cuStreamDestroy(void *h) {
-    pthread_mutex_lock(&lock);
-    Stream *s = h;
-    CUresult r = OK;
-    if (s == NULL || s->magic != STREAM_MAGIC) { violations++; r = INVALID_HANDLE; }
-    else if ((r = alive(s->dev)) == OK) { s->magic = DEAD; live[KIND_STREAM]--; }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Stream *s = (Stream *)lookup(h, KIND_STREAM, "cuStreamDestroy", &r);
+    if (s == NULL) LEAVE(r);
+    r = need_context("cuStreamDestroy", &s->h);
+    if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    s->h.dead = 1;  /* work already submitted still completes */
+    LEAVE(r);
 }
 
 static CUresult cuStreamQuery(void *h) {
-    pthread_mutex_lock(&lock);
-    Stream *s = stream_of(h);
-    CUresult r = s ? failed() : INVALID_HANDLE;
-    if (r == OK && now_ns() < s->tail) r = NOT_READY;
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(h, "cuStreamQuery", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuStreamQuery", &s->h)) != OK) LEAVE(r);
+    LEAVE(s->done < s->submitted ? NOT_READY : OK);
 }
 
 static CUresult cuStreamSynchronize(void *h) {
-    pthread_mutex_lock(&lock);
-    Stream *s = stream_of(h);
-    uint64_t t = s ? s->tail : 0;
-    pthread_mutex_unlock(&lock);
-    if (!s) return INVALID_HANDLE;
-    sleep_until(t);
-    LOCKED(failed());
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(h, "cuStreamSynchronize", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuStreamSynchronize", &s->h)) != OK) LEAVE(r);
+    LEAVE(wait_for(&s->done, s->submitted, s->h.ctx, s->h.gen));
 }
+
+static CUresult cuCtxSynchronize(void) {
+    ENTER();
+    CUresult r = need_context("cuCtxSynchronize", NULL);
+    if (r != OK) LEAVE(r);
+    Ctx *c = current();
+    LEAVE(wait_for(&c->done, c->submitted, c, c->gen));
+}
+
+static Event *source_of(Event *e) { return e->peer ? e->peer : e; }
 
 static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
     (void)flags;
-    pthread_mutex_lock(&lock);
-    Stream *s = stream_of(hs);
-    Event *e = event_of(he);
-    CUresult r = (s && e) ? failed() : INVALID_HANDLE;
-    if (r == OK) {
-        Event *src = e->peer ? e->peer : e;
-        if (src->recorded) s->tail = max_u64(s->tail, src->time);
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(hs, "cuStreamWaitEvent", &r);
+    if (s == NULL) LEAVE(r);
+    Event *e = (Event *)lookup(he, KIND_EVENT, "cuStreamWaitEvent", &r);
+    if (e == NULL) LEAVE(r);
+    if ((r = need_context("cuStreamWaitEvent", &s->h)) != OK) LEAVE(r);
+    Event *src = source_of(e);
+    if (src->recs) s->tail = max_u64(s->tail, src->due);
+    LEAVE(OK);
 }
 
 /* ------------------------------------------------------------------ events */
 
 static CUresult cuEventCreate(void **out, unsigned flags) {
-    pthread_mutex_lock(&lock);
-    CUresult r = need_context();
-    if (r == OK && (flags & EV_INTERPROCESS) && !(flags & EV_DISABLE_TIMING)) r = INVALID_VALUE;
-    if (r == OK) {
-        Event *e = calloc(1, sizeof *e);
-        e->magic = EVENT_MAGIC;
-        e->dev = current_dev;
-        e->flags = flags;
-        *out = e;
-        live[KIND_EVENT]++;
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r = need_context("cuEventCreate", NULL);
+    if (r != OK) LEAVE(r);
+    if ((flags & EV_INTERPROCESS) && !(flags & EV_DISABLE_TIMING)) LEAVE(INVALID_VALUE);
+    Event *e = new_object(sizeof *e, KIND_EVENT, current());
+    e->flags = flags;
+    *out = e;
+    LEAVE(OK);
 }
 
 static CUresult cuEventDestroy(void *h) {
-    pthread_mutex_lock(&lock);
-    Event *e = h;
-    CUresult r = OK;
-    if (e == NULL || e->magic != EVENT_MAGIC) { violations++; r = INVALID_HANDLE; }
-    else if ((r = alive(e->dev)) == OK) { e->magic = DEAD; live[KIND_EVENT]--; }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventDestroy", &r);
+    if (e == NULL) LEAVE(r);
+    r = need_context("cuEventDestroy", &e->h);
+    if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    if (e->blockers) {
+        violation("cuEventDestroy of an event %d thread(s) are blocked on in "
+                  "cuEventSynchronize", e->blockers);
+    }
+    e->h.dead = 1;
+    LEAVE(r);
 }
 
 static CUresult cuEventRecord(void *he, void *hs) {
-    pthread_mutex_lock(&lock);
-    Event *e = event_of(he);
-    Stream *s = stream_of(hs);
-    CUresult r = (e && s) ? failed() : INVALID_HANDLE;
-    if (r == OK) {
-        e->recorded = 1;
-        e->time = max_u64(s->tail, now_ns());
+    ENTER();
+    CUresult r;
+    Event *e = (Event *)lookup(he, KIND_EVENT, "cuEventRecord", &r);
+    if (e == NULL) LEAVE(r);
+    Stream *s = stream_of(hs, "cuEventRecord", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuEventRecord", &s->h)) != OK) LEAVE(r);
+    if (e->h.ctx != s->h.ctx) {
+        violation("cuEventRecord of an event of cuda:%d on a stream of cuda:%d",
+                  e->h.ctx->dev, s->h.ctx->dev);
+        LEAVE(INVALID_HANDLE);
     }
-    pthread_mutex_unlock(&lock);
-    return r;
+    Op *op = submit(s, OP_RECORD, 0);
+    op->e = e;
+    op->rec = ++e->recs;
+    e->due = op->due;
+    LEAVE(OK);
 }
 
 static CUresult cuEventQuery(void *h) {
-    pthread_mutex_lock(&lock);
-    Event *e = event_of(h);
-    CUresult r = e ? failed() : INVALID_HANDLE;
-    if (r == OK) {
-        Event *src = e->peer ? e->peer : e;
-        if (src->recorded && now_ns() < src->time) r = NOT_READY;
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventQuery", &r);
+    if (e == NULL) LEAVE(r);
+    if ((r = need_context("cuEventQuery", &e->h)) != OK) LEAVE(r);
+    Event *src = source_of(e);
+    LEAVE(src->done < src->recs ? NOT_READY : OK);
 }
 
 static CUresult cuEventSynchronize(void *h) {
-    pthread_mutex_lock(&lock);
-    Event *e = event_of(h);
-    uint64_t t = 0;
-    if (e) {
-        Event *src = e->peer ? e->peer : e;
-        t = src->recorded ? src->time : 0;
-    }
-    pthread_mutex_unlock(&lock);
-    if (!e) return INVALID_HANDLE;
-    sleep_until(t);
-    LOCKED(failed());
+    ENTER();
+    CUresult r;
+    Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventSynchronize", &r);
+    if (e == NULL) LEAVE(r);
+    if ((r = need_context("cuEventSynchronize", &e->h)) != OK) LEAVE(r);
+    Event *src = source_of(e);
+    e->blockers++;
+    r = wait_for(&src->done, src->recs, e->h.ctx, e->h.gen);
+    e->blockers--;
+    LEAVE(r);
 }
 
 static CUresult cuEventElapsedTime(float *ms, void *hstart, void *hend) {
-    pthread_mutex_lock(&lock);
-    Event *a = event_of(hstart), *b = event_of(hend);
-    CUresult r = (a && b) ? failed() : INVALID_HANDLE;
-    if (r == OK && ((a->flags | b->flags) & EV_DISABLE_TIMING)) r = INVALID_HANDLE;
-    if (r == OK && (!a->recorded || !b->recorded)) r = INVALID_HANDLE;
-    if (r == OK && (now_ns() < a->time || now_ns() < b->time)) r = NOT_READY;
-    if (r == OK) *ms = (float)((double)((int64_t)(b->time - a->time)) / 1e6);
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Event *a = (Event *)lookup(hstart, KIND_EVENT, "cuEventElapsedTime", &r);
+    if (a == NULL) LEAVE(r);
+    Event *b = (Event *)lookup(hend, KIND_EVENT, "cuEventElapsedTime", &r);
+    if (b == NULL) LEAVE(r);
+    if ((r = need_context("cuEventElapsedTime", &a->h)) != OK) LEAVE(r);
+    if ((a->flags | b->flags) & EV_DISABLE_TIMING) LEAVE(INVALID_HANDLE);
+    if (!a->recs || !b->recs) LEAVE(INVALID_HANDLE);
+    if (a->done < a->recs || b->done < b->recs) LEAVE(NOT_READY);
+    *ms = (float)((double)((int64_t)(b->time - a->time)) / 1e6);
+    LEAVE(OK);
 }
 
 static CUresult cuIpcGetEventHandle(CUipcEventHandle *out, void *h) {
-    pthread_mutex_lock(&lock);
-    Event *e = event_of(h);
-    CUresult r = e ? OK : INVALID_HANDLE;
-    if (r == OK && !(e->flags & EV_INTERPROCESS)) r = INVALID_VALUE;
-    if (r == OK) {
-        memset(out, 0, sizeof *out);
-        memcpy(out->reserved, ipc_magic, 8);
-        pid_t pid = getpid();
-        memcpy(out->reserved + 8, &pid, sizeof pid);
-        memcpy(out->reserved + 16, &e, sizeof e);
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Event *e = (Event *)lookup(h, KIND_EVENT, "cuIpcGetEventHandle", &r);
+    if (e == NULL) LEAVE(r);
+    if ((r = need_context("cuIpcGetEventHandle", &e->h)) != OK) LEAVE(r);
+    if (!(e->flags & EV_INTERPROCESS)) LEAVE(INVALID_VALUE);
+    memset(out, 0, sizeof *out);
+    memcpy(out->reserved, ipc_magic, 8);
+    pid_t pid = getpid();
+    memcpy(out->reserved + 8, &pid, sizeof pid);
+    memcpy(out->reserved + 16, &e, sizeof e);
+    LEAVE(OK);
 }
 
 static CUresult cuIpcOpenEventHandle(void **out, CUipcEventHandle handle) {
-    pthread_mutex_lock(&lock);
-    CUresult r = need_context();
+    ENTER();
+    CUresult r = need_context("cuIpcOpenEventHandle", NULL);
+    if (r != OK) LEAVE(r);
     Event *src = NULL;
     pid_t pid;
     memcpy(&pid, handle.reserved + 8, sizeof pid);
     memcpy(&src, handle.reserved + 16, sizeof src);
-    if (r == OK && (memcmp(handle.reserved, ipc_magic, 8) != 0 || pid != getpid() ||
-                    event_of(src) == NULL)) {
-        r = INVALID_VALUE;  /* this stand-in shares events within one process only */
+    /* this stand-in shares events within one process only */
+    if (memcmp(handle.reserved, ipc_magic, 8) != 0 || pid != getpid() || !known(src) ||
+        ((Obj *)src)->kind != KIND_EVENT || !is_live(&src->h)) {
+        LEAVE(INVALID_VALUE);
     }
-    if (r == OK) {
-        Event *e = calloc(1, sizeof *e);
-        e->magic = EVENT_MAGIC;
-        e->dev = current_dev;
-        e->flags = EV_INTERPROCESS | EV_DISABLE_TIMING;
-        e->peer = src;
-        *out = e;
-        live[KIND_EVENT]++;
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    Event *e = new_object(sizeof *e, KIND_EVENT, current());
+    e->flags = EV_INTERPROCESS | EV_DISABLE_TIMING;
+    e->peer = src;
+    *out = e;
+    LEAVE(OK);
 }
 
 /* ------------------------------------------------------------------ modules and kernels */
 
 static CUresult cuModuleLoadData(void **out, const void *image) {
-    pthread_mutex_lock(&lock);
-    CUresult r = need_context();
-    if (r == OK && strstr((const char *)image, ".entry aiostream_sleep") == NULL) r = INVALID_IMAGE;
-    if (r == OK) {
-        Module *m = calloc(1, sizeof *m);
-        m->dev = current_dev;
-        *out = m;
-        live[KIND_MODULE]++;
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r = need_context("cuModuleLoadData", NULL);
+    if (r != OK) LEAVE(r);
+    if (strstr((const char *)image, ".entry aiostream_sleep") == NULL) LEAVE(INVALID_IMAGE);
+    *out = new_object(sizeof(Module), KIND_MODULE, current());
+    LEAVE(OK);
 }
 
-static CUresult cuModuleUnload(void *m) {
-    pthread_mutex_lock(&lock);
-    CUresult r = alive(((Module *)m)->dev);
-    if (r == OK) live[KIND_MODULE]--;
-    pthread_mutex_unlock(&lock);
-    return r;
+static CUresult cuModuleUnload(void *h) {
+    ENTER();
+    CUresult r;
+    Module *m = (Module *)lookup(h, KIND_MODULE, "cuModuleUnload", &r);
+    if (m == NULL) LEAVE(r);
+    r = need_context("cuModuleUnload", &m->h);
+    if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    m->h.dead = 1;
+    LEAVE(r);
 }
 
-static CUresult cuModuleGetFunction(void **out, void *m, const char *name) {
-    if (strcmp(name, "aiostream_sleep") != 0) return NOT_FOUND;
-    Function *f = calloc(1, sizeof *f);
-    f->dev = ((Module *)m)->dev;
+static CUresult cuModuleGetFunction(void **out, void *h, const char *name) {
+    ENTER();
+    CUresult r;
+    Module *m = (Module *)lookup(h, KIND_MODULE, "cuModuleGetFunction", &r);
+    if (m == NULL) LEAVE(r);
+    if ((r = need_context("cuModuleGetFunction", &m->h)) != OK) LEAVE(r);
+    if (strcmp(name, "aiostream_sleep") != 0) LEAVE(NOT_FOUND);
+    Function *f = new_object(sizeof *f, KIND_FUNCTION, m->h.ctx);
+    f->module = m;
     *out = f;
-    return OK;
+    LEAVE(OK);
 }
 
 /* Runs the sleep kernel: its one parameter is the duration in nanoseconds. */
-static CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+static CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, void *hs, void **params,
                                void **extra) {
-    (void)f; (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
-    pthread_mutex_lock(&lock);
-    Stream *s = stream_of(hs);
-    CUresult r = s ? failed() : INVALID_HANDLE;
-    if (r == OK && params == NULL) r = INVALID_VALUE;
-    if (r == OK) {
-        uint64_t ns = *(uint64_t *)params[0];
-        s->tail = max_u64(s->tail, now_ns()) + ns;
-        if (fail_next_code) {
-            sticky = fail_next_code;
-            sticky_at = s->tail;
-            fail_next_code = 0;
-        }
+    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
+    ENTER();
+    CUresult r;
+    Function *f = (Function *)lookup(hf, KIND_FUNCTION, "cuLaunchKernel", &r);
+    if (f == NULL) LEAVE(r);
+    Stream *s = stream_of(hs, "cuLaunchKernel", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuLaunchKernel", &s->h)) != OK) LEAVE(r);
+    if (f->h.ctx != s->h.ctx) {
+        violation("cuLaunchKernel of a function of cuda:%d on a stream of cuda:%d",
+                  f->h.ctx->dev, s->h.ctx->dev);
+        LEAVE(INVALID_HANDLE);
     }
-    pthread_mutex_unlock(&lock);
-    return r;
-}
-
-typedef struct { CUhostFn fn; void *data; uint64_t at; } HostCall;
-
-static void *host_call(void *arg) {
-    HostCall *c = arg;
-    sleep_until(c->at);
-    pthread_mutex_lock(&lock);
-    int skip = failed() != OK;  /* host functions never run once the context has failed */
-    pthread_mutex_unlock(&lock);
-    if (!skip) c->fn(c->data);
-    free(c);
-    return NULL;
+    if (params == NULL) LEAVE(INVALID_VALUE);
+    Op *op = submit(s, OP_KERNEL, *(uint64_t *)params[0]);
+    op->fail = fail_next_code;
+    fail_next_code = 0;
+    LEAVE(OK);
 }
 
 static CUresult cuLaunchHostFunc(void *hs, CUhostFn fn, void *data) {
-    pthread_mutex_lock(&lock);
-    Stream *s = stream_of(hs);
-    CUresult r = s ? failed() : INVALID_HANDLE;
-    if (r == OK) {
-        host_calls++;
-        HostCall *c = malloc(sizeof *c);
-        c->fn = fn;
-        c->data = data;
-        c->at = max_u64(s->tail, now_ns());
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, host_call, c) != 0) { free(c); r = OUT_OF_MEMORY; }
-        pthread_attr_destroy(&attr);
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(hs, "cuLaunchHostFunc", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuLaunchHostFunc", &s->h)) != OK) LEAVE(r);
+    Dl_info info;
+    host_calls++;
+    if (!dladdr((void *)fn, &info) || info.dli_sname == NULL || info.dli_saddr != (void *)fn) {
+        host_calls_python++;
+        if (!(relaxed & RELAX_PYTHON_HOST_FN)) {
+            violation("cuLaunchHostFunc of %p, which is no C function of a loaded library "
+                      "(a ctypes closure runs Python on the driver's thread)", (void *)fn);
+        }
     }
-    pthread_mutex_unlock(&lock);
-    return r;
+    Op *op = submit(s, OP_HOSTFN, 0);
+    op->fn = fn;
+    op->data = data;
+    LEAVE(OK);
 }
 
 /* ------------------------------------------------------------------ memory */
 
-static CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
-    (void)flags;
-    pthread_mutex_lock(&lock);
-    CUresult r = need_context();
-    if (r == OK) {
-        *out = calloc(1, n ? n : 1);
-        live[KIND_HOST]++;
+static Block *new_block(size_t n, int host, Ctx *c) {
+    Block *b = new_object(sizeof *b, host ? KIND_HOST : KIND_DEVICE, c);
+    if (nblocks == capblocks) {
+        capblocks = capblocks ? 2 * capblocks : 256;
+        blocks = realloc(blocks, capblocks * sizeof *blocks);
     }
-    pthread_mutex_unlock(&lock);
-    return r;
+    blocks[nblocks++] = b;
+    b->size = n ? n : 1;
+    b->host = host;
+    if (host) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        b->mapped = (b->size + page - 1) / page * page;
+        b->base = mmap(NULL, b->mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        if (b->base == MAP_FAILED) {
+            b->h.dead = 1;
+            b->freed = 1;
+            return NULL;
+        }
+    } else {
+        b->base = calloc(1, b->size);
+        if (b->base == NULL) {
+            b->h.dead = 1;
+            b->freed = 1;
+            return NULL;
+        }
+    }
+    return b;
+}
+
+/* The block holding [p, p + n), the newest first; NULL if none. Host memory is looked up
+ * among live blocks only: the range of a freed one may since hold pageable memory. */
+static Block *block_at(const void *p, size_t n, int host) {
+    for (size_t i = nblocks; i-- > 0;) {
+        Block *b = blocks[i];
+        if (b->host != host || (host && b->freed)) continue;
+        size_t span = n ? n : 1;  /* the byte at p itself, for a bare pointer */
+        if ((const char *)p >= b->base && (const char *)p + span <= b->base + b->size) return b;
+    }
+    return NULL;
+}
+
+static Block *block_of_ptr(CUdeviceptr p, const char *call, CUresult *err) {
+    Block *b = block_at((void *)(uintptr_t)p, 0, 0);
+    if (b == NULL || !known(b)) {
+        violation("%s: %#llx is no device memory this driver gave out", call, p);
+        *err = INVALID_VALUE;
+        return NULL;
+    }
+    if (b->freed || b->free_submitted || !is_live(&b->h)) {
+        violation("%s: device memory %#llx used after it was freed", call, p);
+        *err = INVALID_VALUE;
+        return NULL;
+    }
+    *err = OK;
+    return b;
+}
+
+static CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
+    ENTER();
+    CUresult r = need_context("cuMemHostAlloc", NULL);
+    if (r != OK) LEAVE(r);
+    Block *b = new_block(n, 1, current());
+    if (b == NULL) LEAVE(OUT_OF_MEMORY);
+    b->portable = (flags & HOST_PORTABLE) != 0;
+    b->ready = 1;
+    *out = b->base;
+    LEAVE(OK);
 }
 
 static CUresult cuMemFreeHost(void *p) {
-    pthread_mutex_lock(&lock);
-    free(p);
-    live[KIND_HOST]--;
-    pthread_mutex_unlock(&lock);
-    return OK;
+    ENTER();
+    Block *b = block_at(p, 0, 1);
+    if (b == NULL || b->base != p || b->freed || !is_live(&b->h)) {
+        violation("cuMemFreeHost of %p, which is no live pinned allocation", p);
+        LEAVE(INVALID_VALUE);
+    }
+    CUresult r = need_context("cuMemFreeHost", b->portable ? NULL : &b->h);
+    if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    if (b->pending > 0) {
+        violation("cuMemFreeHost of pinned memory that %ld pending copies still use",
+                  b->pending);
+    }
+    b->h.dead = 1;
+    release_block(b);
+    LEAVE(r);
 }
 
 static CUresult cuMemAllocAsync(CUdeviceptr *out, size_t n, void *hs) {
-    pthread_mutex_lock(&lock);
-    CUresult r = need_context();
-    if (r == OK && !stream_of(hs)) r = INVALID_HANDLE;
-    if (r == OK) {
-        *out = (CUdeviceptr)(uintptr_t)calloc(1, n ? n : 1);
-        live[KIND_DEVICE]++;
-    }
-    pthread_mutex_unlock(&lock);
-    return r;
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(hs, "cuMemAllocAsync", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuMemAllocAsync", &s->h)) != OK) LEAVE(r);
+    if (no_pools) LEAVE(NOT_SUPPORTED);
+    Block *b = new_block(n, 0, current());
+    if (b == NULL) LEAVE(OUT_OF_MEMORY);
+    b->pooled = 1;
+    b->alloc_stream = s;
+    Op *op = submit(s, OP_ALLOC, alloc_ns);
+    op->block = b;
+    *out = (CUdeviceptr)(uintptr_t)b->base;
+    LEAVE(OK);
 }
 
 static CUresult cuMemFreeAsync(CUdeviceptr p, void *hs) {
-    (void)hs;
-    pthread_mutex_lock(&lock);
-    free((void *)(uintptr_t)p);
-    live[KIND_DEVICE]--;
-    pthread_mutex_unlock(&lock);
-    return OK;
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(hs, "cuMemFreeAsync", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuMemFreeAsync", &s->h)) != OK) LEAVE(r);
+    Block *b = block_of_ptr(p, "cuMemFreeAsync", &r);
+    if (b == NULL) LEAVE(r);
+    if (b->h.ctx != s->h.ctx) {
+        violation("cuMemFreeAsync of memory of cuda:%d on a stream of cuda:%d",
+                  b->h.ctx->dev, s->h.ctx->dev);
+    }
+    b->free_submitted = 1;
+    b->h.dead = 1;
+    Op *op = submit(s, OP_FREE, 0);
+    op->block = b;
+    LEAVE(OK);
 }
 
-/* Data moves in order with the stream's earlier work: the call waits for it (unlike a real
- * driver, which returns at once), then copies. */
-static CUresult copy(void *dst, const void *src, size_t n, void *hs) {
+static CUresult cuMemAlloc(CUdeviceptr *out, size_t n) {
+    ENTER();
+    CUresult r = need_context("cuMemAlloc", NULL);
+    if (r != OK) LEAVE(r);
+    Block *b = new_block(n, 0, current());
+    if (b == NULL) LEAVE(OUT_OF_MEMORY);
+    b->ready = 1;
+    *out = (CUdeviceptr)(uintptr_t)b->base;
+    LEAVE(OK);
+}
+
+static CUresult cuMemFree(CUdeviceptr p) {
+    ENTER();
+    CUresult r;
+    Block *b = block_of_ptr(p, "cuMemFree", &r);
+    if (b == NULL) LEAVE(r);
+    r = need_context("cuMemFree", &b->h);
+    if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    if (b->pooled) violation("cuMemFree of memory from cuMemAllocAsync (use cuMemFreeAsync)");
+    if (b->pending > 0) {
+        violation("cuMemFree of device memory that %ld pending operations still use",
+                  b->pending);
+    }
+    b->h.dead = 1;
+    release_block(b);
+    LEAVE(OK);
+}
+
+/* A copy: ``hdst``/``hsrc`` say which ends are host memory (pinned or pageable). */
+static CUresult copy(const char *call, void *dst, const void *src, size_t n, void *hs,
+                     int hdst, int hsrc) {
     pthread_mutex_lock(&lock);
-    Stream *s = stream_of(hs);
-    uint64_t t = s ? s->tail : 0;
-    pthread_mutex_unlock(&lock);
-    if (!s) return INVALID_HANDLE;
-    sleep_until(t);
-    pthread_mutex_lock(&lock);
-    CUresult r = failed();
-    if (r == OK) memcpy(dst, src, n);
-    pthread_mutex_unlock(&lock);
-    return r;
+    CUresult r = failpoint(call);
+    if (r != OK) LEAVE(r);
+    Stream *s = stream_of(hs, call, &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context(call, &s->h)) != OK) LEAVE(r);
+    Block *ends[2] = {NULL, NULL};
+    const void *ptrs[2] = {dst, src};
+    int host[2] = {hdst, hsrc}, pageable_src = 0, pageable_dst = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!host[i]) {
+            ends[i] = block_of_ptr((CUdeviceptr)(uintptr_t)ptrs[i], call, &r);
+            if (ends[i] == NULL) LEAVE(r);
+            if (ends[i]->h.ctx != s->h.ctx) {
+                violation("%s of device memory of cuda:%d on a stream of cuda:%d", call,
+                          ends[i]->h.ctx->dev, s->h.ctx->dev);
+                LEAVE(INVALID_VALUE);
+            }
+            if (n > ends[i]->size - (size_t)((const char *)ptrs[i] - ends[i]->base)) {
+                LEAVE(INVALID_VALUE);
+            }
+            continue;
+        }
+        Block *b = block_at(ptrs[i], n, 1);
+        if (b == NULL) {
+            if (i == 0) pageable_dst = 1; else pageable_src = 1;
+            continue;
+        }
+        if (b->h.ctx != s->h.ctx && !b->portable && !(relaxed & RELAX_PORTABLE)) {
+            violation("%s with pinned memory of cuda:%d on a stream of cuda:%d: it was "
+                      "allocated without CU_MEMHOSTALLOC_PORTABLE, so this context treats it "
+                      "as pageable", call, b->h.ctx->dev, s->h.ctx->dev);
+        }
+        ends[i] = b;
+    }
+    uint64_t ns = COPY_LATENCY_NS + n / COPY_BYTES_PER_NS;
+    Op *op = submit(s, OP_COPY, ns);
+    op->dst = (char *)dst;
+    op->src = (char *)src;
+    op->n = n;
+    op->bdst = ends[0];
+    op->bsrc = ends[1];
+    for (int i = 0; i < 2; i++) if (ends[i]) ends[i]->pending++;
+    if (pageable_src) {  /* staged before the call returns */
+        op->staging = malloc(n ? n : 1);
+        memcpy(op->staging, src, n);
+    }
+    if (pageable_dst) {  /* the call returns once the copy has completed */
+        uint64_t target = s->submitted;
+        r = wait_for(&s->done, target, s->h.ctx, s->h.gen);
+        LEAVE(r);
+    }
+    LEAVE(OK);
 }
 
 static CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, void *hs) {
-    return copy((void *)(uintptr_t)dst, src, n, hs);
+    return copy("cuMemcpyHtoDAsync", (void *)(uintptr_t)dst, src, n, hs, 0, 1);
 }
 
 static CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, void *hs) {
-    return copy(dst, (const void *)(uintptr_t)src, n, hs);
+    return copy("cuMemcpyDtoHAsync", dst, (const void *)(uintptr_t)src, n, hs, 1, 0);
 }
 
 static CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *hs) {
-    return copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, hs);
+    return copy("cuMemcpyDtoDAsync", (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n,
+                hs, 0, 0);
 }
 
 /* ------------------------------------------------------------------ test hooks */
 
+/* The next kernel launched fails with ``code`` when it completes (a sticky error). */
 void fake_cuda_fail_next_launch(int code) {
     pthread_mutex_lock(&lock);
     fail_next_code = code;
     pthread_mutex_unlock(&lock);
 }
 
+/* The ``nth`` next call of the entry point ``name`` returns ``code`` (at most 8 at once). */
+int fake_cuda_fail_call(const char *name, long nth, int code) {
+    pthread_mutex_lock(&lock);
+    int slot = -1;
+    for (int i = 0; i < 8 && slot < 0; i++) if (failpoints[i].countdown <= 0) slot = i;
+    if (slot >= 0) {
+        snprintf(failpoints[slot].name, sizeof failpoints[slot].name, "%s", name);
+        failpoints[slot].countdown = nth;
+        failpoints[slot].code = code;
+    }
+    pthread_mutex_unlock(&lock);
+    return slot >= 0;
+}
+
+/* Forget every context's sticky error, and the failures asked for (a real context stays
+ * failed: this only lets one test process run several fault tests). */
+void fake_cuda_clear_error(void) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAXDEV; i++) ctxs[i].sticky = OK;
+    fail_next_code = 0;
+    memset(failpoints, 0, sizeof failpoints);
+    pthread_cond_broadcast(&progress);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Live handles of a kind: 0 streams, 1 events, 2 contexts, 3 pinned host buffers, 4 device
+ * buffers, 5 modules. */
 long fake_cuda_live(int kind) {
     pthread_mutex_lock(&lock);
-    long n = (kind >= 0 && kind < 6) ? live[kind] : -1;
+    long n = 0;
+    if (kind == KIND_CONTEXT) {
+        for (int i = 0; i < ndevices; i++) n += ctxs[i].refs > 0;
+    } else if (kind >= 0 && kind < 6) {
+        for (size_t i = 0; i < nobjects; i++) {
+            Obj *o = objects[i];
+            if (o->kind == kind && is_live(o) && !(kind == KIND_STREAM && ((Stream *)o)->is_null))
+                n++;
+        }
+    } else {
+        n = -1;
+    }
     pthread_mutex_unlock(&lock);
     return n;
 }
 
-void fake_cuda_clear_error(void) {
-    pthread_mutex_lock(&lock);
-    sticky = OK;
-    fail_next_code = 0;
-    pthread_mutex_unlock(&lock);
-}
-
+/* Host functions launched, and how many of them were no C function (Python). */
 long fake_cuda_host_calls(void) {
     pthread_mutex_lock(&lock);
     long n = host_calls;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+long fake_cuda_host_calls_python(void) {
+    pthread_mutex_lock(&lock);
+    long n = host_calls_python;
     pthread_mutex_unlock(&lock);
     return n;
 }
@@ -628,11 +1267,138 @@ long fake_cuda_violations(void) {
     return n;
 }
 
+/* The violations so far (the last 16 described in ``buf``), forgotten: for tests that
+ * provoke one on purpose. Returns how many there were. */
+long fake_cuda_take_violations(char *buf, size_t size) {
+    pthread_mutex_lock(&lock);
+    long n = violations;
+    size_t used = 0;
+    if (size) buf[0] = 0;
+    for (long i = n > 16 ? n - 16 : 0; i < n && used + 1 < size; i++) {
+        int w = snprintf(buf + used, size - used, "%s\n", vlog[i % 16]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    violations = 0;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* References held to a device's primary context. */
+int fake_cuda_context_refs(int dev) {
+    pthread_mutex_lock(&lock);
+    int n = (dev >= 0 && dev < MAXDEV) ? ctxs[dev].refs : -1;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Handles leaked at context resets so far; the count starts again from zero. */
+long fake_cuda_take_leaks(void) {
+    pthread_mutex_lock(&lock);
+    long n = leaks;
+    leaks = 0;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Relax one rule (context, portable, python-host-fn, exit) or restore it. */
+void fake_cuda_relax(const char *rule, int on) {
+    pthread_mutex_lock(&lock);
+    unsigned bit = parse_relax(rule);
+    relaxed = on ? (relaxed | bit) : (relaxed & ~bit);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Another library takes (1) or gives back (0) a reference to a device's primary context. */
+int fake_cuda_hold_primary(int dev, int hold) {
+    void *ctx;
+    return hold ? cuDevicePrimaryCtxRetain(&ctx, dev) : cuDevicePrimaryCtxRelease(dev);
+}
+
+/* A kernel that reads [p, p + n) on a stream when it runs, ``ns`` long: a user's kernel
+ * using memory, for tests of when memory may be freed or reused. ``hs`` NULL: the default
+ * stream of device ``dev``. */
+int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
+    pthread_mutex_lock(&lock);
+    CUresult r;
+    Stream *s = NULL;
+    if (hs != NULL) s = (Stream *)lookup(hs, KIND_STREAM, "fake_cuda_touch", &r);
+    else if (dev >= 0 && dev < ndevices && ctxs[dev].refs) s = ctxs[dev].null_stream;
+    Block *b = s ? block_at((void *)(uintptr_t)p, n, 0) : NULL;
+    if (s == NULL || b == NULL) {
+        pthread_mutex_unlock(&lock);
+        return INVALID_VALUE;
+    }
+    if (b->freed || b->free_submitted) violation("a kernel launched on freed device memory");
+    Op *op = submit(s, OP_TOUCH, ns);
+    op->bsrc = b;
+    b->pending++;
+    pthread_mutex_unlock(&lock);
+    return OK;
+}
+
+/* The priority the driver recorded for a stream (-100 for a bad handle). */
+int fake_cuda_stream_priority(void *hs) {
+    pthread_mutex_lock(&lock);
+    int p = -100;
+    if (known(hs) && ((Obj *)hs)->kind == KIND_STREAM) p = ((Stream *)hs)->priority;
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
+/* Operations submitted and not completed yet. */
+long fake_cuda_pending(void) {
+    pthread_mutex_lock(&lock);
+    long n = (long)nheap;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* The device whose context is current on the calling thread (-1: none). */
+int fake_cuda_current_device(void) {
+    Ctx *c = current();
+    return c ? c->dev : -1;
+}
+
+/* At exit: report, and fail the process on a violation, a leak or (unless relaxed) a live
+ * handle. */
+__attribute__((destructor)) static void fake_cuda_at_exit(void) {
+    int locked = 0;
+    for (int i = 0; i < 200 && !locked; i++) {
+        locked = pthread_mutex_trylock(&lock) == 0;
+        if (!locked) usleep(1000);
+    }
+    long live[7] = {0}, total = 0;
+    for (size_t i = 0; i < nobjects; i++) {
+        Obj *o = objects[i];
+        if (!is_live(o) || o->kind == KIND_FUNCTION || o->ctx->sticky != OK) continue;
+        if (o->kind == KIND_STREAM && ((Stream *)o)->is_null) continue;
+        live[o->kind]++;
+        total++;
+    }
+    int fail = violations || leaks || (total && !(relaxed & RELAX_EXIT));
+    if (fail || getenv("FAKE_CUDA_TRACE")) {
+        fprintf(stderr, "fake_cuda: at exit: %ld violation(s), %ld handle(s) leaked at a "
+                "context reset, %ld live handle(s)", violations, leaks, total);
+        for (int k = 0; k < 7; k++) if (live[k]) fprintf(stderr, ", %ld %s", live[k], kind_names[k]);
+        fprintf(stderr, "\n");
+        for (long i = violations > 16 ? violations - 16 : 0; i < violations; i++) {
+            fprintf(stderr, "fake_cuda: violation: %s\n", vlog[i % 16]);
+        }
+        fflush(stderr);
+    }
+    if (fail) _exit(70);
+    if (locked) pthread_mutex_unlock(&lock);
+}
+
 /* ------------------------------------------------------------------ entry point lookup */
 
-typedef struct { const char *name; int version; void *fn; } Entry;
+typedef struct { const char *name; int version; void *fn; } EntryPoint;
 
-static const Entry entries[] = {
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags,
+                             int *status);
+
+static const EntryPoint entries[] = {
     {"cuInit", 2000, (void *)cuInit},
     {"cuDriverGetVersion", 2020, (void *)cuDriverGetVersion},
     {"cuGetErrorName", 6000, (void *)cuGetErrorName},
@@ -640,13 +1406,16 @@ static const Entry entries[] = {
     {"cuDeviceGet", 2000, (void *)cuDeviceGet},
     {"cuDeviceGetCount", 2000, (void *)cuDeviceGetCount},
     {"cuDeviceGetName", 2000, (void *)cuDeviceGetName},
+    {"cuDeviceGetAttribute", 2000, (void *)cuDeviceGetAttribute},
     {"cuDevicePrimaryCtxRetain", 7000, (void *)cuDevicePrimaryCtxRetain},
     {"cuDevicePrimaryCtxRelease", 11000, (void *)cuDevicePrimaryCtxRelease},
     {"cuCtxSetCurrent", 4000, (void *)cuCtxSetCurrent},
+    {"cuCtxGetCurrent", 4000, (void *)cuCtxGetCurrent},
     {"cuCtxPushCurrent", 4000, (void *)cuCtxPushCurrent},
     {"cuCtxPopCurrent", 4000, (void *)cuCtxPopCurrent},
     {"cuCtxGetStreamPriorityRange", 5050, (void *)cuCtxGetStreamPriorityRange},
     {"cuCtxSynchronize", 2000, (void *)cuCtxSynchronize},
+    {"cuStreamCreate", 2000, (void *)cuStreamCreate},
     {"cuStreamCreateWithPriority", 5050, (void *)cuStreamCreateWithPriority},
     {"cuStreamGetPriority", 5050, (void *)cuStreamGetPriority},
     {"cuStreamDestroy", 4000, (void *)cuStreamDestroy},
@@ -668,11 +1437,14 @@ static const Entry entries[] = {
     {"cuLaunchHostFunc", 10000, (void *)cuLaunchHostFunc},
     {"cuMemHostAlloc", 2020, (void *)cuMemHostAlloc},
     {"cuMemFreeHost", 2000, (void *)cuMemFreeHost},
+    {"cuMemAlloc", 3020, (void *)cuMemAlloc},
+    {"cuMemFree", 3020, (void *)cuMemFree},
     {"cuMemAllocAsync", 11020, (void *)cuMemAllocAsync},
     {"cuMemFreeAsync", 11020, (void *)cuMemFreeAsync},
     {"cuMemcpyHtoDAsync", 3020, (void *)cuMemcpyHtoDAsync},
     {"cuMemcpyDtoHAsync", 3020, (void *)cuMemcpyDtoHAsync},
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync},
+    {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2},
 };
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags,

@@ -64,7 +64,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def stream_create(self, index: int, priority: int) -> Stream:
         dev = self._devices.get(index)
-        with self._devices.lock, dev.pushed():
+        with self._devices.lock, dev.pushed:
             ptr = self._drv.check(
                 self._cu.cuStreamCreateWithPriority(STREAM_NON_BLOCKING, priority),
                 index,
@@ -86,7 +86,10 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         if handle == 0:
             return self.stream_default(index), 0
         ptr = self._cu.CUstream(handle)
-        priority = self._drv.check(self._cu.cuStreamGetPriority(ptr), index, "cuStreamGetPriority")
+        with dev.pushed:
+            priority = self._drv.check(
+                self._cu.cuStreamGetPriority(ptr), index, "cuStreamGetPriority"
+            )
         return Stream(ptr, dev.index, owned=False), int(priority)
 
     def stream_native(self, stream: Stream) -> int:
@@ -94,28 +97,27 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def stream_destroy(self, stream: Stream) -> None:
         with self._devices.lock:
-            if stream.owned and self._devices.retire(stream, "streams"):
-                self._drv.quiet(
-                    self._cu.cuStreamDestroy(stream.ptr), stream.index, "cuStreamDestroy"
-                )
+            if not stream.owned or stream.doomed:
+                return
+            if stream.holds:  # memory will record on it when freed: destroyed after that
+                stream.doomed = True
+                return
+            dev = self._devices.retire(stream, "streams")
+            if dev is not None:
+                dev.release(self._cu.cuStreamDestroy, stream.ptr)
 
     def stream_id(self, stream: Stream) -> int:
         return stream.id
 
     def stream_query(self, stream: Stream) -> bool:
-        self._devices.follow(stream)
-        (err,) = self._cu.cuStreamQuery(stream.ptr)
-        if err == SUCCESS:
-            return True
-        if err == NOT_READY:
-            return False
-        raise self._drv.error(err, stream.index, "cuStreamQuery")
+        with self._devices[stream.index].pushed:
+            (err,) = self._cu.cuStreamQuery(stream.ptr)
+        return self._drv.ready(err, stream.index, "cuStreamQuery")
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
-        self._devices.follow(stream)
-        self._drv.check(
-            self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0), stream.index, "cuStreamWaitEvent"
-        )
+        with self._devices[stream.index].pushed:
+            result = self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0)
+        self._drv.check(result, stream.index, "cuStreamWaitEvent")
 
     def stream_capture(self, stream: Stream) -> Target:
         return self._waits.stream_capture(stream)
@@ -131,7 +133,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         if interprocess:
             flags |= EVENT_INTERPROCESS
         dev = self._devices.get(index)
-        with self._devices.lock, dev.pushed():
+        with self._devices.lock, dev.pushed:
             ptr = self._drv.check(self._cu.cuEventCreate(flags), index, "cuEventCreate")
             event = Event(ptr, index, owned=True)
             dev.events.add(event)
@@ -144,25 +146,32 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def event_destroy(self, event: Event) -> None:
         with self._devices.lock:
-            if event.owned and self._devices.retire(event, "events"):
-                self._drv.quiet(self._cu.cuEventDestroy(event.ptr), event.index, "cuEventDestroy")
+            if not event.owned:
+                return
+            dev = self._devices.retire(event, "events")
+            if dev is not None:
+                dev.release(self._cu.cuEventDestroy, event.ptr)
 
     def event_id(self, event: Event) -> int:
         return event.id
 
     def event_record(self, event: Event, stream: Stream) -> None:
-        self._devices.follow(stream)
-        self._drv.check(self._cu.cuEventRecord(event.ptr, stream.ptr), event.index, "cuEventRecord")
-        event.lane = ("stream", stream.id)
+        with self._devices[stream.index].pushed:
+            result = self._cu.cuEventRecord(event.ptr, stream.ptr)
+        self._drv.check(result, event.index, "cuEventRecord")
+        event.lane = ("stream", stream.key)
 
     def event_query(self, event: Event) -> bool:
-        return self._drv.done(event.ptr, event.index, "cuEventQuery")
+        with self._devices[event.index].pushed:
+            (err,) = self._cu.cuEventQuery(event.ptr)
+        return self._drv.ready(err, event.index, "cuEventQuery")
 
     def event_capture(self, event: Event) -> Target:
         return self._waits.event_capture(event)
 
     def event_elapsed_ms(self, start: Event, end: Event) -> float:
-        err, ms = self._cu.cuEventElapsedTime(start.ptr, end.ptr)
+        with self._devices[start.index].pushed:
+            err, ms = self._cu.cuEventElapsedTime(start.ptr, end.ptr)
         if err == NOT_READY:
             raise NotReadyError(
                 "elapsed_time() needs both events complete; await end_event.synchronize() first"
@@ -172,9 +181,9 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return float(ms)
 
     def event_ipc_handle(self, event: Event) -> bytes:
-        handle = self._drv.check(
-            self._cu.cuIpcGetEventHandle(event.ptr), event.index, "cuIpcGetEventHandle"
-        )
+        with self._devices[event.index].pushed:
+            result = self._cu.cuIpcGetEventHandle(event.ptr)
+        handle = self._drv.check(result, event.index, "cuIpcGetEventHandle")
         return ctypes.string_at(handle.getPtr(), 64)
 
     def event_from_ipc_handle(self, index: int, data: bytes) -> Event:
@@ -182,7 +191,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         handle = cu.CUipcEventHandle()
         ctypes.memmove(handle.getPtr(), data, 64)
         dev = self._devices.get(index)
-        with self._devices.lock, dev.pushed():
+        with self._devices.lock, dev.pushed:
             err, ptr = cu.cuIpcOpenEventHandle(handle)
             if err == INVALID_VALUE:
                 raise ValueError(
@@ -198,16 +207,14 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     # ------------------------------------------------------------------ device work
 
     def delay(self, stream: Stream, seconds: float) -> None:
-        kernel = self._devices[stream.index].sleep_kernel()
-        self._devices.follow(stream)
+        dev = self._devices[stream.index]
+        kernel = dev.sleep_kernel()
         ns = round(seconds * 1e9)
-        self._drv.check(
-            self._cu.cuLaunchKernel(
+        with dev.pushed:
+            result = self._cu.cuLaunchKernel(
                 kernel, 1, 1, 1, 1, 1, 1, 0, stream.ptr, ((ns,), (ctypes.c_uint64,)), 0
-            ),
-            stream.index,
-            "cuLaunchKernel",
-        )
+            )
+        self._drv.check(result, stream.index, "cuLaunchKernel")
 
     # ------------------------------------------------------------------ memory and copies
 
@@ -229,6 +236,9 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def device_free(self, mem: Memory) -> None:
         self._memory.device_free(mem)
+
+    def memory_use(self, mem: Memory, stream: Stream) -> None:
+        self._memory.use(mem, stream)
 
     def device_ptr(self, mem: Memory) -> int:
         return mem.ptr
@@ -258,7 +268,9 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def close(self) -> None:
         """Release every handle, then the primary contexts (idempotent; runs at exit)."""
-        self._devices.close()
+        with self._devices.lock:
+            self._waits.close()
+            self._devices.close(self._memory.close)
         atexit.unregister(self.close)
 
 

@@ -1,20 +1,36 @@
 """Per-device state: the primary context, the pools of internal events and streams, and the
-handles to release when the backend closes."""
+handles to release when the backend closes.
+
+Every driver call that touches a device's objects runs inside ``with dev.pushed:``, which
+pushes the device's primary context on the calling thread's context stack and pops it after:
+the call finds its context current whatever thread makes it (a loop, a worker, a finalizer
+run by the garbage collector), and the thread's own current context, which PyTorch and CuPy
+read as their current device, is left as it was.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
+import logging
 import threading
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable
 from importlib import resources
 from typing import Any
 
 from ..._errors import AiostreamError, CudaError
-from .driver import MARKER_FLAGS, STREAM_NON_BLOCKING, SUCCESS, Driver
+from .driver import (
+    ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+    MARKER_FLAGS,
+    NOT_READY,
+    STREAM_NON_BLOCKING,
+    SUCCESS,
+    Driver,
+)
 from .handles import Event, Memory, Stream
 
-__all__ = ["Device", "Devices", "Lane"]
+__all__ = ["Device", "Devices", "Lane", "Pushed"]
+
+logger = logging.getLogger("aiostream")
 
 _SLEEP_KERNEL = b"aiostream_sleep"
 _ptx_image: bytes | None = None
@@ -28,6 +44,27 @@ def sleep_ptx() -> bytes:
         ptx = resources.files(__package__).joinpath("kernels/sleep.ptx").read_bytes()
         _ptx_image = ptx + b"\0"
     return _ptx_image
+
+
+class Pushed:
+    """``with dev.pushed:`` the device's context is current on this thread, then the
+    thread's own again (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``). Reentrant."""
+
+    __slots__ = ("ctx", "cu", "drv", "index")
+
+    def __init__(self, drv: Driver, ctx: Any, index: int) -> None:
+        self.drv = drv
+        self.cu = drv.cu
+        self.ctx = ctx
+        self.index = index
+
+    def __enter__(self) -> None:
+        (err,) = self.cu.cuCtxPushCurrent(self.ctx)
+        if err != SUCCESS:
+            raise self.drv.error(err, self.index, "cuCtxPushCurrent")
+
+    def __exit__(self, *exc: object) -> None:
+        self.cu.cuCtxPopCurrent()
 
 
 class Lane:
@@ -56,50 +93,64 @@ class Device:
         self.lock = lock
         self.index = index
         self.ctx = ctx
+        self.pushed = Pushed(drv, ctx, index)
         self.priorities = priorities  # (least, greatest)
+        self.pools = True  # stream-ordered allocation (cuMemAllocAsync) works here
         self.default: Stream | None = None
         self.streams: set[Stream] = set()
         self.events: set[Event] = set()
         self.memory: set[Memory] = set()
-        self.freeing: list[Memory] = []  # host memory waiting for its copies before cuMemFreeHost
+        #: memory freed while work recorded at the free may still use it, with those markers:
+        #: pinned host memory, and device memory without pools, released once they complete
+        self.freeing: list[tuple[Memory, list[tuple[Device, Any]]]] = []
         self.markers: list[Any] = []
         self.idle_watchers: list[Any] = []
         self.draining_watchers: list[Any] = []  # released with work pending; reused once idle
         self.lanes: dict[Hashable, Lane] = {}
         self.internal: list[tuple[str, Any]] = []  # every marker and stream made, for close
+        #: markers that threads are blocked on in cuEventSynchronize, by id: never destroyed
+        self.blocked: dict[int, int] = {}
         self.free_stream: Any = None
         self.module: Any = None
         self.sleep: Any = None
-
-    @contextlib.contextmanager
-    def pushed(self) -> Iterator[None]:
-        """Make the context current for a block, restoring the thread's own afterwards."""
-        self.drv.check(self.drv.cu.cuCtxPushCurrent(self.ctx), self.index, "cuCtxPushCurrent")
-        try:
-            yield
-        finally:
-            self.drv.cu.cuCtxPopCurrent()
-
-    def make_current(self) -> None:
-        """Work on the default stream goes to the calling thread's current context: make it
-        this device's."""
-        self.drv.check(self.drv.cu.cuCtxSetCurrent(self.ctx), self.index, "cuCtxSetCurrent")
 
     def marker(self) -> Any:
         """An internal blocking-sync event, from the pool."""
         with self.lock:
             if self.markers:
                 return self.markers.pop()
-            with self.pushed():
+            with self.pushed:
                 marker = self.drv.check(
                     self.drv.cu.cuEventCreate(MARKER_FLAGS), self.index, "cuEventCreate"
                 )
             self.internal.append(("event", marker))
             return marker
 
+    def record_marker(self, stream: Stream) -> Any:
+        """A marker recorded on ``stream`` now: it completes after the work submitted so far."""
+        marker = self.marker()
+        try:
+            with self.pushed:
+                self.drv.check(
+                    self.drv.cu.cuEventRecord(marker, stream.ptr), self.index, "cuEventRecord"
+                )
+        except CudaError:
+            self.markers.append(marker)
+            raise
+        return marker
+
+    def over(self, marker: Any) -> bool:
+        """Whether ``marker``'s work is over, completed or failed; never raises."""
+        try:
+            with self.pushed:
+                (err,) = self.drv.cu.cuEventQuery(marker)
+        except CudaError:
+            return True  # the context is gone: nothing runs any more
+        return bool(err != NOT_READY)
+
     def internal_stream(self, priority: int) -> Any:
         """A new non-blocking stream for the backend's own use (lock held)."""
-        with self.pushed():
+        with self.pushed:
             stream = self.drv.check(
                 self.drv.cu.cuStreamCreateWithPriority(STREAM_NON_BLOCKING, priority),
                 self.index,
@@ -115,9 +166,10 @@ class Device:
             return lane
         if not self.idle_watchers and self.draining_watchers:
             still: list[Any] = []
-            for s in self.draining_watchers:
-                (err,) = self.drv.cu.cuStreamQuery(s)
-                (self.idle_watchers if err == SUCCESS else still).append(s)
+            with self.pushed:
+                for s in self.draining_watchers:
+                    (err,) = self.drv.cu.cuStreamQuery(s)
+                    (self.idle_watchers if err == SUCCESS else still).append(s)
             self.draining_watchers = still
         if self.idle_watchers:
             stream = self.idle_watchers.pop()
@@ -130,14 +182,18 @@ class Device:
         """A lane with nothing pending gives its watcher stream back (lock held)."""
         if self.lanes.get(lane.key) is lane:
             del self.lanes[lane.key]
-            (err,) = self.drv.cu.cuStreamQuery(lane.stream)
+            try:
+                with self.pushed:
+                    (err,) = self.drv.cu.cuStreamQuery(lane.stream)
+            except CudaError:
+                err = NOT_READY
             (self.idle_watchers if err == SUCCESS else self.draining_watchers).append(lane.stream)
 
     def sleep_kernel(self) -> Any:
         """The sleep kernel's function, loaded on first use."""
         if self.sleep is None:
             cu = self.drv.cu
-            with self.lock, self.pushed():
+            with self.lock, self.pushed:
                 if self.sleep is None:
                     module = self.drv.check(
                         cu.cuModuleLoadData(sleep_ptx()), self.index, "cuModuleLoadData"
@@ -150,28 +206,57 @@ class Device:
                     )
         return self.sleep
 
+    def release(self, call: Callable[[Any], tuple[Any, ...]], handle: Any) -> None:
+        """``call(handle)``, a driver call that releases something (``cuStreamDestroy``...),
+        with the context pushed; never raises (see :meth:`Driver.released`)."""
+        try:
+            with self.pushed:
+                result = call(handle)
+        except CudaError as exc:
+            self.drv.failed_release(str(exc))
+        else:
+            self.drv.released(result, self.index, call.__name__)
+
     def release_all(self) -> None:
-        """Release every handle still held, then the primary context (lock held; at close)."""
-        cu = self.drv.cu
-        for mem in self.freeing:
-            if all(self.drv.over(m) for m in mem.uses.values()):
-                cu.cuMemFreeHost(mem.ptr)
-        self.freeing.clear()
-        for event in self.events:
-            event.alive = False
-            cu.cuEventDestroy(event.ptr)
-        for stream in self.streams:
-            stream.alive = False
-            cu.cuStreamDestroy(stream.ptr)
-        for what, handle in self.internal:
-            (cu.cuEventDestroy if what == "event" else cu.cuStreamDestroy)(handle)
-        if self.module is not None:
-            cu.cuModuleUnload(self.module)
-        # Memory still in use is left to the context's release (or the process's exit).
+        """Release every handle still held, then the primary context (lock held; at close,
+        after the memory).
+
+        Markers that threads are still blocked on, and then the context itself, are left to
+        the process's exit: destroying them would pull them from under those threads.
+        """
+        drv, cu = self.drv, self.drv.cu
+        try:
+            with self.pushed:
+                for event in self.events:
+                    event.alive = False
+                    drv.released(cu.cuEventDestroy(event.ptr), self.index, "cuEventDestroy")
+                for stream in self.streams:
+                    stream.alive = False
+                    drv.released(cu.cuStreamDestroy(stream.ptr), self.index, "cuStreamDestroy")
+                for what, handle in self.internal:
+                    if what == "stream":
+                        drv.released(cu.cuStreamDestroy(handle), self.index, "cuStreamDestroy")
+                    elif int(handle) not in self.blocked:
+                        drv.released(cu.cuEventDestroy(handle), self.index, "cuEventDestroy")
+                if self.module is not None:
+                    drv.released(cu.cuModuleUnload(self.module), self.index, "cuModuleUnload")
+        except CudaError as exc:  # the context cannot even be made current
+            drv.failed_release(str(exc))
         self.events.clear()
         self.streams.clear()
         self.internal.clear()
-        cu.cuDevicePrimaryCtxRelease(self.index)
+        self.markers.clear()
+        if self.blocked:
+            logger.debug(
+                "cuda:%d: %d thread(s) are still blocked on device work at close; its context "
+                "is left to the process's exit",
+                self.index,
+                sum(self.blocked.values()),
+            )
+            return
+        drv.released(
+            cu.cuDevicePrimaryCtxRelease(self.index), self.index, "cuDevicePrimaryCtxRelease"
+        )
 
 
 class Devices:
@@ -204,25 +289,22 @@ class Devices:
         ctx = drv.check(cu.cuDevicePrimaryCtxRetain(cu_dev), index, "cuDevicePrimaryCtxRetain")
         dev = Device(drv, self.lock, index, ctx, (0, 0))
         try:
-            with dev.pushed():
+            with dev.pushed:
                 err, least, greatest = cu.cuCtxGetStreamPriorityRange()
                 if err != SUCCESS:
                     raise drv.error(err, index, "cuCtxGetStreamPriorityRange")
+            attribute = cu.CUdevice_attribute(ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+            err, pools = cu.cuDeviceGetAttribute(attribute, cu_dev)
         except CudaError:
             cu.cuDevicePrimaryCtxRelease(cu_dev)
             raise
         dev.priorities = (int(least), int(greatest))
+        dev.pools = err == SUCCESS and bool(pools)
         return dev
 
     def __getitem__(self, index: int) -> Device:
         """A device already in use (its handles exist)."""
         return self.by_index[index]
-
-    def follow(self, stream: Stream) -> None:
-        """Work on the legacy default stream goes to the calling thread's current context:
-        make it the stream's device's (other streams carry their context)."""
-        if stream.default:
-            self.by_index[stream.index].make_current()
 
     def retire(self, handle: Stream | Event | Memory, owner: str) -> Device | None:
         """Mark ``handle`` released (lock held): its device, if the caller must release it.
@@ -238,12 +320,16 @@ class Devices:
         getattr(dev, owner).discard(handle)
         return dev
 
-    def close(self) -> bool:
-        """Release everything; False if already closed."""
+    def close(self, free_memory: Callable[[Device], None]) -> bool:
+        """Release everything, the memory of every device first (``free_memory(dev)``: it
+        records on streams of other devices too); False if already closed."""
         with self.lock:
             if self.closed:
                 return False
+            for dev in self.by_index.values():
+                free_memory(dev)
             self.closed = True
             for dev in self.by_index.values():
                 dev.release_all()
+            self.drv.report()
             return True

@@ -8,13 +8,14 @@ from typing import Any
 
 from ..._errors import BackendUnavailableError, CudaError
 
-__all__ = ["NOT_READY", "SUCCESS", "Driver", "load_driver"]
+__all__ = ["NOT_READY", "NOT_SUPPORTED", "SUCCESS", "Driver", "load_driver"]
 
 logger = logging.getLogger("aiostream")
 
 SUCCESS = 0
 NOT_READY = 600
 INVALID_VALUE = 1
+NOT_SUPPORTED = 801
 _NO_DEVICE = 100
 _STUB_LIBRARY = 34
 _INSUFFICIENT_DRIVER = 35
@@ -23,6 +24,10 @@ STREAM_NON_BLOCKING = 0x1
 EVENT_BLOCKING_SYNC = 0x1
 EVENT_DISABLE_TIMING = 0x2
 EVENT_INTERPROCESS = 0x4
+#: pinned host memory that every context treats as pinned (a HostBuffer of one device may be
+#: copied on another's streams)
+MEMHOSTALLOC_PORTABLE = 0x1
+ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
 #: the flags of the internal events that waits block on: a blocked thread sleeps in the driver
 MARKER_FLAGS = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING
 
@@ -82,12 +87,15 @@ def describe(driver: Any, code: int) -> str:
 
 
 class Driver:
-    """The bindings module (``cu``) and the checks every call's result goes through."""
+    """The bindings module (``cu``), the checks every call's result goes through, and the
+    count of handles that could not be released."""
 
-    __slots__ = ("cu",)
+    __slots__ = ("cu", "first_unreleased", "unreleased")
 
     def __init__(self, cu: Any) -> None:
         self.cu = cu
+        self.unreleased = 0
+        self.first_unreleased = ""
 
     def error(self, err: Any, index: int | None, call: str) -> CudaError:
         code = int(err)
@@ -102,21 +110,35 @@ class Driver:
             raise self.error(result[0], index, call)
         return result[1] if len(result) == 2 else None
 
-    def quiet(self, result: tuple[Any, ...], index: int, call: str) -> None:
-        """For release calls, which never raise (they run in finalizers): log what went wrong."""
-        if result[0] != SUCCESS:
-            logger.warning("%s", self.error(result[0], index, call))
-
-    def done(self, ptr: Any, index: int, call: str) -> bool:
-        """Whether the event ``ptr`` completed (``cuEventQuery``); raise if its work failed."""
-        (err,) = self.cu.cuEventQuery(ptr)
+    def ready(self, err: Any, index: int, call: str) -> bool:
+        """A query's answer: True (``CUDA_SUCCESS``), False (``CUDA_ERROR_NOT_READY``), or
+        raise the error (the work failed: sticky)."""
         if err == SUCCESS:
             return True
         if err == NOT_READY:
             return False
         raise self.error(err, index, call)
 
-    def over(self, ptr: Any) -> bool:
-        """Whether the event ``ptr``'s work is over, completed or failed; never raises."""
-        (err,) = self.cu.cuEventQuery(ptr)
-        return bool(err != NOT_READY)
+    def released(self, result: tuple[Any, ...], index: int, call: str) -> bool:
+        """For release calls, which never raise (they run in finalizers, on any thread): count
+        what could not be released; :meth:`report` says it once, at close."""
+        if result[0] == SUCCESS:
+            return True
+        self.failed_release(str(self.error(result[0], index, call)))
+        return False
+
+    def failed_release(self, what: str) -> None:
+        self.unreleased += 1
+        if not self.first_unreleased:
+            self.first_unreleased = what
+
+    def report(self) -> None:
+        """One warning for every handle that could not be released, if any."""
+        if self.unreleased:
+            logger.warning(
+                "aiostream could not release %d CUDA handle(s) (the first: %s); the driver "
+                "reclaims them with the context",
+                self.unreleased,
+                self.first_unreleased,
+            )
+            self.unreleased = 0

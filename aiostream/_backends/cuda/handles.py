@@ -7,20 +7,41 @@ import itertools
 from collections.abc import Hashable
 from typing import Any
 
-__all__ = ["Event", "Memory", "Stream"]
+__all__ = ["Event", "Memory", "Stream", "StreamKey"]
+
+#: A stream's identity across devices: (device index, stream id). Ids alone collide: the
+#: legacy default stream of every device is id 0.
+StreamKey = tuple[int, int]
 
 
 class Stream:
-    __slots__ = ("__weakref__", "alive", "default", "id", "index", "owned", "ptr", "seq")
+    __slots__ = (
+        "__weakref__",
+        "alive",
+        "default",
+        "doomed",
+        "holds",
+        "id",
+        "index",
+        "key",
+        "owned",
+        "ptr",
+        "seq",
+    )
 
     def __init__(self, ptr: Any, index: int, *, owned: bool, default: bool = False) -> None:
         self.ptr = ptr
         self.index = index
         self.id = int(ptr)
+        self.key: StreamKey = (index, self.id)
         self.owned = owned
-        self.default = default  # the legacy default stream: work goes to the current context
+        self.default = default  # the legacy default stream of the device's primary context
         self.alive = True
         self.seq = itertools.count()  # the order of its captures
+        #: memory that will record on this stream when it is freed (see Memory.streams): an
+        #: owned stream is destroyed only once none is left
+        self.holds = 0
+        self.doomed = False  # released by its owner while held: destroyed at the last hold
 
 
 class Event:
@@ -37,9 +58,25 @@ class Event:
 
 
 class Memory:
-    """Host (pinned or not) or device memory, and the markers of the copies that use it."""
+    """Host (pinned or pageable) or device memory, and the streams that used it.
 
-    __slots__ = ("alive", "array", "device", "index", "nbytes", "ptr", "uses")
+    Freeing it waits, on the device, for the work those streams had been given by then:
+    the allocation stream, every stream an aiostream copy used it on, and every stream named
+    with ``record_stream`` (PyTorch's caching-allocator contract).
+    """
+
+    __slots__ = (
+        "alive",
+        "alloc_marker",
+        "array",
+        "device",
+        "index",
+        "nbytes",
+        "ordered",
+        "pooled",
+        "ptr",
+        "streams",
+    )
 
     def __init__(self, index: int, nbytes: int, ptr: int, *, device: bool, array: Any = None):
         self.index = index
@@ -48,4 +85,10 @@ class Memory:
         self.device = device
         self.array = array  # a bytearray for pageable host memory (ptr is then its address)
         self.alive = True
-        self.uses: dict[int, Any] = {}  # stream id -> marker recorded after its last copy
+        self.pooled = False  # device memory from cuMemAllocAsync (else cuMemAlloc)
+        #: the streams that used it, by key; freeing records a marker on each
+        self.streams: dict[StreamKey, Stream] = {}
+        #: a stream-ordered allocation: the marker recorded after it, which another stream
+        #: waits for before its first use of the memory (None once every use is ordered)
+        self.alloc_marker: Any = None
+        self.ordered: set[StreamKey] = set()  # streams ordered after the allocation

@@ -271,6 +271,9 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
     def device_free(self, mem: Memory) -> None:
         self._memory.device_free(mem)
 
+    def memory_use(self, mem: Memory, stream: Stream) -> None:
+        """Nothing to order: simulated work holds the bytes it uses until it completes."""
+
     def device_ptr(self, mem: Memory) -> int:
         raise AttributeError("virtual device memory has no device address")
 

@@ -1,0 +1,76 @@
+"""The stand-in driver's test hooks (tests/fake_cuda/fake_cuda.c), where it is the driver.
+
+``FAKE`` is None on a real GPU and where no CUDA driver works; tests that need the hooks skip
+then (``needs_stand_in``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import pytest
+
+from aiostream import _backends
+
+OK, REASON = _backends.probe("cuda")
+
+# fake_cuda_live kinds
+STREAMS, EVENTS, CONTEXTS, PINNED, DEVICE_BUFFERS, MODULES = range(6)
+
+
+def _load() -> Any:
+    if not OK:
+        return None
+    lib = ctypes.CDLL("libcuda.so.1")
+    if not hasattr(lib, "fake_cuda_live"):
+        return None
+    for name in (
+        "fake_cuda_live",
+        "fake_cuda_violations",
+        "fake_cuda_host_calls",
+        "fake_cuda_host_calls_python",
+        "fake_cuda_take_violations",
+        "fake_cuda_take_leaks",
+        "fake_cuda_pending",
+    ):
+        getattr(lib, name).restype = ctypes.c_long
+    lib.fake_cuda_take_violations.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.fake_cuda_touch.argtypes = [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_uint64,
+        ctypes.c_size_t,
+        ctypes.c_uint64,
+    ]
+    lib.fake_cuda_fail_call.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int]
+    lib.fake_cuda_relax.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.fake_cuda_stream_priority.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+FAKE = _load()
+needs_stand_in = pytest.mark.skipif(
+    FAKE is None, reason="uses the stand-in driver's hooks (test_fake_driver.py runs it)"
+)
+
+
+def take_violations() -> tuple[int, str]:
+    """How many contract violations the stand-in counted since the last call, and the last
+    ones described; the count starts again from zero."""
+    buf = ctypes.create_string_buffer(8192)
+    n = FAKE.fake_cuda_take_violations(buf, len(buf))
+    return int(n), buf.value.decode()
+
+
+def assert_no_violations() -> None:
+    n, log = take_violations()
+    assert n == 0, f"{n} violation(s) of the driver's contract:\n{log}"
+
+
+def touch(stream: Any, ptr: int, nbytes: int, seconds: float = 0.0) -> None:
+    """A kernel on ``stream`` (an aiostream Stream) that reads ``nbytes`` at ``ptr`` when it
+    runs, ``seconds`` long: a user's kernel using a buffer."""
+    handle = stream.stream_id or None  # 0: the device's default stream
+    rc = FAKE.fake_cuda_touch(stream.device.index, handle, ptr, nbytes, round(seconds * 1e9))
+    assert rc == 0, "fake_cuda_touch: unknown stream or memory"

@@ -1,0 +1,471 @@
+"""The CUDA backend keeps the driver's documented contract: contexts, memory lifetimes, stream
+order, faults and exit.
+
+Run where ``cuda:0`` works: on a GPU, and against the strict stand-in driver, which
+``test_fake_driver.py`` runs this file on (with one and two devices). The stand-in counts every
+breach of the contract it sees, and the process fails at exit on any; tests that need its hooks
+(a kernel that reads memory, fault injection) skip on a GPU. Tests of what happens at exit run
+a program of their own in a subprocess.
+"""
+
+from __future__ import annotations
+
+import gc
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import aiostream as ais
+from aiostream import _backends
+
+from .conftest import run_python
+from .stand_in import (
+    FAKE,
+    OK,
+    PINNED,
+    REASON,
+    assert_no_violations,
+    needs_stand_in,
+    take_violations,
+    touch,
+)
+
+pytestmark = pytest.mark.skipif(not OK, reason=f"needs a CUDA device: {REASON}")
+
+DEV = "cuda:0"
+N = 4096
+
+
+@pytest.fixture(autouse=True)
+def contract() -> Iterator[None]:
+    """Each test starts with no violation counted, and must end with none."""
+    if FAKE is not None:
+        take_violations()
+    yield
+    ais.set_wait_strategy(None)
+    if FAKE is not None:
+        gc.collect()
+        assert_no_violations()
+
+
+def two_devices() -> None:
+    if ais.device_count("cuda") < 2:
+        pytest.skip("needs two CUDA devices")
+
+
+def ptr(buf: ais.DeviceBuffer) -> int:
+    return int(buf.__cuda_array_interface__["data"][0])
+
+
+def current_context() -> int:
+    from cuda.bindings import driver
+
+    err, ctx = driver.cuCtxGetCurrent()
+    assert int(err) == 0
+    return int(ctx)
+
+
+# ---------------------------------------------------------------------- 1, 2: contexts
+
+
+def test_work_runs_from_a_thread_that_never_had_a_context() -> None:
+    """No default stream touched, from a fresh thread: every call makes its context current."""
+    failures: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            s = ais.Stream(DEV)
+            up = ais.HostBuffer(N, device=DEV)
+            down = ais.HostBuffer(N, device=DEV)
+            up.numpy()[:] = 3
+            with ais.use_stream(s):
+                dev = ais.DeviceBuffer(N, DEV)
+            ais.copy_async(dev, up, stream=s)
+            ais.delay(0.005, stream=s)
+            ais.copy_async(down, dev, stream=s)
+            e = s.record_event(ais.Event(DEV, enable_timing=True))
+            assert not e.query()
+            other = ais.Stream(DEV)
+            other.wait_event(e)
+
+            async def awaits() -> None:
+                for strategy in ais._waiting.STRATEGIES:
+                    ais.delay(0.002, stream=other)
+                    await other.record_event().synchronize(strategy=strategy)
+                await e.synchronize()
+
+            anyio.run(awaits)
+            e.synchronize_blocking()
+            assert (down.numpy() == 3).all()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not failures, failures[0]
+
+
+def _battery() -> list[tuple[str, Callable[[], object]]]:
+    """Every public call that reaches the driver, in an order that lets each work."""
+    state: dict[str, Any] = {}
+
+    def setup() -> None:
+        state["s"] = ais.Stream(DEV, priority=-1)
+        state["e"] = ais.Event(DEV, enable_timing=True)
+        state["h"] = ais.HostBuffer(N, device=DEV)
+
+    def buffers() -> None:
+        with ais.use_stream(state["s"]):
+            state["d"] = ais.DeviceBuffer(N, DEV)
+        state["d2"] = ais.DeviceBuffer(N, DEV)  # on the current (default) stream
+
+    def copies() -> None:
+        ais.copy_async(state["d"], state["h"], stream=state["s"])
+        ais.copy_async(state["h"], state["d"])  # the current (default) stream
+
+    def events() -> None:
+        ais.delay(0.001, stream=state["s"])
+        state["e"].record(state["s"])
+        state["s"].wait_event(state["e"])
+        ais.default_stream(DEV).wait_stream(state["s"])
+        state["e"].query()
+        state["s"].query()
+        ais.default_stream(DEV).query()
+
+    async def awaits() -> None:
+        for strategy in ais._waiting.STRATEGIES:
+            ais.delay(0.002, stream=state["s"])
+            await state["s"].synchronize(strategy=strategy)
+            assert current_context() == before
+        await state["e"].synchronize()
+        await ais.default_stream(DEV).synchronize()
+
+    def timing() -> None:
+        start = ais.Event(DEV, enable_timing=True)
+        start.record(state["s"])
+        state["e"].record(state["s"])
+        state["e"].synchronize_blocking()
+        start.elapsed_time(state["e"])
+
+    def interop() -> None:
+        ext = ais.as_stream(state["s"].stream_id, DEV)
+        ais.as_event(state["e"].event_id, DEV).query()
+        ais.delay(0.0, stream=ext)
+        ipc = ais.Event(DEV, interprocess=True)
+        ipc.record(state["s"])
+        handle = ipc.ipc_handle()
+        if FAKE is not None:  # a GPU opens it in another process only
+            ais.Event.from_ipc_handle(DEV, handle).query()
+
+    async def loader() -> None:
+        source = [np.full(64, i, np.float32) for i in range(4)]
+        async with ais.DataLoader(source, device=DEV, prefetch=2) as batches:
+            async for _ in batches:
+                ais.delay(0.0005)
+        await ais.current_stream(DEV).synchronize()
+
+    def drop() -> None:
+        state["d"].record_stream(ais.default_stream(DEV))
+        state.clear()
+        gc.collect()  # finalizers: buffers, events, streams released on this thread
+
+    before = current_context()
+    return [
+        ("Stream, Event, HostBuffer", setup),
+        ("DeviceBuffer", buffers),
+        ("copy_async", copies),
+        ("record, wait_event, wait_stream, query", events),
+        ("synchronize, every strategy", lambda: anyio.run(awaits)),
+        ("elapsed_time, synchronize_blocking", timing),
+        ("as_stream, as_event, IPC", interop),
+        ("DataLoader", lambda: anyio.run(loader)),
+        ("record_stream, collection of everything", drop),
+    ]
+
+
+def test_the_callers_current_context_is_left_as_it_was() -> None:
+    """PyTorch and CuPy read their current device from the thread's current context: after any
+    aiostream call on cuda:0 it is what it was (another device's context, or none)."""
+    from cuda.bindings import driver
+
+    other = None
+    if ais.device_count("cuda") > 1:
+        other = driver.cuDevicePrimaryCtxRetain(driver.cuDeviceGet(1)[1])[1]
+    assert int(driver.cuCtxSetCurrent(other)[0]) == 0
+    try:
+        before = current_context()
+        assert before == (int(other) if other is not None else 0)
+        for what, call in _battery():
+            call()
+            assert current_context() == before, f"{what} changed the current context"
+    finally:
+        driver.cuCtxSetCurrent(None)
+        if other is not None:
+            driver.cuDevicePrimaryCtxRelease(driver.cuDeviceGet(1)[1])
+
+
+# ---------------------------------------------------------------------- 3, 4: host memory
+
+
+@needs_stand_in
+def test_pinned_memory_dropped_in_another_thread_is_freed() -> None:
+    kept = [ais.HostBuffer(N, device=DEV) for _ in range(3)]
+    pinned = FAKE.fake_cuda_live(PINNED)
+    t = threading.Thread(target=lambda: (kept.clear(), gc.collect()))
+    t.start()
+    t.join()
+    assert FAKE.fake_cuda_live(PINNED) == pinned - 3
+
+
+def test_a_host_view_keeps_its_buffer_alive() -> None:
+    view = ais.HostBuffer(1 << 20, device=DEV).numpy(np.float32)
+    gc.collect()
+    view[:] = 1.0  # freed pinned memory is unmapped: this would crash the process
+    assert view.sum() == 1 << 18
+    if FAKE is not None:
+        pinned = FAKE.fake_cuda_live(PINNED)
+        del view
+        gc.collect()
+        assert FAKE.fake_cuda_live(PINNED) == pinned - 1
+
+
+# ---------------------------------------------------------------------- 5, 6: device memory
+
+
+@needs_stand_in
+def test_device_memory_is_freed_after_kernels_on_its_allocation_stream() -> None:
+    s = ais.Stream(DEV)
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(N, DEV)
+    touch(s, ptr(buf), N, seconds=0.03)  # the user's kernel reading it, after the copies
+    del buf
+    gc.collect()
+    s.synchronize_blocking()  # the contract fixture checks that nothing read freed memory
+
+
+@needs_stand_in
+def test_device_memory_is_freed_after_kernels_on_recorded_streams() -> None:
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(N, DEV)
+    buf.record_stream(t)
+    ais.delay(0.03, stream=t)
+    touch(t, ptr(buf), N)
+    del buf
+    gc.collect()
+    t.synchronize_blocking()
+
+
+@needs_stand_in
+def test_a_stream_ordered_allocation_is_ordered_before_its_first_use_elsewhere() -> None:
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    host = ais.HostBuffer(N, device=DEV)
+    ais.delay(0.03, stream=s)  # the allocation completes after this
+    with ais.use_stream(s):
+        for use in ("copy", "record_stream"):
+            buf = ais.DeviceBuffer(N, DEV)
+            if use == "copy":
+                ais.copy_async(buf, host, stream=t)
+            else:
+                buf.record_stream(t)
+                touch(t, ptr(buf), N)
+    t.synchronize_blocking()
+    s.synchronize_blocking()
+
+
+@needs_stand_in
+@pytest.mark.parametrize("shapes", ["same", "changing"])
+async def test_loader_buffers_are_freed_after_the_consumers_kernels(
+    anyio_backend: object, shapes: str
+) -> None:
+    """The loader frees its buffers at close and on a shape change: never before the kernels
+    the consumer ran with them, and its copy stream never uses a buffer before its
+    allocation."""
+    consumer = ais.Stream(DEV)
+    ais.delay(0.02, stream=consumer)  # allocations on the consumer's stream complete late
+    source = [np.full(64 + (i if shapes == "changing" else 0), i, np.float32) for i in range(6)]
+    with ais.use_stream(consumer):
+        async with ais.DataLoader(source, device=DEV, prefetch=2) as loader:
+            async for batch in loader:
+                ais.delay(0.005, stream=consumer)
+                touch(consumer, ptr(batch.data), batch.data.nbytes)
+    await consumer.synchronize()
+    await anyio.sleep(0.01)
+
+
+# ---------------------------------------------------------------------- 7, 8: across devices
+
+
+async def test_a_host_buffer_of_one_device_serves_copies_on_another(anyio_backend: object) -> None:
+    two_devices()
+    up = ais.HostBuffer(N, device="cuda:0")
+    down = ais.HostBuffer(N, device="cuda:0")
+    up.numpy()[:] = 7
+    s1 = ais.Stream("cuda:1")
+    with ais.use_stream(s1):
+        dev = ais.DeviceBuffer(N, "cuda:1")
+    ais.copy_async(dev, up, stream=s1)
+    ais.copy_async(down, dev, stream=s1)
+    await s1.synchronize()
+    assert (down.numpy() == 7).all()
+
+
+async def test_the_default_streams_of_two_devices_are_told_apart(anyio_backend: object) -> None:
+    two_devices()
+    host = ais.HostBuffer(N, device="cuda:0")
+    host.numpy()[:] = 5
+    on = [ais.DeviceBuffer(N, f"cuda:{i}") for i in (0, 1)]  # on each default stream
+    for i, dev in enumerate(on):
+        ais.delay(0.01, stream=ais.default_stream(f"cuda:{i}"))
+        ais.copy_async(dev, host)  # one host buffer, both devices' default streams
+    del host
+    gc.collect()  # freed after both copies, however they are keyed
+    for i in (0, 1):
+        await ais.default_stream(f"cuda:{i}").synchronize()
+    backend = _backends.get("cuda")
+    keys = {backend.stream_default(i).key for i in (0, 1)}  # type: ignore[attr-defined]
+    assert len(keys) == 2
+
+
+# ---------------------------------------------------------------------- in programs of their own
+
+
+def program(code: str, *, timeout: float = 60, **env: str) -> Any:
+    """Run ``code`` in a new interpreter with this process's driver; the stand-in's exit report
+    (violations, leaks) ends up in stderr and the exit status."""
+    return run_python("-c", textwrap.dedent(code), timeout=timeout, **env)
+
+
+FAULT_AT_EXIT = """
+import ctypes, gc, anyio, aiostream as ais
+lib = ctypes.CDLL("libcuda.so.1")
+s = ais.Stream("cuda:0")
+kept = [ais.HostBuffer(64, device="cuda:0"), ais.Event("cuda:0")]
+with ais.use_stream(s):
+    dev = ais.DeviceBuffer(64, "cuda:0")
+dropped = [ais.Stream("cuda:0"), ais.HostBuffer(64, device="cuda:0")]
+lib.fake_cuda_fail_next_launch(719)
+ais.delay(0.01, stream=s)
+try:
+    s.synchronize_blocking()
+except ais.CudaError as exc:
+    print("failed", exc.name, flush=True)
+del dev, s  # each release fails now: counted, never raised
+dropped.clear()
+gc.collect()
+print("exiting", flush=True)
+"""
+
+
+@needs_stand_in
+def test_a_faulted_program_exits_without_tracebacks() -> None:
+    proc = program(FAULT_AT_EXIT)
+    assert "failed CUDA_ERROR_LAUNCH_FAILED" in proc.stdout and "exiting" in proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()  # at most one line: what could not be released
+    assert len(lines) <= 1, proc.stderr
+    assert not lines or "could not release" in lines[0]
+
+
+NO_POOLS = """
+import gc, numpy as np, anyio, aiostream as ais
+
+async def main():
+    s = ais.Stream("cuda:0")
+    up, down = ais.HostBuffer(4096, device="cuda:0"), ais.HostBuffer(4096, device="cuda:0")
+    up.numpy()[:] = 9
+    for _ in range(3):
+        with ais.use_stream(s):
+            dev = ais.DeviceBuffer(4096, "cuda:0")
+        ais.delay(0.01, stream=s)
+        ais.copy_async(dev, up, stream=s)
+        ais.copy_async(down, dev, stream=s)
+        del dev
+        gc.collect()  # freed (cuMemFree) only once the copies are done
+    await s.synchronize()
+    assert (down.numpy() == 9).all()
+    print("ok", flush=True)
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+def test_devices_without_memory_pools_allocate_and_free_in_order() -> None:
+    proc = program(NO_POOLS, FAKE_CUDA_NO_POOLS="1")
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+CANCELLED_AT_EXIT = """
+import sys, time, anyio, aiostream as ais
+
+loop, strategy, kernel_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+async def main():
+    s = ais.Stream("cuda:0")
+    ais.delay(kernel_s, stream=s)
+    with anyio.move_on_after(0.05):
+        await s.synchronize(strategy=strategy)
+    time.sleep(0.05)  # a thread is blocked on the kernel now
+    print("leaving", flush=True)
+
+anyio.run(main, backend=loop)
+"""
+
+
+@pytest.mark.parametrize(
+    ("loop", "strategy"),
+    [("asyncio", "thread"), ("asyncio", "hybrid"), ("trio", "thread"), ("asyncio", "callback")],
+)
+def test_exit_is_never_held_by_device_work(loop: str, strategy: str) -> None:
+    """A wait cancelled while a long kernel runs: the interpreter exits at once, and nothing a
+    thread is still blocked on is destroyed under it."""
+    kernel_s = "60" if FAKE is None else "6"
+    start = time.monotonic()
+    proc = run_python(
+        "-c",
+        textwrap.dedent(CANCELLED_AT_EXIT),
+        loop,
+        strategy,
+        kernel_s,
+        timeout=30,
+        FAKE_CUDA_RELAX="exit",  # the blocked marker and its context are left to the exit
+    )
+    took = time.monotonic() - start
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert took < 5.0, f"exit took {took:.1f} s"
+    assert "violation" not in proc.stderr, proc.stderr
+
+
+HELD_ELSEWHERE = """
+import ctypes, anyio, aiostream as ais
+lib = ctypes.CDLL("libcuda.so.1")
+s = ais.Stream("cuda:0")
+assert lib.fake_cuda_hold_primary(0, 1) == 0  # another library holds the primary context
+
+async def main():
+    ais.delay(0.2, stream=s)
+    with anyio.move_on_after(0.02):
+        await s.synchronize(strategy="callback")
+    print("leaving", flush=True)
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+def test_host_functions_pending_at_exit_run_no_python() -> None:
+    """With the context held by another library, aiostream's release does not reset it: a
+    host function still pending then runs after the interpreter has finalized. It is a C
+    function, so that is harmless."""
+    proc = program(HELD_ELSEWHERE, FAKE_CUDA_RELAX="exit")
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert "violation" not in proc.stderr, proc.stderr

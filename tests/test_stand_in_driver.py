@@ -1,0 +1,382 @@
+"""The stand-in driver keeps the CUDA driver API's documented contract: it refuses what the
+documentation says is invalid, so that the CUDA backend's tests fail where a GPU would.
+
+These talk to the stand-in through cuda-python's bindings directly (no aiostream), and run only
+where it is the driver (``test_fake_driver.py`` runs this file against it, with one and two
+devices).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import run_python
+from .stand_in import FAKE, take_violations
+
+pytestmark = pytest.mark.skipif(
+    FAKE is None, reason="tests the stand-in driver itself (test_fake_driver.py runs it)"
+)
+
+if FAKE is not None:
+    from cuda.bindings import driver as cu
+
+    from aiostream._backends.cuda.devices import sleep_ptx
+
+INVALID_VALUE, INVALID_CONTEXT, INVALID_HANDLE, NOT_READY, LAUNCH_FAILED = 1, 201, 400, 600, 719
+libc = ctypes.CDLL(None)
+libc.sem_post.argtypes = libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
+libc.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+
+
+def ok(result: tuple[Any, ...]) -> Any:
+    assert int(result[0]) == 0, result
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def code(result: tuple[Any, ...]) -> int:
+    return int(result[0])
+
+
+class Context:
+    """A device's primary context, retained for a test and pushed on demand."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.ctx = ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(index))))
+        self.module: Any = None
+
+    def __enter__(self) -> Context:
+        ok(cu.cuCtxPushCurrent(self.ctx))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ok(cu.cuCtxPopCurrent())
+
+    def release(self) -> None:
+        if self.module is not None:
+            with self:
+                ok(cu.cuModuleUnload(self.module))
+        ok(cu.cuDevicePrimaryCtxRelease(ok(cu.cuDeviceGet(self.index))))
+
+    def sleep(self, stream: Any, seconds: float) -> None:
+        """The sleep kernel on ``stream`` (context pushed by the caller)."""
+        if self.module is None:
+            self.module = ok(cu.cuModuleLoadData(sleep_ptx()))
+        fn = ok(cu.cuModuleGetFunction(self.module, b"aiostream_sleep"))
+        ns = round(seconds * 1e9)
+        ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0))
+
+
+@pytest.fixture
+def ctx0() -> Iterator[Context]:
+    take_violations()
+    c = Context(0)
+    yield c
+    FAKE.fake_cuda_clear_error()
+    c.release()
+
+
+def devices() -> int:
+    return int(ok(cu.cuDeviceGetCount()))
+
+
+def test_calls_on_a_contexts_objects_need_that_context_current(ctx0: Context) -> None:
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        event = ok(cu.cuEventCreate(2))
+    assert int(ok(cu.cuCtxGetCurrent())) == 0  # no context current on this thread
+    for result in (
+        cu.cuEventRecord(event, stream),
+        cu.cuEventQuery(event),
+        cu.cuStreamQuery(stream),
+        cu.cuStreamWaitEvent(stream, event, 0),
+        cu.cuStreamCreate(1),
+        cu.cuMemAllocAsync(64, stream),
+        cu.cuMemHostAlloc(64, 0),
+        cu.cuEventDestroy(event),
+        cu.cuStreamDestroy(stream),
+    ):
+        assert code(result) == INVALID_CONTEXT
+    n, log = take_violations()
+    assert n == 9 and "with no current context" in log
+    if devices() > 1:  # another device's context current is no better
+        other = Context(1)
+        with other:
+            assert code(cu.cuEventRecord(event, stream)) == INVALID_CONTEXT
+        other.release()
+        n, log = take_violations()
+        assert n == 1 and "on an object of cuda:0's context with cuda:1's context current" in log
+    with ctx0:  # and with it current, all is well
+        ok(cu.cuEventRecord(event, stream))
+        ok(cu.cuEventSynchronize(event))
+        ok(cu.cuEventDestroy(event))
+        ok(cu.cuStreamDestroy(stream))
+    assert take_violations()[0] == 0
+
+
+def test_an_event_is_recorded_on_a_stream_of_its_context() -> None:
+    if devices() < 2:
+        pytest.skip("needs two devices")
+    take_violations()
+    a, b = Context(0), Context(1)
+    with a:
+        event = ok(cu.cuEventCreate(2))
+    with b:
+        stream = ok(cu.cuStreamCreate(1))
+        assert code(cu.cuEventRecord(event, stream)) == INVALID_HANDLE
+        ok(cu.cuStreamDestroy(stream))
+    with a:
+        ok(cu.cuEventDestroy(event))
+    a.release()
+    b.release()
+    n, log = take_violations()
+    assert n == 1 and "an event of cuda:0 on a stream of cuda:1" in log
+
+
+def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        src = ok(cu.cuMemHostAlloc(16, 1))
+        dst = ok(cu.cuMemHostAlloc(16, 1))
+        dev = ok(cu.cuMemAllocAsync(16, stream))
+        ctypes.memset(src, 7, 16)
+        ctx0.sleep(stream, 0.05)
+        ok(cu.cuMemcpyHtoDAsync(dev, src, 16, stream))
+        ok(cu.cuMemcpyDtoHAsync(dst, dev, 16, stream))
+        assert ctypes.string_at(dst, 16) == bytes(16)  # not at the call
+        assert code(cu.cuStreamQuery(stream)) == NOT_READY
+        ok(cu.cuStreamSynchronize(stream))
+        assert ctypes.string_at(dst, 16) == bytes([7] * 16)
+        ok(cu.cuMemFreeAsync(dev, stream))
+        ok(cu.cuStreamSynchronize(stream))
+        ok(cu.cuMemFreeHost(src))
+        ok(cu.cuMemFreeHost(dst))
+        ok(cu.cuStreamDestroy(stream))
+    assert take_violations()[0] == 0
+
+
+def test_freeing_memory_that_pending_work_uses_is_reported(ctx0: Context) -> None:
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        host = ok(cu.cuMemHostAlloc(16, 1))
+        dev = ok(cu.cuMemAllocAsync(16, stream))
+        ctx0.sleep(stream, 0.02)
+        ok(cu.cuMemcpyHtoDAsync(dev, host, 16, stream))
+        ok(cu.cuMemFreeHost(host))  # the copy has not run yet
+        other = ok(cu.cuStreamCreate(1))
+        ok(cu.cuMemFreeAsync(dev, other))  # nothing orders this free after the copy
+        ok(cu.cuStreamSynchronize(stream))
+        ok(cu.cuStreamSynchronize(other))
+        ok(cu.cuStreamDestroy(stream))
+        ok(cu.cuStreamDestroy(other))
+    n, log = take_violations()
+    assert "cuMemFreeHost of pinned memory that 1 pending copies still use" in log
+    assert "cuMemFreeAsync freed device memory that 1 pending operation(s) still use" in log
+    assert n == 3, log  # and the copy itself then ran on freed memory
+
+
+def test_a_stream_ordered_allocation_is_used_elsewhere_only_after_it(ctx0: Context) -> None:
+    with ctx0:
+        alloc, other = ok(cu.cuStreamCreate(1)), ok(cu.cuStreamCreate(1))
+        host = ok(cu.cuMemHostAlloc(16, 1))
+        ctx0.sleep(alloc, 0.02)
+        unordered = ok(cu.cuMemAllocAsync(16, alloc))
+        ok(cu.cuMemcpyHtoDAsync(unordered, host, 16, other))
+        ok(cu.cuStreamSynchronize(other))
+        n, log = take_violations()
+        assert n == 1 and "before the allocation completed" in log
+        ctx0.sleep(alloc, 0.02)
+        ordered = ok(cu.cuMemAllocAsync(16, alloc))
+        after = ok(cu.cuEventCreate(2))
+        ok(cu.cuEventRecord(after, alloc))
+        ok(cu.cuStreamWaitEvent(other, after, 0))
+        ok(cu.cuMemcpyHtoDAsync(ordered, host, 16, other))
+        ok(cu.cuCtxSynchronize())
+        assert take_violations()[0] == 0
+        for ptr in (unordered, ordered):
+            ok(cu.cuMemFreeAsync(ptr, alloc))
+        ok(cu.cuCtxSynchronize())
+        ok(cu.cuMemFreeHost(host))
+        ok(cu.cuEventDestroy(after))
+        for s in (alloc, other):
+            ok(cu.cuStreamDestroy(s))
+
+
+def test_pinned_memory_of_another_context_needs_to_be_portable() -> None:
+    if devices() < 2:
+        pytest.skip("needs two devices")
+    take_violations()
+    a, b = Context(0), Context(1)
+    with a:
+        plain = ok(cu.cuMemHostAlloc(16, 0))
+        portable = ok(cu.cuMemHostAlloc(16, 1))  # CU_MEMHOSTALLOC_PORTABLE
+    with b:
+        stream = ok(cu.cuStreamCreate(1))
+        dev = ok(cu.cuMemAlloc(16))
+        ok(cu.cuMemcpyHtoDAsync(dev, portable, 16, stream))
+        assert take_violations()[0] == 0
+        ok(cu.cuMemcpyHtoDAsync(dev, plain, 16, stream))
+        ok(cu.cuStreamSynchronize(stream))
+        n, log = take_violations()
+        assert n == 1 and "without CU_MEMHOSTALLOC_PORTABLE" in log
+        ok(cu.cuMemFree(dev))
+        ok(cu.cuStreamDestroy(stream))
+    with a:
+        ok(cu.cuMemFreeHost(plain))
+        ok(cu.cuMemFreeHost(portable))
+    a.release()
+    b.release()
+
+
+def test_a_sticky_error_belongs_to_its_context_and_stops_host_functions(ctx0: Context) -> None:
+    sem = ctypes.create_string_buffer(64)
+    libc.sem_init(sem, 0, 0)
+    launch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+        ok(cu.cuGetProcAddress(b"cuLaunchHostFunc", 10000, 0))[0]
+    )
+    post = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        assert launch(int(stream), post, ctypes.addressof(sem)) == 0  # runs: a C function
+        ok(cu.cuStreamSynchronize(stream))
+        FAKE.fake_cuda_fail_next_launch(LAUNCH_FAILED)
+        ctx0.sleep(stream, 0.01)
+        assert launch(int(stream), post, ctypes.addressof(sem)) == 0  # after the fault
+        assert code(cu.cuStreamSynchronize(stream)) == LAUNCH_FAILED
+        assert code(cu.cuStreamCreate(1)) == LAUNCH_FAILED  # every later call in the context
+        value = ctypes.c_int()
+        libc.sem_getvalue(sem, ctypes.byref(value))
+        assert value.value == 1  # the host function after the fault never ran
+        FAKE.fake_cuda_clear_error()  # (a real context stays failed)
+        ok(cu.cuStreamDestroy(stream))
+    if devices() > 1:
+        other = Context(1)
+        with other:  # another device's context is not failed
+            s = ok(cu.cuStreamCreate(1))
+            ok(cu.cuStreamSynchronize(s))
+            ok(cu.cuStreamDestroy(s))
+        other.release()
+    assert take_violations()[0] == 0
+
+
+def test_a_host_function_that_runs_python_is_reported(ctx0: Context) -> None:
+    """cuda-python's own cuLaunchHostFunc launches a wrapper that takes the GIL on the driver's
+    thread, whatever function it is given: the stand-in refuses it as Python."""
+    sem = ctypes.create_string_buffer(64)
+    libc.sem_init(sem, 0, 0)
+    post = cu.CUhostFn(ctypes.cast(libc.sem_post, ctypes.c_void_p).value)
+    before = FAKE.fake_cuda_host_calls_python()
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        ok(cu.cuLaunchHostFunc(stream, post, ctypes.addressof(sem)))
+        ok(cu.cuStreamSynchronize(stream))
+        ok(cu.cuStreamDestroy(stream))
+    assert FAKE.fake_cuda_host_calls_python() == before + 1
+    n, log = take_violations()
+    assert n == 1 and "no C function of a loaded library" in log
+
+
+def test_a_chosen_call_fails_on_its_nth_call(ctx0: Context) -> None:
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        event = ok(cu.cuEventCreate(2))
+        assert FAKE.fake_cuda_fail_call(b"cuEventRecord", 2, 999)
+        ok(cu.cuEventRecord(event, stream))
+        assert code(cu.cuEventRecord(event, stream)) == 999
+        ok(cu.cuEventRecord(event, stream))
+        ok(cu.cuEventDestroy(event))
+        ok(cu.cuStreamDestroy(stream))
+
+
+def test_priorities_are_recorded(ctx0: Context) -> None:
+    with ctx0:
+        stream = ok(cu.cuStreamCreateWithPriority(1, -3))
+        assert FAKE.fake_cuda_stream_priority(int(stream)) == -3
+        assert ok(cu.cuStreamGetPriority(stream)) == -3
+        ok(cu.cuStreamDestroy(stream))
+
+
+# ---------------------------------------------------------------------- in a process of its own
+
+
+def _run(code_: str, **env: str) -> Any:
+    return run_python("-c", PRELUDE + textwrap.dedent(code_), **env)
+
+
+PRELUDE = """
+import ctypes
+from cuda.bindings import driver as cu
+cu.cuInit(0)
+ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
+cu.cuCtxPushCurrent(ctx)
+"""
+
+
+def test_freed_pinned_memory_is_unmapped_and_touching_it_crashes() -> None:
+    proc = _run(
+        """
+        p = cu.cuMemHostAlloc(4096, 0)[1]
+        ctypes.memset(p, 1, 4096)
+        cu.cuMemFreeHost(p)
+        print("freed", flush=True)
+        ctypes.memset(p, 2, 4096)
+        print("survived", flush=True)
+        """
+    )
+    assert "freed" in proc.stdout and "survived" not in proc.stdout
+    assert proc.returncode == -11  # SIGSEGV, as on a GPU's unmapped pages
+
+
+def test_at_exit_it_reports_violations_and_fails_the_process() -> None:
+    proc = _run("cu.cuCtxPopCurrent()\ncu.cuStreamCreate(1)\ncu.cuCtxPushCurrent(ctx)")
+    assert proc.returncode == 70, proc.stderr
+    assert "fake_cuda: at exit: 1 violation(s)" in proc.stderr
+    assert "cuStreamCreateWithPriority with no current context" in proc.stderr
+
+
+def test_at_exit_it_reports_live_handles_unless_relaxed() -> None:
+    leak = "cu.cuStreamCreate(1)"
+    proc = _run(leak)
+    assert proc.returncode == 70 and "1 live handle(s), 1 stream" in proc.stderr
+    assert _run(leak, FAKE_CUDA_RELAX="exit").returncode == 0
+
+
+def test_the_report_is_quiet_when_all_is_well() -> None:
+    proc = _run("cu.cuCtxPopCurrent()\ncu.cuDevicePrimaryCtxRelease(0)")
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+def test_releasing_the_last_reference_resets_the_context() -> None:
+    proc = _run(
+        """
+        lib = ctypes.CDLL("libcuda.so.1")
+        stream = cu.cuStreamCreate(1)[1]
+        cu.cuMemHostAlloc(16, 1)
+        cu.cuCtxPopCurrent()
+        cu.cuDevicePrimaryCtxRelease(0)
+        print("live", lib.fake_cuda_live(0), lib.fake_cuda_live(3), flush=True)
+        cu.cuCtxPushCurrent(cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1])
+        print("query", int(cu.cuStreamQuery(stream)[0]), flush=True)
+        """
+    )
+    assert "live 0 0\nquery 400\n" in proc.stdout, proc.stdout + proc.stderr
+    assert "2 handle(s) leaked at a context reset" in proc.stderr  # both were still alive
+    assert "used after it was destroyed with its context" in proc.stderr
+    assert proc.returncode == 70
+
+
+def test_time_passes_for_device_work_as_it_does_on_a_gpu(ctx0: Context) -> None:
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        start = time.perf_counter()
+        ctx0.sleep(stream, 0.05)
+        assert code(cu.cuStreamQuery(stream)) == NOT_READY
+        ok(cu.cuStreamSynchronize(stream))
+        assert 0.045 <= time.perf_counter() - start < 1.0
+        ok(cu.cuStreamDestroy(stream))

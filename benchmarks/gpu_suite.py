@@ -20,6 +20,11 @@ and each step's raw output as ``OUTDIR/<step>.txt``. The steps:
 7. ``bench-server``: ``benchmarks/bench_server.py --device cuda:0``, the inference server
    example on the GPU (needs fastapi, uvicorn and httpx: ``gpu_suite.sh`` installs them from
    ``.whl/``).
+8. ``contract``: ``benchmarks/gpu_contract.py``, the driver's contract on hardware: the caller's
+   current context kept, a HostBuffer view after collection, exit within 1 s with a 60 s
+   kernel pending, a faulted kernel with no traceback at exit, a cross-device copy, and the
+   DataLoader feeding PyTorch kernels under ``set_sync_debug_mode("error")`` and PyTorch's
+   CUDA stream sanitizer.
 
 Without a CUDA device, steps 2-5 are marked "not run" with the reason. Against the stand-in
 driver of the tests (``tests/fake_cuda``) everything runs, and the report says that its figures
@@ -97,6 +102,7 @@ def steps(quick: bool) -> list[Step]:
     bounds = ["--bounds", "400,3200"] + (["--quick"] if quick else [])
     server = [py, "benchmarks/bench_server.py", "--device", "cuda:0", *bounds]
     out.append(Step("bench-server", server, 300))
+    out.append(Step("contract", [py, "benchmarks/gpu_contract.py"], 540))
     return out
 
 
@@ -156,6 +162,9 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.notes += [line for line in lines if line.startswith("FAILED")]
     elif step.name == "aiostream-bench":
         step.summary = "; ".join(line for line in lines if line.startswith("| cuda:"))
+    elif step.name == "contract":
+        step.summary = last
+        step.notes = [line for line in lines if ": failed," in line or ": skipped," in line]
     elif step.name.startswith("demo-"):
         keep = ("overlap efficiency", "speed-up", "bottleneck")
         step.summary = "; ".join(line for line in lines if line.startswith(keep))

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -223,7 +224,7 @@ def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(stand_in: Path, tmp_path:
     assert "- device: the stand-in driver of tests/fake_cuda" in report
     for step in (
         *("info", "cuda-tests", "bench-cuda", "demo-asyncio", "demo-trio"),
-        *("aiostream-bench", "bench-server"),
+        *("aiostream-bench", "bench-server", "contract"),
     ):
         assert re.search(rf"^\| {step} \| passed \|", report, re.MULTILINE), report
         assert (tmp_path / f"{step}.txt").exists()
@@ -241,8 +242,35 @@ def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Pa
     assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
     assert (
         len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report, re.MULTILINE))
-        == 8
+        == 9
     ), report
+
+
+def test_the_gpu_contract_scenarios_run_on_the_stand_in(stand_in: Path) -> None:
+    """benchmarks/gpu_contract.py with two stand-in devices: every scenario that needs neither
+    PyTorch nor a real GPU passes; the PyTorch ones skip and say why."""
+    proc = run(stand_in, "benchmarks/gpu_contract.py", timeout=300, FAKE_CUDA_DEVICES="2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("context-kept", "host-view", "exit", "fault-exit", "cross-device-copy"):
+        assert re.search(rf"^{name}: passed, ", proc.stdout, re.MULTILINE), proc.stdout
+    for name in ("loader-sync-debug", "loader-sanitizer"):
+        assert re.search(rf"^{name}: skipped, needs PyTorch", proc.stdout, re.MULTILINE)
+    assert proc.stdout.strip().endswith("contract: 5 passed, 2 skipped, 0 failed")
+
+
+def test_the_gpu_contract_scenarios_compile() -> None:
+    """Their sources, PyTorch ones included, are at least valid Python here."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_contract", ROOT / "benchmarks/gpu_contract.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name in ("CONTEXT_KEPT", "HOST_VIEW", "EXIT", "FAULT_EXIT", "CROSS_DEVICE", "LOADER_TORCH"):
+        source = getattr(module, name)
+        if name == "FAULT_EXIT":
+            source = module.TRAP_PTX + source
+        compile(textwrap.dedent(module.PRELUDE) + textwrap.dedent(source), name, "exec")
 
 
 NVTX = """

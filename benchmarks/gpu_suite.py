@@ -6,7 +6,9 @@ Writes ``OUTDIR/report.md`` (the machine, the GPU and its driver, the date, one 
 and each step's raw output as ``OUTDIR/<step>.txt``. The steps:
 
 1. ``info``: ``python -m aiostream info``.
-2. ``cuda-tests``: ``tests/test_cuda.py``, the conformance suite on ``cuda:0`` and
+2. ``cuda-tests``: ``tests/test_cuda.py``, ``tests/test_cuda_contract.py`` (the driver's
+   contract: contexts, memory lifetimes, stream order, faults and exit), the conformance suite
+   on ``cuda:0`` and
    ``tests/test_gpu_interop.py`` (PyTorch, CuPy and cuda.core interop, an interprocess event
    awaited in a spawned child, a trapping kernel), on asyncio, uvloop and trio; every skip is
    listed with its reason.
@@ -78,6 +80,7 @@ def steps(quick: bool) -> list[Step]:
                 "-p",
                 "no:cacheprovider",
                 "tests/test_cuda.py",
+                "tests/test_cuda_contract.py",
                 "tests/test_conformance.py",
                 "tests/test_gpu_interop.py",
                 "-k",

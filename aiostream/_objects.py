@@ -91,8 +91,9 @@ class Awaitable(DeviceObject):
         failed)."""
         raise NotImplementedError
 
-    def _capture(self) -> WaitTarget:
-        """The work to wait for, fixed now."""
+    def _capture(self, wake: bool) -> WaitTarget:
+        """The work to wait for, fixed now; ``wake``: the backend is to learn of its completion
+        promptly (see ``Backend.stream_capture``)."""
         raise NotImplementedError
 
     def _subject(self) -> str:
@@ -111,8 +112,9 @@ class Awaitable(DeviceObject):
                 ``"thread"`` or ``"callback"`` (see :func:`aiostream.set_wait_strategy`).
 
         Note:
-            On CUDA this is ``cuStreamQuery`` / ``cuEventQuery``, then a wait for a marker
-            event recorded after the work; the event loop never blocks.
+            On CUDA this is ``cuStreamQuery`` / ``cuEventQuery``, then a wait for a value the
+            device writes after the work (``cuStreamWriteValue32``); the event loop never
+            blocks.
         """
         if strategy is not None:
             _waiting.check_strategy(strategy)
@@ -122,7 +124,9 @@ class Awaitable(DeviceObject):
             else:
                 await _waiting.observed(self._subject(), str(self._device))
             return
-        target = self._capture()
+        if strategy is None:
+            strategy = _waiting.get_wait_strategy()
+        target = self._capture(strategy in _waiting.WAKE)
         await _waiting.wait(
             self._backend, self._device.index, target, self._subject(), self._origin, strategy
         )
@@ -133,11 +137,12 @@ class Awaitable(DeviceObject):
         For threads that run no event loop; in a loop's thread it raises instead of blocking.
 
         Note:
-            Wraps ``cuStreamSynchronize`` / ``cuEventSynchronize`` on CUDA.
+            On CUDA the thread waits for the device's watcher, as awaits do, in short timed
+            waits: Ctrl-C reaches the main thread meanwhile.
         """
         if self.query():
             return
-        _waiting.wait_blocking(self._backend, self._capture(), self._what)
+        _waiting.wait_blocking(self._backend, self._capture(True), self._what)
 
 
 def handle(obj: DeviceObject) -> Any:

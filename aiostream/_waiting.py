@@ -11,23 +11,22 @@ Between sweeps the waiter sleeps as long as the backend says nothing can change
 woken early by a new wait or by the backend's notification (a manual clock advanced, from any
 thread). It exits when nothing is pending, so an idle program has no task of ours.
 
-A backend that cannot tell when work completes (CUDA: ``completion_times`` is False) is watched
-with a *strategy*, chosen per wait (see :func:`set_wait_strategy`):
+Every backend tells the waiter when a wait's work completes (``WaitTarget.watch``), from a
+thread of its own: the virtual backend from whichever thread moves its simulation, the CUDA
+backend from its device's watcher thread (see ``_backends/cuda/watcher.py``: completion flags
+the device writes, at most one thread per device whatever the load, no Python on a driver
+thread). A CUDA wait's *strategy* (:func:`set_wait_strategy`) says how promptly the backend
+learns it, and whether the loop also polls it:
 
-- ``poll``: check on the next loop turns for ``SPIN_S`` after the last progress, then sleep for
-  half the time since then, up to ``POLL_CAP_S``: latency stays within half of the wait, and a
-  long wait costs one check every ``POLL_CAP_S``.
-- ``thread``: hand the wait to a thread at once; the thread blocks in the driver on a
-  blocking-sync marker (``Backend.block``, no CPU) and the loop resumes when it returns. Each
-  stream has at most one such thread, as only the head of each lane is handed over. The
-  threads are daemons of aiostream's own (:class:`_Blockers`): interpreter exit never waits
-  for device work, as it would for anyio's worker threads on asyncio.
-- ``hybrid`` (the default): ``poll`` for the first ``HYBRID_HANDOFF_S`` of a wait, then
-  ``thread``: short waits are caught by the cheap checks, long ones cost no CPU.
-- ``callback``: the driver runs a host function when the work completes, and the backend
-  calls back (``Backend.notify_done``) from a thread of its own, never the driver's: no Python
-  runs on a driver thread. A slow check every ``CALLBACK_SAFETY_S`` covers host functions the
-  driver never runs (after a device failure).
+- ``hybrid`` (the default): the loop checks the wait on its next turns for ``SPIN_S`` after the
+  last progress, then with back-off, for the first ``HYBRID_HANDOFF_S``: short waits resume
+  without any thread. Meanwhile a host function, enqueued after the work, wakes the device's
+  watcher when it completes: long waits cost no CPU.
+- ``poll``: the loop alone checks, on its next turns for ``SPIN_S``, then sleeping for half the
+  time since the last progress, up to ``POLL_CAP_S``. No thread, no host function.
+- ``thread``: the device's watcher alone, which polls the completion flags with a back-off up
+  to 2 ms. No host function: nothing is added to the user's stream but the flag's write.
+- ``callback``: the watcher alone, woken by the host function.
 
 Everything else goes through anyio; the loop-specific pieces are how a background task is
 spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and uvloop,
@@ -37,7 +36,6 @@ spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asy
 from __future__ import annotations
 
 import asyncio
-import functools
 import heapq
 import itertools
 import logging
@@ -47,8 +45,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from queue import Empty, SimpleQueue
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -58,10 +55,11 @@ from . import _diagnostics, _hooks
 from ._errors import AiostreamError
 
 if TYPE_CHECKING:
-    from ._backends.base import AnyBackend, WaitTarget, WatchedTarget
+    from ._backends.base import AnyBackend, WaitTarget
 
 __all__ = [
     "STRATEGIES",
+    "WAKE",
     "checkpoint",
     "get_wait_strategy",
     "in_loop_thread",
@@ -83,9 +81,10 @@ _COMPACT_MIN = 64
 STRATEGIES = ("hybrid", "poll", "thread", "callback")
 SPIN_S = 100e-6  #: poll: check every loop turn this long after progress
 POLL_CAP_S = 2e-3  #: poll: the longest sleep between checks
-HYBRID_HANDOFF_S = 1e-3  #: hybrid: a wait this old goes to a thread
+HYBRID_HANDOFF_S = 1e-3  #: hybrid: the loop stops checking a wait this old
+#: the strategies whose waits ask the backend to learn of completion promptly
+WAKE = frozenset({"hybrid", "callback"})
 _loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
-CALLBACK_SAFETY_S = 0.05  #: callback: the slow check for host functions that never run
 _ENV = "AIOSTREAM_WAIT_STRATEGY"
 _strategy: str | None = None  # set_wait_strategy(); None: $AIOSTREAM_WAIT_STRATEGY or hybrid
 
@@ -103,9 +102,11 @@ def set_wait_strategy(strategy: str | None) -> None:
     """Choose how waits on CUDA devices are watched, for every loop and thread.
 
     Args:
-        strategy: ``"hybrid"`` (the default: poll briefly, then a thread), ``"poll"``,
-            ``"thread"`` or ``"callback"`` (opt-in: runs Python on a driver thread); None
-            goes back to ``$AIOSTREAM_WAIT_STRATEGY``, or ``"hybrid"`` when it is unset.
+        strategy: ``"hybrid"`` (the default: the loop checks briefly, the device's watcher
+            thread wakes it for longer waits), ``"poll"`` (the loop alone), ``"thread"`` (the
+            watcher alone, polling: nothing added to your stream) or ``"callback"`` (the
+            watcher alone, woken by a host function); None goes back to
+            ``$AIOSTREAM_WAIT_STRATEGY``, or ``"hybrid"`` when it is unset.
             ``await x.synchronize(strategy=...)`` overrides it for one wait.
 
     The virtual backend knows when its work completes, so it ignores the strategy: its waits
@@ -169,7 +170,6 @@ class _Entry:
         "dead",
         "error",
         "finished",
-        "handed",
         "parked",
         "record",
         "since",
@@ -197,7 +197,6 @@ class _Entry:
         self.error: BaseException | None = None
         self.finished = False
         self.dead = False
-        self.handed = False  # given to a thread (thread, hybrid) or to the driver (callback)
 
     def __call__(self) -> None:
         """The backend says the work completed (``WaitTarget.watch``); any thread."""
@@ -253,6 +252,7 @@ class _Waiter:
         self._pending = 0
         self._running = False
         self._kicked = False
+        self._kick_sent = False  # a wake-up from another thread is on its way to the loop
         self._scope: anyio.CancelScope | None = None
         # The task, strongly referenced: asyncio keeps only weak references to its tasks.
         self._task: object = None
@@ -309,8 +309,16 @@ class _Waiter:
     def _kick_threadsafe(self) -> None:
         if threading.get_ident() == self._thread:
             self._kick()
-        else:
-            self._soon_threadsafe(self._kick)
+        elif not self._kick_sent:
+            # One wake-up in flight at a time, however many completions a watcher thread
+            # reports: the loop clears the flag before its sweep, so a completion told after
+            # the clear sends another, and one told before is swept.
+            self._kick_sent = True
+            self._soon_threadsafe(self._kicked_from_afar)
+
+    def _kicked_from_afar(self) -> None:
+        self._kick_sent = False
+        self._kick()
 
     def _soon_threadsafe(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` in the loop's thread soon; from any thread."""
@@ -434,8 +442,7 @@ class _TimedWaiter(_Waiter):
     """
 
     def _added(self, entry: _Entry) -> None:
-        target = cast("WatchedTarget", entry.target)  # completion_times promises it
-        target.watch(entry)
+        entry.target.watch(entry)
 
     def _sweep(self) -> float | None:
         # The hint first: it brings the backend up to date, which tells the targets whose
@@ -451,96 +458,83 @@ class _TimedWaiter(_Waiter):
 
 
 class _StrategyWaiter(_Waiter):
-    """For backends that cannot tell when work completes (CUDA): waits watched by strategy.
+    """For backends that cannot say when work will complete (CUDA): the backend tells of
+    completions (``watch``) as it learns them, and the loop also polls the waits whose
+    strategy says so (``poll``; ``hybrid`` for its first ``HYBRID_HANDOFF_S``).
 
-    Waits on one stream (a *lane*) complete in order, so only the head of each lane is
-    watched, by its strategy: polled heads in one batch when the poll is due, heads handed to
-    a thread or to a host function when that reports back. A wake visits only those lanes.
+    Waits on one stream (a *lane*) complete in order, so the loop polls only the head of each
+    lane, each lane on its own schedule (every loop turn for ``SPIN_S`` of its head's age,
+    then every half of that age, up to ``POLL_CAP_S``), kept in a heap: a wake visits only the
+    lanes that are due, and a new wait costs O(log n) however many are pending.
     """
 
     def __init__(self, backend: AnyBackend, index: int, registry: dict[tuple[int, int], _Waiter]):
         super().__init__(backend, index, registry)
-        self._lanes: dict[Hashable, list[tuple[int, int, _Entry]]] = {}
+        self._lanes: dict[Hashable, list[tuple[int, int, _Entry]]] = {}  # polled entries
         self._order = itertools.count()
         self._dead = 0
-        self._visit: dict[Hashable, None] = {}  # lanes that may have progressed
-        self._polled: dict[Hashable, None] = {}  # lanes whose head is polled (poll, hybrid)
-        self._called: dict[Hashable, None] = {}  # lanes whose head waits for a host function
-        self._poll_at = 0.0  # loop time of the next poll of ``_polled`` (back-off)
-        self._handoff_at = math.inf  # loop time of the next hybrid hand-off among them
-        self._safety_at = 0.0  # loop time of the next check for host functions that never ran
-        self._progress_at = 0.0  # loop time of the last progress, for poll's back-off
+        self._due_at: dict[Hashable, float] = {}  # each polled lane's next look (loop time)
+        self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
 
     def _added(self, entry: _Entry) -> None:
-        self._progress_at = entry.since
-        lane = entry.target.lane
-        heap = self._lanes.get(lane)
-        if heap is None:
-            heap = self._lanes[lane] = []
-        heapq.heappush(heap, (entry.target.seq, next(self._order), entry))
-        if heap[0][2] is entry:  # a new head: it needs a look
-            self._visit[lane] = None
-            self._kick()
+        if entry.strategy != "poll":
+            entry.target.watch(entry)
+        if entry.strategy in ("hybrid", "poll"):
+            lane = entry.target.lane
+            heap = self._lanes.get(lane)
+            if heap is None:
+                heap = self._lanes[lane] = []
+            heapq.heappush(heap, (entry.target.seq, next(self._order), entry))
+            if heap[0][2] is entry:  # a new head: look at it on the next turn
+                self._plan(lane, entry.since)
+                self._kick()
+
+    def _plan(self, lane: Hashable, at: float) -> None:
+        if self._due_at.get(lane, math.inf) > at:
+            self._due_at[lane] = at
+            heapq.heappush(self._schedule, (at, next(self._order), lane))
 
     def _discarded(self, entry: _Entry) -> None:
         self._dead += 1
         if self._dead >= _COMPACT_MIN and self._dead > self._pending:
             self._compact()
-        self._visit[entry.target.lane] = None  # its lane may have a new head to watch
-        self._kick()
 
     def _compact(self) -> None:
         for lane, heap in list(self._lanes.items()):
-            live = [item for item in heap if not item[2].dead]
+            live = [item for item in heap if not (item[2].dead or item[2].finished)]
             if live:
                 heapq.heapify(live)
                 self._lanes[lane] = live
             else:
                 del self._lanes[lane]
-                self._polled.pop(lane, None)
-                self._called.pop(lane, None)
         self._dead = 0
-
-    def _report(self, lane: Hashable) -> None:
-        """The thread or host function watching ``lane``'s head returned (loop thread)."""
-        self._visit[lane] = None
-        self._kick()
 
     def _sweep(self) -> float | None:
         now = _loop_time()
-        visit, self._visit = self._visit, {}
-        poll = bool(self._polled) and now >= min(self._poll_at, self._handoff_at)
-        if poll:
-            visit.update(self._polled)
-            self._handoff_at = math.inf  # the visits below set it again
-        if self._called and now >= self._safety_at:
-            # Host functions never run once a device failed: one check of one head tells
-            # (errors are sticky per device), and then every such lane is visited.
-            self._safety_at = now + CALLBACK_SAFETY_S
-            lane = next(iter(self._called))
-            heap = self._lanes.get(lane)
-            if heap is None or heap[0][2].dead or self._check(heap[0][2]):
-                visit.update(self._called)
-        pending = self._pending
-        for lane in visit:
-            self._sweep_lane(lane, now)
-        if self._pending < pending:
-            self._progress_at = now
-        if poll or self._pending < pending:
-            quiet = now - self._progress_at
-            self._poll_at = now + (0.0 if quiet < SPIN_S else min(POLL_CAP_S, quiet / 2))
-        delay: float | None = None
-        if self._polled:
-            delay = max(0.0, min(self._poll_at, self._handoff_at) - now)
-        if self._called:
-            safety = max(0.0, self._safety_at - now)
-            delay = safety if delay is None else min(delay, safety)
-        if self._visit:  # a lane reported back while we swept
-            delay = 0.0
-        return delay
+        due = self._due
+        while due:  # what the backend told of
+            entry = due.popleft()
+            if not (entry.dead or entry.finished):
+                self._check(entry)
+        schedule = self._schedule
+        lanes = []  # the lanes due now, taken first: a lane planned again goes to a later turn
+        while schedule and schedule[0][0] <= now:
+            at, _, lane = heapq.heappop(schedule)
+            if self._due_at.get(lane) == at:  # else planned again since: a later entry stands
+                del self._due_at[lane]
+                lanes.append(lane)
+        for lane in lanes:
+            head = self._sweep_lane(lane, now)
+            if head is not None:
+                age = now - head.since
+                self._plan(lane, now if age < SPIN_S else now + min(POLL_CAP_S, age / 2))
+        if not schedule:
+            return None  # until the backend tells, or a new wait comes
+        return max(0.0, schedule[0][0] - now)
 
-    def _sweep_lane(self, lane: Hashable, now: float) -> None:
-        """Finish the lane's completed waits in order, then watch its new head."""
+    def _sweep_lane(self, lane: Hashable, now: float) -> _Entry | None:
+        """Finish the lane's completed waits in order, and stop polling hybrid's old ones;
+        return the head still to poll, if any."""
         heap = self._lanes.get(lane)
         while heap:
             entry = heap[0][2]
@@ -551,111 +545,18 @@ class _StrategyWaiter(_Waiter):
             if entry.finished or self._check(entry):
                 heapq.heappop(heap)
                 continue
-            self._plan(lane, entry, now)
-            return
+            if entry.strategy == "hybrid" and now - entry.since >= HYBRID_HANDOFF_S:
+                heapq.heappop(heap)  # the backend's watcher has it from here
+                continue
+            return entry
         self._lanes.pop(lane, None)
-        self._polled.pop(lane, None)
-        self._called.pop(lane, None)
-
-    def _plan(self, lane: Hashable, entry: _Entry, now: float) -> None:
-        """Watch a pending head by its strategy."""
-        strategy = entry.strategy
-        if strategy == "hybrid" and now - entry.since >= HYBRID_HANDOFF_S:
-            strategy = "thread"
-        if strategy == "thread":
-            self._polled.pop(lane, None)
-            self._hand_off(lane, entry)
-        elif strategy == "callback":
-            self._polled.pop(lane, None)
-            self._called[lane] = None
-            self._notify(lane, entry)
-        else:  # poll, or hybrid until its hand-off
-            if lane not in self._polled:
-                self._polled[lane] = None
-                self._poll_at = min(self._poll_at, now)  # a new head: poll it next turn
-            if strategy == "hybrid":
-                self._handoff_at = min(self._handoff_at, entry.since + HYBRID_HANDOFF_S)
-
-    def _hand_off(self, lane: Hashable, entry: _Entry) -> None:
-        if not entry.handed:
-            entry.handed = True
-            _blockers.run(functools.partial(self._block, lane, entry))
-
-    def _block(self, lane: Hashable, entry: _Entry) -> None:
-        """In a blocker thread: block until the head is done, then tell the loop."""
-        try:
-            self.backend.block(entry.target)
-        finally:
-            self._soon_threadsafe(functools.partial(self._blocked, lane, entry))
-
-    def _blocked(self, lane: Hashable, entry: _Entry) -> None:
-        entry.handed = False  # were it somehow not done, the next look hands it again
-        self._report(lane)
-
-    def _notify(self, lane: Hashable, entry: _Entry) -> None:
-        if not entry.handed:
-            entry.handed = True
-            report = functools.partial(self._report_threadsafe, lane)
-            try:
-                self.backend.notify_done(entry.target, report)
-            except AiostreamError:
-                pass  # the device failed: the next check raises its error into the wait
-
-    def _report_threadsafe(self, lane: Hashable) -> None:
-        self._soon_threadsafe(functools.partial(self._report, lane))
+        return None
 
     def _abandoned(self) -> None:
         self._lanes.clear()
-        self._polled.clear()
-        self._called.clear()
-        self._visit.clear()
+        self._due_at.clear()
+        self._schedule.clear()
         self._dead = 0
-
-
-class _Blockers:
-    """The daemon threads that block in the driver for the ``thread`` strategy.
-
-    Daemons, so that interpreter exit (Ctrl-C included) never waits for device work; an idle
-    one takes the next job, and leaves after ``IDLE_S`` without one.
-    """
-
-    IDLE_S = 10.0
-
-    def __init__(self) -> None:
-        self._jobs: SimpleQueue[Callable[[], object]] = SimpleQueue()
-        self._lock = threading.Lock()
-        self._idle = 0
-        self._names = itertools.count(1)
-
-    def run(self, job: Callable[[], object]) -> None:
-        with self._lock:  # ``_idle``: threads waiting for a job, less the jobs queued
-            self._jobs.put(job)
-            start = self._idle == 0
-            if not start:
-                self._idle -= 1
-        if start:
-            name = f"aiostream blocker {next(self._names)}"
-            threading.Thread(target=self._work, name=name, daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=self.IDLE_S)
-            except Empty:
-                with self._lock:
-                    if self._jobs.empty():
-                        self._idle -= 1
-                        return
-                continue
-            try:
-                job()
-            except Exception:  # never lose the thread to a job's failure
-                logger.exception("aiostream: a blocking wait failed")
-            with self._lock:
-                self._idle += 1
-
-
-_blockers = _Blockers()
 
 
 def _waiter(backend: AnyBackend, index: int) -> _Waiter:

@@ -40,7 +40,7 @@ class Event(_objects.Awaitable):
         Wraps ``cuEventCreate``, ``cuEventRecord`` and ``cuEventQuery`` on CUDA.
     """
 
-    __slots__ = ("_blocking", "_interprocess", "_timing")
+    __slots__ = ("_blocking", "_interprocess", "_recorded_on", "_timing")
 
     _what = "event"
 
@@ -63,6 +63,7 @@ class Event(_objects.Awaitable):
         dev = _resolve_device(device)
         # the device-side event is created at the first record (_create), as PyTorch does
         self._bind(dev, _backends.get(dev.type), None, None)
+        self._recorded_on: int | None = None  # the stream of its last record, for listings
 
     def _create(self) -> Any:
         handle = self._backend.event_create(
@@ -106,6 +107,7 @@ class Event(_objects.Awaitable):
         _objects.check_same_backend(self, stream)
         handle = self._handle if self._handle is not None else self._create()
         self._backend.event_record(handle, _objects.handle(stream))
+        self._recorded_on = stream.stream_id
         if _diagnostics.debug:
             self._origin = _objects.note_submission(stream)
 
@@ -123,12 +125,13 @@ class Event(_objects.Awaitable):
         """
         return True if self._handle is None else self._backend.event_query(self._handle)
 
-    def _capture(self) -> WaitTarget:
-        target: WaitTarget = self._backend.event_capture(self._handle)
+    def _capture(self, wake: bool) -> WaitTarget:
+        target: WaitTarget = self._backend.event_capture(self._handle, wake)
         return target
 
     def _subject(self) -> str:
-        return f"event {self.event_id}"
+        on = self._recorded_on
+        return f"event {self.event_id}" + ("" if on is None else f" on stream {on}")
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between this event and ``end_event``, both complete and timed.
@@ -218,4 +221,5 @@ def foreign_event(device: Device, backend: AnyBackend, handle: Any) -> Event:
     event = _objects.unowned(Event, device, backend, handle)
     flags = True, False, False  # timing, blocking, interprocess
     event._timing, event._blocking, event._interprocess = flags  # noqa: SLF001 (this module's)
+    event._recorded_on = None  # noqa: SLF001
     return event

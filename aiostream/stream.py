@@ -102,8 +102,8 @@ class Stream(_objects.Awaitable):
         """
         return self._backend.stream_query(self._handle)
 
-    def _capture(self) -> WaitTarget:
-        target: WaitTarget = self._backend.stream_capture(self._handle)
+    def _capture(self, wake: bool) -> WaitTarget:
+        target: WaitTarget = self._backend.stream_capture(self._handle, wake)
         return target
 
     def _subject(self) -> str:

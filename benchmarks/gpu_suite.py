@@ -81,6 +81,7 @@ def steps(quick: bool) -> list[Step]:
                 "no:cacheprovider",
                 "tests/test_cuda.py",
                 "tests/test_cuda_contract.py",
+                "tests/test_cuda_waits.py",
                 "tests/test_conformance.py",
                 "tests/test_gpu_interop.py",
                 "-k",

@@ -16,7 +16,9 @@ a GPU, put your model's kernels on the lane's stream instead (PyTorch:
     curl -s localhost:8000/infer -d '{"x": [1, 2, 3, 4]}' -H 'content-type: application/json'
 
 Endpoints: ``POST /infer`` ``{"x": [FEATURES floats]}`` -> ``{"y": [...], "batch": n}``;
-``GET /health`` (503 once the device failed: device errors are sticky, so restart the process);
+``GET /health`` (503 once the device failed: device errors are sticky, so restart the process;
+503 too while the oldest wait on the device is older than ``--stuck-after`` seconds, naming
+its stream: a hung kernel; 200 again once it clears);
 ``GET /stats`` (served, batches, queued, in flight, pending waits, the device
 bound in requests/s). A full queue answers 503; a malformed request, 422.
 """
@@ -105,11 +107,15 @@ class Batcher:
         lanes: int = 2,
         max_queue: int = 4096,
         blocking: bool = False,
+        stuck_after_s: float = 10.0,
     ) -> None:
         if max_batch < 1 or lanes < 1 or max_queue < 1:
             raise ValueError("max_batch, lanes and max_queue must be at least 1")
         if not (0.0 <= max_wait_s < math.inf):
             raise ValueError(f"max_wait_s must be a finite number >= 0, got {max_wait_s!r}")
+        if not (0.0 < stuck_after_s < math.inf):
+            raise ValueError(f"stuck_after_s must be a finite number > 0, got {stuck_after_s!r}")
+        self.stuck_after_s = stuck_after_s
         self.model, self.device = model, device
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self.blocking = blocking  # the anti-pattern, for comparison: block the loop per batch
@@ -219,6 +225,24 @@ class Batcher:
                 free.append(lane)
                 self._lane_free.set()
 
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, body) for ``/health``: 503 once the device failed, or while the oldest
+        wait on the device is older than ``stuck_after_s`` (a kernel that does not end: the
+        wait names its stream and task); else 200."""
+        if self.failed is not None:  # device errors are sticky: restart the process
+            return 503, {"ok": False, "error": self.failed}
+        device = str(self.device)
+        waits = [w for w in ais.pending_waits() if w.device == device]  # longest first
+        if waits and waits[0].waited > self.stuck_after_s:
+            oldest = waits[0]
+            return 503, {
+                "ok": False,
+                "stuck": oldest.subject,
+                "task": oldest.task,
+                "waited_s": round(oldest.waited, 3),
+            }
+        return 200, {"ok": True}
+
     def stats(self) -> dict[str, Any]:
         return {
             "device": str(self.device),
@@ -269,10 +293,8 @@ def create_app(
 
     @app.get("/health")
     async def health() -> Any:
-        failed = app.state.batcher.failed
-        if failed is not None:  # device errors are sticky: restart the process
-            return JSONResponse({"ok": False, "error": failed}, status_code=503)
-        return {"ok": True}
+        status, body = app.state.batcher.health()
+        return JSONResponse(body, status_code=status)
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
@@ -297,6 +319,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--blocking", action="store_true", help="block the loop on each batch (for comparison)"
     )
+    parser.add_argument(
+        "--stuck-after",
+        type=float,
+        default=10.0,
+        help="/health answers 503 while a device wait is older than this (seconds)",
+    )
     args = parser.parse_args(argv)
     model = Model(launch_s=args.launch_ms / 1e3, per_item_s=args.per_item_ms / 1e3)
     app = create_app(
@@ -307,6 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         lanes=args.lanes,
         max_queue=args.max_queue,
         blocking=args.blocking,
+        stuck_after_s=args.stuck_after,
     )
     sock = socket.create_server((args.host, args.port))
     host, port = sock.getsockname()[:2]

@@ -46,6 +46,7 @@ def _load() -> Any:
     lib.fake_cuda_fail_call.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int]
     lib.fake_cuda_relax.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.fake_cuda_stream_priority.argtypes = [ctypes.c_void_p]
+    lib.fake_cuda_host_fn_delay.argtypes = [ctypes.c_uint64]
     return lib
 
 
@@ -66,6 +67,14 @@ def take_violations() -> tuple[int, str]:
 def assert_no_violations() -> None:
     n, log = take_violations()
     assert n == 0, f"{n} violation(s) of the driver's contract:\n{log}"
+
+
+def hurry() -> None:
+    """End now every operation due later (a "kernel that never ends" a test launched), so the
+    tests after it, which share the primary contexts, do not wait behind it; nothing on a
+    GPU."""
+    if FAKE is not None:
+        FAKE.fake_cuda_hurry()
 
 
 def touch(stream: Any, ptr: int, nbytes: int, seconds: float = 0.0) -> None:

@@ -106,6 +106,35 @@ async def test_cancelled_requests_leave_their_batch_and_nothing_pending(
     assert ais.pending_waits() == []
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_health_names_a_stuck_stream_and_clears(virtual_device: ais.Device) -> None:
+    """A kernel that does not end (here: the compute engine stalled) holds its batch's wait:
+    /health answers 503 naming the stream once that wait is older than the bound, and 200
+    again once it clears. In real time: the age of a wait is wall-clock."""
+    batcher = server.Batcher(
+        MODEL, ais.device(), max_batch=4, max_wait_s=0.0, lanes=1, stuck_after_s=0.05
+    )
+    stall = ais.virtual.stall("compute")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.run)
+        tg.start_soon(batcher.infer, np.ones(4, np.float32))
+        await anyio.sleep(0.02)
+        assert batcher.health() == (200, {"ok": True})  # waiting, not yet for long
+        await anyio.sleep(0.06)
+        status, body = batcher.health()
+        assert status == 503 and body["ok"] is False and body["waited_s"] > 0.05
+        lane_stream = batcher._lanes[0].stream.stream_id
+        assert body["stuck"].startswith("event ") and body["stuck"].endswith(
+            f" on stream {lane_stream}"
+        )
+        stall.release()
+        with anyio.fail_after(5):
+            while batcher.served < 1:
+                await anyio.sleep(0.01)
+        assert batcher.health() == (200, {"ok": True})
+        tg.cancel_scope.cancel()
+
+
 async def test_a_device_fault_reaches_every_request_and_the_batcher_says_so(
     virtual_time: VirtualTime,
 ) -> None:

@@ -243,7 +243,8 @@ async def test_pending_waits_say_who_waits_on_what(virtual_time: VirtualTime) ->
             await anyio.wait_all_tasks_blocked()
             (wait,) = ais.pending_waits()
             assert wait.task == "the-waiter"
-            assert wait.subject == f"event {e.event_id}" and wait.device == "virtual:0"
+            assert wait.subject == f"event {e.event_id} on stream {s.stream_id}"
+            assert wait.device == "virtual:0"
             assert wait.waited >= 0
             assert "test_pending_waits_say_who_waits_on_what" in (wait.recorded_at or "")
             assert wait.started_at is not None

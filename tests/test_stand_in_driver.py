@@ -347,6 +347,34 @@ def test_at_exit_it_reports_live_handles_unless_relaxed() -> None:
     assert _run(leak, FAKE_CUDA_RELAX="exit").returncode == 0
 
 
+@pytest.mark.parametrize("last_query", ["busy", "idle", "none"])
+def test_a_context_last_seen_busy_may_be_left_to_exit(last_query: str) -> None:
+    """A program that saw its work pending (its last ``cuStreamQuery`` said NOT_READY) may
+    leave the context to the exit rather than wait; its handles are not reported, even if
+    the work completed since. A context seen idle, or never asked, has no such excuse."""
+    proc = _run(
+        f"""
+        import time
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.fake_cuda_touch.argtypes = [
+            ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64
+        ]
+        stream = cu.cuStreamCreate(1)[1]
+        p = cu.cuMemAlloc(16)[1]
+        lib.fake_cuda_touch(0, int(stream), int(p), 16, 50_000_000)
+        if {last_query!r} == "busy":
+            assert int(cu.cuStreamQuery(stream)[0]) == 600
+        time.sleep(0.1)  # the work completes before the exit
+        if {last_query!r} == "idle":
+            assert int(cu.cuStreamQuery(stream)[0]) == 0
+        """
+    )
+    if last_query == "busy":
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode == 70 and "2 live handle(s)" in proc.stderr, proc.stderr
+
+
 def test_the_report_is_quiet_when_all_is_well() -> None:
     proc = _run("cu.cuCtxPopCurrent()\ncu.cuDevicePrimaryCtxRelease(0)")
     assert proc.returncode == 0 and proc.stderr == ""

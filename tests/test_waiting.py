@@ -245,20 +245,32 @@ async def test_virtual_waits_take_any_strategy_and_sleep_until_completion(
 # ---------------------------------------------------------------------- strategies, in Python
 #
 # A backend that, like the CUDA driver, cannot say when work will complete: its waits finish
-# when the test says so, from another thread. It runs the strategies' control flow on every
-# loop without a driver (test_cuda.py runs it against the stand-in driver and on GPUs).
+# when the test says so, from another thread, and it tells the waiter (``watch``) from a thread
+# of its own, as the CUDA backend's watcher does. It runs the strategies' control flow on every
+# loop without a driver (test_cuda.py runs them against the stand-in driver and on GPUs).
 
 
 class _Work:
-    def __init__(self, lane: str, seq: int) -> None:
-        self.lane, self.seq = lane, seq
+    def __init__(self, lane: str, seq: int, wake: bool = True) -> None:
+        self.lane, self.seq, self.wake = lane, seq, wake
         self.complete = threading.Event()
         self.checks = 0
         self.released = False
+        self.watched: Any = None
 
     def done(self) -> bool:
         self.checks += 1
         return self.complete.is_set()
+
+    def watch(self, callback: Any) -> None:
+        self.watched = callback
+
+        def tell() -> None:
+            self.complete.wait()
+            if not self.released:
+                callback()
+
+        threading.Thread(target=tell, daemon=True).start()
 
     def release(self) -> None:
         self.released = True
@@ -268,23 +280,11 @@ class _ManualBackend:
     kind = "manual"
     completion_times = False
 
-    def __init__(self) -> None:
-        self.blocked: list[_Work] = []
-        self.notified: list[_Work] = []
-
     def wake_hint(self, index: int) -> float | None:
         return None
 
     def subscribe(self, index: int, callback: object) -> object:
         return lambda: None
-
-    def block(self, target: _Work) -> None:
-        self.blocked.append(target)
-        target.complete.wait()
-
-    def notify_done(self, target: _Work, fn: Any) -> None:
-        self.notified.append(target)
-        threading.Thread(target=lambda: (target.complete.wait(), fn()), daemon=True).start()
 
 
 def _complete_later(work: _Work, seconds: float) -> None:
@@ -299,15 +299,93 @@ async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str
     with anyio.fail_after(5):
         await _waiting.wait(backend, 0, work, "work", strategy=strategy)  # type: ignore[arg-type]
     assert work.complete.is_set() and work.released
-    assert backend.blocked == ([work] if strategy in ("hybrid", "thread") else [])
-    assert backend.notified == ([work] if strategy == "callback" else [])
+    # Only poll leaves the backend out; only hybrid and poll have the loop check meanwhile.
+    assert (work.watched is None) == (strategy == "poll")
     if strategy == "poll":
         assert 3 <= work.checks < 200  # backed off: far fewer checks than loop turns in 30 ms
+    elif strategy in ("thread", "callback"):
+        assert work.checks == 1  # once, when the backend said it completed
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "poll"])
+async def test_polling_never_holds_the_loop(anyio_backend: object, strategy: str) -> None:
+    """While the loop polls a wait, other tasks run on every turn: a poll is one look per turn,
+    never a spin within one."""
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    _complete_later(work, 0.03)
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while not work.complete.is_set():
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+            await _waiting.wait(backend, 0, work, "work", strategy=strategy)  # type: ignore[arg-type]
+    assert turns >= 20, turns  # in 30 ms: a spinning sweep would have allowed one or two
+    assert work.checks >= 2
+
+
+class _Told:
+    """A wait the backend tells of only when the test calls ``told`` (a watcher's sweep)."""
+
+    def __init__(self, seq: int) -> None:
+        self.lane, self.seq = "s", seq
+        self.complete = False
+        self.callback: Any = None
+
+    def done(self) -> bool:
+        return self.complete
+
+    def watch(self, callback: Any) -> None:
+        self.callback = callback
+
+    def release(self) -> None:
+        self.callback = None
+
+
+async def test_completions_told_from_another_thread_wake_the_loop_once(
+    anyio_backend: object,
+) -> None:
+    """1,000 waits told complete at once from another thread (a watcher's sweep): one
+    wake-up crosses to the loop, not one per wait (each is a write to the loop's self-pipe on
+    asyncio, a run_sync_soon on trio)."""
+    backend = _ManualBackend()
+    targets = [_Told(i) for i in range(1000)]
+    sent: list[object] = []
+
+    async def wait(t: _Told) -> None:
+        await _waiting.wait(backend, 0, t, "work", strategy="thread")  # type: ignore[arg-type]
+
+    def sweep() -> None:
+        callbacks = [t.callback for t in targets]
+        for t in targets:
+            t.complete = True
+        for callback in callbacks:
+            callback()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for t in targets:
+                tg.start_soon(wait, t)
+            await anyio.wait_all_tasks_blocked()
+            waiter = the_waiter()
+            send = waiter._call_soon_threadsafe
+            waiter._call_soon_threadsafe = lambda fn: (sent.append(fn), send(fn))[1]
+            watcher = threading.Thread(target=sweep)
+            watcher.start()
+            watcher.join()
+    assert all(t.callback is None for t in targets)  # every wait finished and released
+    assert len(sent) == 1, len(sent)
 
 
 class _FrozenLoopTime:
     """The waiter's view of the loop clock, moved only by the test: a machine under load can
-    take longer than hybrid's hand-off window between two loop turns, a frozen clock cannot."""
+    take longer than hybrid's window between two loop turns, a frozen clock cannot."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -323,11 +401,12 @@ def loop_time(monkeypatch: pytest.MonkeyPatch) -> _FrozenLoopTime:
     return frozen
 
 
-async def test_hybrid_catches_short_waits_without_a_thread(
+async def test_hybrid_catches_short_waits_on_the_loop(
     anyio_backend: object, loop_time: _FrozenLoopTime
 ) -> None:
     backend = _ManualBackend()
     work = _Work("s", 0)
+    work.watch = lambda callback: None  # type: ignore[method-assign]  # the backend never tells
 
     async def finish_soon() -> None:
         await anyio.lowlevel.checkpoint()
@@ -338,11 +417,10 @@ async def test_hybrid_catches_short_waits_without_a_thread(
         async with anyio.create_task_group() as tg:
             tg.start_soon(finish_soon)
             await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
-    assert backend.blocked == []
-    assert work.checks >= 2  # polled while pending, then seen complete
+    assert work.checks >= 2  # polled while pending, then seen complete by the loop
 
 
-async def test_hybrid_hands_a_wait_past_its_window_to_a_thread(
+async def test_hybrid_leaves_a_wait_past_its_window_to_the_backend(
     anyio_backend: object, loop_time: _FrozenLoopTime
 ) -> None:
     backend = _ManualBackend()
@@ -351,19 +429,21 @@ async def test_hybrid_hands_a_wait_past_its_window_to_a_thread(
     async def outlast_the_window() -> None:
         await anyio.lowlevel.checkpoint()
         loop_time.now += 2 * _waiting.HYBRID_HANDOFF_S  # the window has passed, work pending
-        while not backend.blocked:
-            await anyio.sleep(0.001)
-        work.complete.set()
+        await anyio.sleep(0.02)
+        checks = work.checks
+        await anyio.sleep(0.02)
+        assert work.checks == checks  # the loop has stopped checking
+        work.complete.set()  # and the backend's word finishes it
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             tg.start_soon(outlast_the_window)
             await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
-    assert backend.blocked == [work] and work.released
+    assert work.released
 
 
 async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:
-    """Each wait starts while the previous one's waiter may still be closing its task group."""
+    """Each wait starts while the previous one's waiter may still be closing."""
     backend = _ManualBackend()
     for i in range(30):
         work = _Work("s", i)
@@ -372,13 +452,12 @@ async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:
             await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
 
 
-async def test_a_cancelled_thread_wait_is_abandoned_at_once(anyio_backend: object) -> None:
+async def test_a_cancelled_wait_is_forgotten_at_once(anyio_backend: object) -> None:
     backend = _ManualBackend()
     work = _Work("s", 0)
     with anyio.move_on_after(0.02) as scope:
         await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
     assert scope.cancelled_caught and work.released
-    assert backend.blocked == [work]  # its thread still waits for the work, not for us
     await anyio.sleep(0.01)
     assert _waiting._waiters.get() == {}  # the waiter exited
     work.complete.set()

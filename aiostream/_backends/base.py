@@ -25,7 +25,6 @@ __all__ = [
     "Timeline",
     "TimelineRecord",
     "WaitTarget",
-    "WatchedTarget",
 ]
 
 
@@ -33,7 +32,8 @@ class WaitTarget(Protocol):
     """The work captured by one wait: fixed when the wait starts, whatever is recorded later.
 
     Targets that share a ``lane`` complete in ``seq`` order (work on one stream runs in
-    submission order), so a waiter needs to check only the lowest pending ``seq`` of each lane.
+    submission order), so a waiter that polls needs to check only the lowest pending ``seq``
+    of each lane.
     """
 
     lane: Hashable
@@ -42,17 +42,14 @@ class WaitTarget(Protocol):
     def done(self) -> bool:
         """Return whether the captured work completed; raise ``DeviceError`` if it failed."""
 
-    def release(self) -> None:
-        """Forget the wait (idempotent); the work itself goes on."""
-
-
-class WatchedTarget(WaitTarget, Protocol):
-    """A target of a backend with ``completion_times``: it tells when its work completes."""
-
     def watch(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, from any thread, when the work completes or fails or the
         backend closes (at once if it already has); :meth:`release` cancels it. The waiter
         thereby finishes just the waits that completed, never visiting the pending ones."""
+
+    def release(self) -> None:
+        """Forget the wait (idempotent); the work itself goes on, and nothing stays held for
+        it (no thread, no event)."""
 
 
 S = TypeVar("S")  # a stream handle
@@ -66,9 +63,9 @@ class Backend(Protocol[S, E, M, T]):
     """A device runtime: the ``virtual`` simulator or the CUDA driver."""
 
     kind: ClassVar[str]
-    #: whether :meth:`wake_hint` gives exact completion times and targets are
-    #: :class:`WatchedTarget` (virtual); if not (CUDA), the waiter watches lane heads with a
-    #: strategy and uses :meth:`block` and :meth:`notify_done`
+    #: whether :meth:`wake_hint` gives exact completion times (virtual): the waiter then only
+    #: sleeps until them; if not (CUDA), the backend learns of completions its own way and a
+    #: wait's strategy says whether the loop also polls it meanwhile
     completion_times: ClassVar[bool]
 
     def device_count(self) -> int: ...
@@ -87,7 +84,10 @@ class Backend(Protocol[S, E, M, T]):
     def stream_id(self, stream: S) -> int: ...
     def stream_query(self, stream: S) -> bool: ...
     def stream_wait_event(self, stream: S, event: E) -> None: ...
-    def stream_capture(self, stream: S) -> T: ...
+    def stream_capture(self, stream: S, wake: bool) -> T:
+        """The work submitted to ``stream`` so far. ``wake``: the backend is to learn of its
+        completion promptly, even at some cost to the stream (a host function on CUDA); else
+        it may poll for it."""
 
     # events
     def event_create(
@@ -97,7 +97,9 @@ class Backend(Protocol[S, E, M, T]):
     def event_id(self, event: E) -> int: ...
     def event_record(self, event: E, stream: S) -> None: ...
     def event_query(self, event: E) -> bool: ...
-    def event_capture(self, event: E) -> T: ...
+    def event_capture(self, event: E, wake: bool) -> T:
+        """The work ``event`` captured at its last record (see :meth:`stream_capture`)."""
+
     def event_elapsed_ms(self, start: E, end: E) -> float: ...
     def event_ipc_handle(self, event: E) -> bytes: ...
     def event_from_ipc_handle(self, index: int, data: bytes) -> E: ...
@@ -147,16 +149,6 @@ class Backend(Protocol[S, E, M, T]):
 
     def wait_blocking(self, target: T) -> None:
         """Block the calling thread until ``target`` is done (raising its error)."""
-
-    def block(self, target: T) -> None:
-        """Block the calling thread until ``target`` is done or failed; never raise.
-
-        Safe to run while the target is released from another thread: what the target holds
-        is given back when both are over.
-        """
-
-    def notify_done(self, target: T, fn: Callable[[], None]) -> None:
-        """Call ``fn`` from a driver thread when ``target`` completes (at most once)."""
 
 
 #: A backend of any kind, as the user objects and the waiters hold it: to them its handles are

@@ -163,11 +163,28 @@ def _cuda(quick: bool) -> list[Row]:
     lat, _ = cuda.short_awaits(n, kernel, cuda.strategy_wait("hybrid"))
     floor, _ = cuda.floor_thread(n, kernel)
     med, med_f = statistics.median(lat), statistics.median(floor)
+    waits, streams = (100, 10) if quick else (1_000, 100)
+    run = cuda.scale(waits, streams, "asyncio", window=0.3 if quick else 0.5)
+    pending = cuda.pending_cpu(waits, streams, 0.3 if quick else 1.0, "hybrid")
+    size = f"{waits:,} waits, {streams} streams"
     return [
         Row(
             "cuda", "await of a 20 us kernel, latency / cuEventSynchronize", "asyncio",
-            f"{n:,} awaits", med * 1e6, med_f * 1e6, med / med_f, "us", "<= 2",
-        )
+            f"{n:,} awaits", med * 1e6, med_f * 1e6, med / med_f, "us", "<= 3",
+        ),
+        Row(
+            "cuda", "wake lateness, median / a loop timer", "asyncio", size,
+            run.late_median_us, run.timer_late_median_us,
+            run.late_median_us / max(run.timer_late_median_us, 1e-9), "us", "-",
+        ),
+        Row(
+            "cuda", "aiostream threads at the peak / the bound", "asyncio", size,
+            run.ours_peak, 2, run.ours_peak / 2, "", "<= 1",
+        ),
+        Row(
+            "cuda", "CPU while waits pend, % of a core / the bound", "asyncio", size,
+            pending * 100, 1.0, pending * 100, "%", "< 1",
+        ),
     ]  # fmt: skip
 
 
@@ -188,7 +205,7 @@ def steps(loops: list[str], sections: list[str], quick: bool) -> list[Step]:
         for loop in loops:
             out.append(Step(f"loader ({loop})", 2 if quick else 5, partial(_loader, loop, quick)))
     if "cuda" in sections and _backends.probe("cuda")[0]:
-        out.append(Step("cuda (cuda:0)", 3 if quick else 10, partial(_cuda, quick)))
+        out.append(Step("cuda (cuda:0)", 5 if quick else 15, partial(_cuda, quick)))
     return out
 
 

@@ -32,11 +32,14 @@
  *   memory that pending operations still use. Pinned memory used in another context's copy
  *   needs CU_MEMHOSTALLOC_PORTABLE. Pageable host memory is staged at the call (host to
  *   device) or copied before the call returns (device to host), as the driver does.
+ * - Stream memory operations: cuStreamWriteValue32 writes its value when the stream reaches
+ *   it, into device memory or pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP.
  * - Host functions must be C functions: one that is not a named symbol of a loaded library
  *   (dladdr), such as a ctypes closure that would run Python on this driver thread, is a
  *   violation (rule "python-host-fn").
  * - At exit it reports live handles, leaked handles and every violation on stderr, and the
- *   process exits with status 70 if there is any (live handles are allowed under rule "exit").
+ *   process exits with status 70 if there is any (live handles are allowed under rule "exit",
+ *   and in a context with work pending at exit, or pending at its last cuStreamQuery).
  *
  * Environment: FAKE_CUDA_DEVICES (default 1; 0 makes cuInit fail with CUDA_ERROR_NO_DEVICE),
  * FAKE_CUDA_STUB=1 (cuInit fails as the toolkit's stub library does), FAKE_CUDA_NO_POOLS=1 (no
@@ -72,7 +75,7 @@ enum {
     LAUNCH_FAILED = 719, NOT_SUPPORTED = 801,
 };
 enum { EV_BLOCKING = 1, EV_DISABLE_TIMING = 2, EV_INTERPROCESS = 4 };
-enum { HOST_PORTABLE = 1 };
+enum { HOST_PORTABLE = 1, HOST_DEVICEMAP = 2 };
 enum { ATTR_MEMORY_POOLS_SUPPORTED = 115 };
 enum { KIND_STREAM = 0, KIND_EVENT = 1, KIND_CONTEXT = 2, KIND_HOST = 3, KIND_DEVICE = 4,
        KIND_MODULE = 5, KIND_FUNCTION = 6 };
@@ -92,8 +95,10 @@ typedef struct Ctx {
     int refs;
     unsigned gen;          /* a reset starts a new generation; objects remember theirs */
     CUresult sticky;       /* the context's sticky error, once its failing work completed */
+    int failed_once;       /* it had one in this generation (even if a test cleared it) */
     struct Stream *null_stream;
     uint64_t submitted, done;  /* operations of this generation */
+    int last_busy;         /* its last cuStreamQuery answered CUDA_ERROR_NOT_READY */
 } Ctx;
 
 typedef struct Obj {
@@ -128,7 +133,7 @@ typedef struct Block {
     Obj h;
     char *base;
     size_t size, mapped;   /* mapped > 0: mmap'd (pinned host memory) */
-    int host, portable, pooled;
+    int host, portable, pooled, mapped_for_device;
     int ready;             /* a stream-ordered allocation has completed */
     int freed, free_submitted;
     long pending;          /* operations submitted and not completed that use it */
@@ -145,6 +150,7 @@ static __thread Ctx *ctx_stack[32];
 static __thread int ctx_depth;
 static int fail_next_code;
 static long violations, leaks, host_calls, host_calls_python;
+static uint64_t host_fn_ns;  /* how late each host function runs after the work before it */
 static char vlog[16][240];
 static const char ipc_magic[8] = "AIOSFAKE";
 
@@ -311,6 +317,7 @@ static CUresult cuDevicePrimaryCtxRetain(void **out, CUdevice dev) {
     if (c->refs++ == 0) {
         c->gen++;
         c->sticky = OK;
+        c->failed_once = 0;
         c->null_stream = new_object(sizeof(Stream), KIND_STREAM, c);
         c->null_stream->is_null = 1;
     }
@@ -377,7 +384,7 @@ static CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
 
 /* ------------------------------------------------------------------ the driver's thread */
 
-enum { OP_KERNEL, OP_RECORD, OP_COPY, OP_HOSTFN, OP_ALLOC, OP_FREE, OP_TOUCH };
+enum { OP_KERNEL, OP_RECORD, OP_COPY, OP_HOSTFN, OP_ALLOC, OP_FREE, OP_TOUCH, OP_WRITE32 };
 
 typedef struct Op {
     uint64_t due, seq;
@@ -394,6 +401,7 @@ typedef struct Op {
     CUhostFn fn;                 /* OP_HOSTFN */
     void *data;
     Block *block;                /* OP_ALLOC, OP_FREE */
+    uint32_t value;              /* OP_WRITE32: written at dst */
 } Op;
 
 static Op **heap;
@@ -461,7 +469,7 @@ static void complete(Op *op) {
     int dropped = op->gen != c->gen || c->sticky != OK;
     switch (op->kind) {
     case OP_KERNEL:
-        if (!dropped && op->fail) c->sticky = op->fail;
+        if (!dropped && op->fail) c->sticky = op->fail, c->failed_once = 1;
         break;
     case OP_RECORD:
         if (!dropped) op->e->time = op->due;
@@ -474,6 +482,11 @@ static void complete(Op *op) {
         break;
     case OP_TOUCH:
         if (!dropped) usable(op->bsrc, s, "a kernel");
+        break;
+    case OP_WRITE32:
+        if (!dropped && usable(op->bdst, s, "cuStreamWriteValue32")) {
+            __atomic_store_n((uint32_t *)op->dst, op->value, __ATOMIC_RELEASE);
+        }
         break;
     case OP_HOSTFN:
         if (!dropped) {
@@ -582,12 +595,13 @@ static void reset_context(Ctx *c) {
         if (o->kind == KIND_FUNCTION) continue;
         live_handles++;
     }
-    if (c->sticky == OK) leaks += live_handles;  /* a failed context can release nothing */
+    if (!c->failed_once) leaks += live_handles;  /* a failed context can release nothing */
     if (live_handles && getenv("FAKE_CUDA_TRACE")) {
         fprintf(stderr, "fake_cuda: cuda:%d reset with %ld live handle(s)\n", c->dev,
                 live_handles);
     }
     c->gen++;  /* pending operations of the old generation are dropped */
+    c->last_busy = 0;
     c->null_stream = NULL;
     pthread_cond_broadcast(&progress);
 }
@@ -729,6 +743,7 @@ static CUresult cuStreamQuery(void *h) {
     Stream *s = stream_of(h, "cuStreamQuery", &r);
     if (s == NULL) LEAVE(r);
     if ((r = need_context("cuStreamQuery", &s->h)) != OK) LEAVE(r);
+    s->h.ctx->last_busy = s->done < s->submitted;
     LEAVE(s->done < s->submitted ? NOT_READY : OK);
 }
 
@@ -960,7 +975,7 @@ static CUresult cuLaunchHostFunc(void *hs, CUhostFn fn, void *data) {
                       "(a ctypes closure runs Python on the driver's thread)", (void *)fn);
         }
     }
-    Op *op = submit(s, OP_HOSTFN, 0);
+    Op *op = submit(s, OP_HOSTFN, host_fn_ns);
     op->fn = fn;
     op->data = data;
     LEAVE(OK);
@@ -1033,6 +1048,7 @@ static CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
     Block *b = new_block(n, 1, current());
     if (b == NULL) LEAVE(OUT_OF_MEMORY);
     b->portable = (flags & HOST_PORTABLE) != 0;
+    b->mapped_for_device = (flags & HOST_DEVICEMAP) != 0;
     b->ready = 1;
     *out = b->base;
     LEAVE(OK);
@@ -1189,6 +1205,54 @@ static CUresult cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, void *hs
 static CUresult cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, void *hs) {
     return copy("cuMemcpyDtoDAsync", (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n,
                 hs, 0, 0);
+}
+
+/* Pinned memory mapped for the device: under unified addressing its device pointer is the
+ * host pointer, as the driver gives it. */
+static CUresult cuMemHostGetDevicePointer(CUdeviceptr *out, void *p, unsigned flags) {
+    ENTER();
+    if (flags != 0) LEAVE(INVALID_VALUE);
+    Block *b = block_at(p, 1, 1);
+    if (b == NULL) {
+        violation("cuMemHostGetDevicePointer of %p, which is no live pinned allocation", p);
+        LEAVE(INVALID_VALUE);
+    }
+    CUresult r = need_context("cuMemHostGetDevicePointer", b->portable ? NULL : &b->h);
+    if (r != OK) LEAVE(r);
+    if (!b->mapped_for_device) {
+        violation("cuMemHostGetDevicePointer of pinned memory allocated without "
+                  "CU_MEMHOSTALLOC_DEVICEMAP");
+        LEAVE(INVALID_VALUE);
+    }
+    *out = (CUdeviceptr)(uintptr_t)p;
+    LEAVE(OK);
+}
+
+/* A stream memory operation: ``value`` written at ``addr`` (device memory, or pinned memory
+ * mapped for the device) when the stream's earlier work has completed. */
+static CUresult cuStreamWriteValue32(void *hs, CUdeviceptr addr, uint32_t value,
+                                     unsigned flags) {
+    (void)flags;
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(hs, "cuStreamWriteValue32", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuStreamWriteValue32", &s->h)) != OK) LEAVE(r);
+    if (addr % 4) LEAVE(INVALID_VALUE);
+    Block *b = block_at((void *)(uintptr_t)addr, 4, 1);
+    if (b != NULL && !b->mapped_for_device) b = NULL;
+    if (b == NULL) b = block_at((void *)(uintptr_t)addr, 4, 0);
+    if (b == NULL || b->freed || b->free_submitted) {
+        violation("cuStreamWriteValue32 to %#llx, which is no live device-accessible memory",
+                  addr);
+        LEAVE(INVALID_VALUE);
+    }
+    Op *op = submit(s, OP_WRITE32, 0);
+    op->dst = (char *)(uintptr_t)addr;
+    op->value = value;
+    op->bdst = b;
+    b->pending++;
+    LEAVE(OK);
 }
 
 /* ------------------------------------------------------------------ test hooks */
@@ -1354,6 +1418,36 @@ long fake_cuda_pending(void) {
     return n;
 }
 
+/* Make each host function launched from now on run ``ns`` after the work before it (a driver
+ * thread that is slow to get to it). */
+void fake_cuda_host_fn_delay(uint64_t ns) {
+    pthread_mutex_lock(&lock);
+    host_fn_ns = ns;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Bring every pending operation due later forward to now, in submission order: a test ends
+ * the "kernel that never ends" it launched, so that later tests of the process (which share
+ * the primary contexts) do not wait behind it. */
+static int by_due(const void *a, const void *b) {
+    const Op *x = *(Op *const *)a, *y = *(Op *const *)b;
+    return before(x, y) ? -1 : before(y, x) ? 1 : 0;
+}
+
+void fake_cuda_hurry(void) {
+    pthread_mutex_lock(&lock);
+    uint64_t n = now_ns();
+    for (size_t i = 0; i < nheap; i++) if (heap[i]->due > n) heap[i]->due = n;
+    qsort(heap, nheap, sizeof *heap, by_due);  /* a sorted array is a heap */
+    for (size_t i = 0; i < nobjects; i++) {
+        Obj *o = objects[i];
+        if (o->kind == KIND_STREAM && ((Stream *)o)->tail > n) ((Stream *)o)->tail = n;
+        if (o->kind == KIND_EVENT && ((Event *)o)->due > n) ((Event *)o)->due = n;
+    }
+    pthread_cond_signal(&work);
+    pthread_mutex_unlock(&lock);
+}
+
 /* The device whose context is current on the calling thread (-1: none). */
 int fake_cuda_current_device(void) {
     Ctx *c = current();
@@ -1371,7 +1465,12 @@ __attribute__((destructor)) static void fake_cuda_at_exit(void) {
     long live[7] = {0}, total = 0;
     for (size_t i = 0; i < nobjects; i++) {
         Obj *o = objects[i];
-        if (!is_live(o) || o->kind == KIND_FUNCTION || o->ctx->sticky != OK) continue;
+        if (!is_live(o) || o->kind == KIND_FUNCTION || o->ctx->failed_once) continue;
+        /* a context with work still pending may be left to the exit (releasing it could
+         * wait for that work): its handles go with it. So may one whose last cuStreamQuery
+         * said its work was pending: the program saw it busy, and its work may have completed
+         * only since. */
+        if (o->ctx->done < o->ctx->submitted || o->ctx->last_busy) continue;
         if (o->kind == KIND_STREAM && ((Stream *)o)->is_null) continue;
         live[o->kind]++;
         total++;
@@ -1444,6 +1543,8 @@ static const EntryPoint entries[] = {
     {"cuMemcpyHtoDAsync", 3020, (void *)cuMemcpyHtoDAsync},
     {"cuMemcpyDtoHAsync", 3020, (void *)cuMemcpyDtoHAsync},
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync},
+    {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer},
+    {"cuStreamWriteValue32", 11070, (void *)cuStreamWriteValue32},
     {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2},
 };
 

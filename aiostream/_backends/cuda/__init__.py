@@ -11,9 +11,12 @@ The modules:
 - ``driver``: loading the bindings, and ``Driver.check`` / ``Driver.error``, the one place
   where a ``CUresult`` becomes an :class:`aiostream.CudaError`;
 - ``handles``: the streams, events and memory given out;
-- ``devices``: per-device state (context, pools of internal events and watcher streams, the
-  sleep kernel) and the registry of devices in use, with the backend's one lock;
-- ``waits``: captures as markers, and blocking, callbacks and release for the waiter;
+- ``devices``: per-device state (context, a bounded pool of markers for memory frees, the
+  sleep kernel, the watcher) and the registry of devices in use, with the backend's one lock;
+- ``watcher``: marks (values the device writes into pinned memory when work completes), the
+  wait targets on them, and the one thread per device that tells the waiting loops;
+- ``waits``: what a stream's or an event's capture is (a new mark, or the mark of the event's
+  last record), and when a host function announces it;
 - ``memory``: host and device memory, and copies;
 - ``backend``: :class:`CudaBackend`, the :class:`~aiostream._backends.base.Backend` protocol
   over the others.

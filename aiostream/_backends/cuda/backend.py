@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import threading
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -93,6 +94,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return Stream(ptr, dev.index, owned=False), int(priority)
 
     def stream_native(self, stream: Stream) -> int:
+        stream.private = False  # others may submit to it now: see Waits.event_capture
         return stream.id
 
     def stream_destroy(self, stream: Stream) -> None:
@@ -112,15 +114,18 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def stream_query(self, stream: Stream) -> bool:
         with self._devices[stream.index].pushed:
             (err,) = self._cu.cuStreamQuery(stream.ptr)
-        return self._drv.ready(err, stream.index, "cuStreamQuery")
+        if self._drv.ready(err, stream.index, "cuStreamQuery"):
+            return True
+        return self._waits.idle(stream)
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
         with self._devices[stream.index].pushed:
             result = self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0)
         self._drv.check(result, stream.index, "cuStreamWaitEvent")
+        stream.ops += 1
 
-    def stream_capture(self, stream: Stream) -> Target:
-        return self._waits.stream_capture(stream)
+    def stream_capture(self, stream: Stream, wake: bool) -> Target:
+        return self._waits.stream_capture(stream, wake)
 
     # ------------------------------------------------------------------ events
 
@@ -148,6 +153,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         with self._devices.lock:
             if not event.owned:
                 return
+            self._waits.forget(event)
             dev = self._devices.retire(event, "events")
             if dev is not None:
                 dev.release(self._cu.cuEventDestroy, event.ptr)
@@ -156,18 +162,15 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return event.id
 
     def event_record(self, event: Event, stream: Stream) -> None:
-        with self._devices[stream.index].pushed:
-            result = self._cu.cuEventRecord(event.ptr, stream.ptr)
-        self._drv.check(result, event.index, "cuEventRecord")
-        event.lane = ("stream", stream.key)
+        self._waits.record(event, stream)
 
     def event_query(self, event: Event) -> bool:
         with self._devices[event.index].pushed:
             (err,) = self._cu.cuEventQuery(event.ptr)
         return self._drv.ready(err, event.index, "cuEventQuery")
 
-    def event_capture(self, event: Event) -> Target:
-        return self._waits.event_capture(event)
+    def event_capture(self, event: Event, wake: bool) -> Target:
+        return self._waits.event_capture(event, wake)
 
     def event_elapsed_ms(self, start: Event, end: Event) -> float:
         with self._devices[start.index].pushed:
@@ -215,6 +218,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
                 kernel, 1, 1, 1, 1, 1, 1, 0, stream.ptr, ((ns,), (ctypes.c_uint64,)), 0
             )
         self._drv.check(result, stream.index, "cuLaunchKernel")
+        stream.ops += 1
 
     # ------------------------------------------------------------------ memory and copies
 
@@ -254,23 +258,43 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def subscribe(self, index: int, callback: Callable[[], None]) -> Callable[[], None]:
         return _nothing
 
-    def block(self, target: Target) -> None:
-        self._waits.block(target)
-
     def wait_blocking(self, target: Target) -> None:
-        self._waits.block(target)
-        target.done()  # raises the device's error, if the work failed
+        """Wait for the watcher's word in the calling thread (a timed wait, so that Ctrl-C
+        reaches the main thread), then raise the device's error if the work failed."""
+        woken = threading.Event()
+        target.watch(woken.set)
+        while not woken.wait(0.25):
+            pass
+        target.done()
 
-    def notify_done(self, target: Target, fn: Callable[[], None]) -> None:
-        self._waits.notify_done(target, fn)
+    def sweep(self, index: int) -> None:
+        """One sweep of device ``index``'s completion flags, as its watcher makes one (the
+        benchmarks time it)."""
+        watcher = self._devices.get(index).watcher
+        with watcher.lock:
+            watcher.collect()
+
+    def held(self, index: int) -> dict[str, int]:
+        """What device ``index`` holds for aiostream's own use, beyond the user's handles:
+        internal streams and events, waits watched, completion-flag slots and chunks."""
+        dev = self._devices.get(index)
+        with self._devices.lock:
+            streams = sum(1 for kind in dev.internal.values() if kind == "stream")
+            events = len(dev.internal) - streams + (dev.watcher.health is not None)
+        watched, slots, chunks = dev.watcher.stats()
+        return {
+            "streams": streams,
+            "events": events,
+            "watched": watched,
+            "slots": slots,
+            "chunks": chunks,
+        }
 
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
         """Release every handle, then the primary contexts (idempotent; runs at exit)."""
-        with self._devices.lock:
-            self._waits.close()
-            self._devices.close(self._memory.close)
+        self._devices.close(self._memory.close, self._memory.reap)
         atexit.unregister(self.close)
 
 

@@ -1,5 +1,6 @@
-"""Per-device state: the primary context, the pools of internal events and streams, and the
-handles to release when the backend closes.
+"""Per-device state: the primary context, the internal events (markers, a pool of at most
+``MARKER_POOL`` kept between uses) and the one internal stream (frees ordered after several
+streams), the completion watcher, and the handles to release when the backend closes.
 
 Every driver call that touches a device's objects runs inside ``with dev.pushed:``, which
 pushes the device's primary context on the calling thread's context stack and pops it after:
@@ -10,10 +11,9 @@ read as their current device, is left as it was.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -27,14 +27,15 @@ from .driver import (
     Driver,
 )
 from .handles import Event, Memory, Stream
+from .watcher import Watcher
 
-__all__ = ["Device", "Devices", "Lane", "Pushed"]
+__all__ = ["Device", "Devices", "Pushed"]
 
 logger = logging.getLogger("aiostream")
 
+MARKER_POOL = 8  #: idle markers a device keeps for reuse; the rest are destroyed
 _SLEEP_KERNEL = b"aiostream_sleep"
 _ptx_image: bytes | None = None
-_lane_ids = itertools.count(1)
 
 
 def sleep_ptx() -> bytes:
@@ -67,19 +68,6 @@ class Pushed:
         self.cu.cuCtxPopCurrent()
 
 
-class Lane:
-    """A watcher stream lent to one lane of captures while any of them is pending."""
-
-    __slots__ = ("key", "pending", "seq", "stream", "uid")
-
-    def __init__(self, key: Hashable, stream: Any) -> None:
-        self.key = key
-        self.uid = next(_lane_ids)
-        self.stream = stream
-        self.pending = 0
-        self.seq = itertools.count()
-
-
 class Device:
     """One device: its context, pools and the handles to release at close.
 
@@ -103,16 +91,14 @@ class Device:
         #: memory freed while work recorded at the free may still use it, with those markers:
         #: pinned host memory, and device memory without pools, released once they complete
         self.freeing: list[tuple[Memory, list[tuple[Device, Any]]]] = []
+        #: internal events free to record: frees' and allocations' orderings (at most
+        #: ``MARKER_POOL``; more are destroyed when given back)
         self.markers: list[Any] = []
-        self.idle_watchers: list[Any] = []
-        self.draining_watchers: list[Any] = []  # released with work pending; reused once idle
-        self.lanes: dict[Hashable, Lane] = {}
-        self.internal: list[tuple[str, Any]] = []  # every marker and stream made, for close
-        #: markers that threads are blocked on in cuEventSynchronize, by id: never destroyed
-        self.blocked: dict[int, int] = {}
-        self.free_stream: Any = None
+        self.internal: dict[Any, str] = {}  # every marker and stream alive, for close
+        self.free_stream: Any = None  # frees ordered after several streams' work
         self.module: Any = None
         self.sleep: Any = None
+        self.watcher = Watcher(self)
 
     def marker(self) -> Any:
         """An internal blocking-sync event, from the pool."""
@@ -123,8 +109,18 @@ class Device:
                 marker = self.drv.check(
                     self.drv.cu.cuEventCreate(MARKER_FLAGS), self.index, "cuEventCreate"
                 )
-            self.internal.append(("event", marker))
+            self.internal[marker] = "event"
             return marker
+
+    def give_back(self, marker: Any) -> None:
+        """Put ``marker`` back in the pool, or destroy it when the pool is full (a pending
+        record of it completes all the same)."""
+        with self.lock:
+            if len(self.markers) < MARKER_POOL:
+                self.markers.append(marker)
+                return
+            self.internal.pop(marker, None)
+            self.release(self.drv.cu.cuEventDestroy, marker)
 
     def record_marker(self, stream: Stream) -> Any:
         """A marker recorded on ``stream`` now: it completes after the work submitted so far."""
@@ -135,7 +131,7 @@ class Device:
                     self.drv.cu.cuEventRecord(marker, stream.ptr), self.index, "cuEventRecord"
                 )
         except CudaError:
-            self.markers.append(marker)
+            self.give_back(marker)
             raise
         return marker
 
@@ -156,38 +152,8 @@ class Device:
                 self.index,
                 "cuStreamCreateWithPriority",
             )
-        self.internal.append(("stream", stream))
+        self.internal[stream] = "stream"
         return stream
-
-    def lane(self, key: Hashable) -> Lane:
-        """The watcher stream of a lane of captures (lock held)."""
-        lane = self.lanes.get(key)
-        if lane is not None:
-            return lane
-        if not self.idle_watchers and self.draining_watchers:
-            still: list[Any] = []
-            with self.pushed:
-                for s in self.draining_watchers:
-                    (err,) = self.drv.cu.cuStreamQuery(s)
-                    (self.idle_watchers if err == SUCCESS else still).append(s)
-            self.draining_watchers = still
-        if self.idle_watchers:
-            stream = self.idle_watchers.pop()
-        else:
-            stream = self.internal_stream(self.priorities[1])
-        lane = self.lanes[key] = Lane(key, stream)
-        return lane
-
-    def end_lane(self, lane: Lane) -> None:
-        """A lane with nothing pending gives its watcher stream back (lock held)."""
-        if self.lanes.get(lane.key) is lane:
-            del self.lanes[lane.key]
-            try:
-                with self.pushed:
-                    (err,) = self.drv.cu.cuStreamQuery(lane.stream)
-            except CudaError:
-                err = NOT_READY
-            (self.idle_watchers if err == SUCCESS else self.draining_watchers).append(lane.stream)
 
     def sleep_kernel(self) -> Any:
         """The sleep kernel's function, loaded on first use."""
@@ -217,14 +183,34 @@ class Device:
         else:
             self.drv.released(result, self.index, call.__name__)
 
-    def release_all(self) -> None:
-        """Release every handle still held, then the primary context (lock held; at close,
-        after the memory).
+    def busy(self) -> bool:
+        """Whether work is still pending on a stream aiostream knows of on this device."""
+        cu = self.drv.cu
+        streams = [s.ptr for s in self.streams] + [
+            h for h, kind in self.internal.items() if kind == "stream"
+        ]
+        try:
+            with self.pushed:
+                return any(cu.cuStreamQuery(s)[0] == NOT_READY for s in [cu.CUstream(0), *streams])
+        except CudaError:
+            return False  # the context cannot be made current: nothing runs in it
 
-        Markers that threads are still blocked on, and then the context itself, are left to
-        the process's exit: destroying them would pull them from under those threads.
-        """
+    def release_all(self, reap: Callable[[Device], None]) -> None:
+        """Release every handle still held, then the primary context (lock held; at close,
+        after the memory). No thread of aiostream's ever blocks in the driver on a handle, so
+        none is pulled from under one. Once nothing is pending, ``reap(self)`` frees the
+        memory whose frees waited for work that has completed since. A context with work
+        still pending (a kernel that runs on, or hangs) is left to the process's exit, which
+        never waits for it (releasing it could), with that memory and the completion flags
+        still to be written."""
         drv, cu = self.drv, self.drv.cu
+        flags = self.watcher.flags
+        flags.sweep()  # a value not landed yet is work still pending, maybe on a stream gone
+        busy = flags.used() > 0 or self.busy()
+        if not busy:
+            reap(self)
+        self.freeing.clear()  # busy: left to the exit, with the context
+        flags.close()
         try:
             with self.pushed:
                 for event in self.events:
@@ -233,10 +219,10 @@ class Device:
                 for stream in self.streams:
                     stream.alive = False
                     drv.released(cu.cuStreamDestroy(stream.ptr), self.index, "cuStreamDestroy")
-                for what, handle in self.internal:
+                for handle, what in self.internal.items():
                     if what == "stream":
                         drv.released(cu.cuStreamDestroy(handle), self.index, "cuStreamDestroy")
-                    elif int(handle) not in self.blocked:
+                    else:
                         drv.released(cu.cuEventDestroy(handle), self.index, "cuEventDestroy")
                 if self.module is not None:
                     drv.released(cu.cuModuleUnload(self.module), self.index, "cuModuleUnload")
@@ -246,12 +232,9 @@ class Device:
         self.streams.clear()
         self.internal.clear()
         self.markers.clear()
-        if self.blocked:
+        if busy:
             logger.debug(
-                "cuda:%d: %d thread(s) are still blocked on device work at close; its context "
-                "is left to the process's exit",
-                self.index,
-                sum(self.blocked.values()),
+                "cuda:%d has work pending at close: its context is left to exit", self.index
             )
             return
         drv.released(
@@ -320,16 +303,19 @@ class Devices:
         getattr(dev, owner).discard(handle)
         return dev
 
-    def close(self, free_memory: Callable[[Device], None]) -> bool:
+    def close(self, free_memory: Callable[[Device], None], reap: Callable[[Device], None]) -> bool:
         """Release everything, the memory of every device first (``free_memory(dev)``: it
-        records on streams of other devices too); False if already closed."""
+        records on streams of other devices too; ``reap``: see :meth:`Device.release_all`);
+        False if already closed."""
         with self.lock:
             if self.closed:
                 return False
             for dev in self.by_index.values():
+                dev.watcher.close()
+            for dev in self.by_index.values():
                 free_memory(dev)
             self.closed = True
             for dev in self.by_index.values():
-                dev.release_all()
+                dev.release_all(reap)
             self.drv.report()
             return True

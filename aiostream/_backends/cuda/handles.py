@@ -4,7 +4,6 @@ index and whether the backend owns (and so destroys) it."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable
 from typing import Any
 
 __all__ = ["Event", "Memory", "Stream", "StreamKey"]
@@ -24,9 +23,12 @@ class Stream:
         "id",
         "index",
         "key",
+        "ops",
         "owned",
+        "private",
         "ptr",
         "seq",
+        "woke",
     )
 
     def __init__(self, ptr: Any, index: int, *, owned: bool, default: bool = False) -> None:
@@ -38,14 +40,33 @@ class Stream:
         self.default = default  # the legacy default stream of the device's primary context
         self.alive = True
         self.seq = itertools.count()  # the order of its captures
+        #: work submitted through aiostream (kernels, copies, waits, allocations); event
+        #: records and completion flags add none
+        self.ops = 0
+        #: only aiostream submits to it: made here, and its handle never handed out
+        self.private = owned
         #: memory that will record on this stream when it is freed (see Memory.streams): an
         #: owned stream is destroyed only once none is left
         self.holds = 0
         self.doomed = False  # released by its owner while held: destroyed at the last hold
+        #: (mark, ops): the last thing on this private stream is the host function that
+        #: announces ``mark``, added when ``ops`` was this (see Waits.idle)
+        self.woke: tuple[Any, int] | None = None
 
 
 class Event:
-    __slots__ = ("__weakref__", "alive", "id", "index", "lane", "owned", "ptr")
+    __slots__ = (
+        "__weakref__",
+        "alive",
+        "at",
+        "id",
+        "index",
+        "mark",
+        "owned",
+        "ptr",
+        "seq",
+        "stream",
+    )
 
     def __init__(self, ptr: Any, index: int, *, owned: bool) -> None:
         self.ptr = ptr
@@ -53,8 +74,13 @@ class Event:
         self.id = int(ptr)
         self.owned = owned
         self.alive = True
-        #: the lane of captures: the stream it was last recorded on (None: not known)
-        self.lane: Hashable | None = None
+        #: the stream aiostream last recorded it on (None: not known), and that stream's
+        #: ``ops`` then: while they are unchanged, the event captures all of its work
+        self.stream: Stream | None = None
+        self.at = 0
+        self.seq = 0  # its place among the captures of that stream
+        #: the mark right after its last record (see Waits.record), which it holds
+        self.mark: Any = None
 
 
 class Memory:

@@ -84,6 +84,7 @@ class Memories:
                         ptr = self.drv.check(result, index, "cuMemAllocAsync")
                         mem = Memory(index, nbytes, int(ptr), device=True)
                         mem.pooled = True
+                        stream.ops += 1
                 if mem is None:
                     ptr = self.drv.check(cu.cuMemAlloc(max(nbytes, 1)), index, "cuMemAlloc")
                     mem = Memory(index, nbytes, int(ptr), device=True)
@@ -113,7 +114,7 @@ class Memories:
                 dev = self.devices[mem.index]
                 if dev.over(marker):  # the host has seen it complete: every stream may use it
                     mem.alloc_marker = None
-                    dev.markers.append(marker)
+                    dev.give_back(marker)
                 else:
                     with dev.pushed:
                         self.drv.check(
@@ -121,6 +122,7 @@ class Memories:
                             stream.index,
                             "cuStreamWaitEvent",
                         )
+                    stream.ops += 1
                 mem.ordered.add(stream.key)
             self._hold(mem, stream)
 
@@ -148,6 +150,7 @@ class Memories:
                     cu.CUdeviceptr(dst.ptr), cu.CUdeviceptr(src.ptr), nbytes, stream.ptr
                 )
         self.drv.check(result, stream.index, call)
+        stream.ops += 1
 
     # ------------------------------------------------------------------ release
 
@@ -177,6 +180,7 @@ class Memories:
             if mem.pooled and len(mem.streams) == 1 and streams:
                 # used on its allocation stream only: freed there, in order with its work
                 self._free_on(dev, mem, streams[0].ptr)
+                streams[0].ops += 1
             else:
                 marks = self._mark(streams)
                 if mem.pooled:
@@ -190,7 +194,7 @@ class Memories:
             self.drv.failed_release(str(exc))
         finally:
             for d, m in marks:  # recorded and waited for, or over: they may be recorded again
-                d.markers.append(m)
+                d.give_back(m)
             self._drop(mem)
 
     def _mark(self, streams: list[Stream]) -> list[tuple[Device, object]]:
@@ -202,7 +206,7 @@ class Memories:
                 marks.append((dev, dev.record_marker(stream)))
         except CudaError:
             for d, m in marks:
-                d.markers.append(m)
+                d.give_back(m)
             raise
         return marks
 
@@ -238,7 +242,7 @@ class Memories:
     def _drop(self, mem: Memory) -> None:
         """Forget the streams and the allocation marker of freed memory (lock held)."""
         if mem.alloc_marker is not None:
-            self.devices[mem.index].markers.append(mem.alloc_marker)
+            self.devices[mem.index].give_back(mem.alloc_marker)
             mem.alloc_marker = None
         streams = list(mem.streams.values())
         mem.streams.clear()
@@ -257,7 +261,7 @@ class Memories:
         for mem, marks in dev.freeing:
             if all(d.over(m) for d, m in marks):
                 for d, m in marks:
-                    d.markers.append(m)
+                    d.give_back(m)
                 try:
                     self._free_now(dev, mem)
                 except CudaError as exc:
@@ -268,14 +272,20 @@ class Memories:
 
     def close(self, dev: Device) -> None:
         """At close (lock held): free what is still alive, ordered after its users' work,
-        and what has finished being used; the rest is left to the context's release."""
+        and what has finished being used; the rest waits in ``dev.freeing`` for
+        :meth:`reap` (the device has gone idle) or the context's release at exit."""
         for mem in list(dev.memory):
             self.release(dev, mem)
         self._reap(dev)
+
+    def reap(self, dev: Device) -> None:
+        """At close, once the device has nothing pending (lock held): free what waited for
+        work that has completed since."""
+        self._reap(dev)
         if dev.freeing:
             logger.debug(
-                "cuda:%d: %d buffer(s) still in use by device work at close, left to the "
-                "context's release",
+                "cuda:%d: %d buffer(s) still in use by another device's work at close, left "
+                "to the context's release",
                 dev.index,
                 len(dev.freeing),
             )

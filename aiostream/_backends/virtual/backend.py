@@ -5,7 +5,6 @@ and the simulator's controls, over the simulation (``simulation.py``) and its me
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -116,7 +115,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
             self._sim.check_device(stream.device)
             self._sim.sched.wait_event(stream, event.state.item)
 
-    def stream_capture(self, stream: Stream) -> Target:
+    def stream_capture(self, stream: Stream, wake: bool) -> Target:
         sim = self._sim
         with sim.lock:
             sim.check_device(stream.device)
@@ -164,7 +163,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
             return True
         return self._sim.item_done(item)
 
-    def event_capture(self, event: Event) -> Target:
+    def event_capture(self, event: Event, wake: bool) -> Target:
         sim = self._sim
         with sim.lock:
             sim.check_device(event.device)
@@ -290,16 +289,6 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
 
     def wait_blocking(self, target: Target) -> None:
         self._sim.wait_blocking(target)
-
-    def block(self, target: Target) -> None:
-        self._sim.block(target)
-
-    def notify_done(self, target: Target, fn: Callable[[], None]) -> None:
-        def watch() -> None:
-            self._sim.block(target)
-            fn()
-
-        threading.Thread(target=watch, name="aiostream virtual notify", daemon=True).start()
 
     # ------------------------------------------------------------------ inspection, timeline
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..._errors import AiostreamError, StaleHandleError
+from ..._errors import StaleHandleError
 from .clock import Listeners, listen, resolve_clock
 from .model import DONE, Device, Item, Stream
 from .options import VirtualOptions
@@ -207,9 +207,3 @@ class Simulation:
                 changed.clear()
         finally:
             unsubscribe()
-
-    def block(self, target: Target) -> None:
-        try:
-            self.wait_blocking(target)
-        except AiostreamError:
-            pass  # the caller learns the outcome from target.done()

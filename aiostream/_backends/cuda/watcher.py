@@ -1,0 +1,614 @@
+"""How the CUDA backend learns that awaited work completed: completion flags the device writes,
+and one watching thread per device.
+
+A *mark* is a point on a stream the device tells of: a fresh 32-bit value written into a
+*slot* of pinned, device-mapped memory with ``cuStreamWriteValue32`` right after the work
+before it, a stream memory operation done by the device with no round trip to the host and
+nothing added to the stream but the write. A stream's capture puts a mark on the stream; every
+record of an aiostream event puts one right after the record, so a wait on the event reads
+that mark however much work was submitted after it. Whether the work has completed is then one
+memory read (``flags[slot] == value``), and one vectorised comparison over all slots finds
+every completed mark at once, whatever their number: no driver call, no event per wait, no
+thread or stream per wait.
+
+The device's :class:`Watcher` thread sleeps on a semaphore. It is woken by a host function,
+libc's ``sem_post`` (a C function: no Python ever runs on the driver's thread), enqueued after
+the write for waits that asked to be told promptly; and by its own timer, with a back-off, for
+the waits that did not (a host function holds up later work on its stream until it has run)
+and for events it has to query. It then tells the waiting loops, through the callback each
+gave to :meth:`Target.watch`, as the virtual backend does. Every 50 ms while waits are watched
+it also asks the device whether it has failed: host functions never run after a fault.
+
+A slot is free again once its value has landed: a sweep frees it, or the wait that reads it,
+and every slot in use is swept before another chunk is made, so the flag memory grows with the
+marks not yet reached, not with the events alive. A mark whose waits were all
+cancelled before that leaves the slot *draining* until the device writes it (a hung kernel
+holds 4 bytes, never a thread or an event). Slots come in chunks of pinned memory, made as
+needed; chunks beyond the first are given back once nothing uses them.
+
+Waits on an event of another library (``as_event``), and every wait where the device cannot
+write values (stream memory operations unsupported: marks are then internal marker events),
+are queried with ``cuEventQuery`` instead: the same interface, at a driver call per wait and
+poll.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+from ..._errors import AiostreamError, CudaError
+from .driver import NOT_READY, NOT_SUPPORTED, SUCCESS, Driver
+
+__all__ = ["LaunchHostFunc", "Mark", "Semaphores", "Target", "Watcher", "semaphores"]
+
+logger = logging.getLogger("aiostream")
+
+MEMHOSTALLOC_FLAGS = 0x1 | 0x2  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+CHUNK = 4096  #: slots per chunk of flag memory (16 KiB)
+HEALTH_S = 0.05  #: while waits are watched, how often the device is asked whether it failed
+POLL_MIN_S = 50e-6  #: the watcher's first polls of waits no host function will announce
+POLL_CAP_S = 2e-3  #: and its longest interval between them
+DRAIN_S = 0.25  #: with nothing watched, how often slots of cancelled waits are looked at
+EVENT_DISABLE_TIMING = 0x2
+
+LaunchHostFunc = Callable[[int, int, int], int]
+
+
+# ---------------------------------------------------------------------- C host functions
+
+
+class Semaphores:
+    """libc's POSIX semaphores through ctypes: ``sem_post`` is the host function."""
+
+    SIZE = 64  # bytes for one sem_t (32 on glibc x86-64 and aarch64), with room to spare
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.libc = libc
+        for name in ("sem_init", "sem_post", "sem_wait", "sem_timedwait"):
+            getattr(libc, name).restype = ctypes.c_int
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        self.post_address: int = ctypes.cast(libc.sem_post, ctypes.c_void_p).value or 0
+
+    def new(self) -> int:
+        """A semaphore at 0, in memory that is never freed (a late host function may post
+        it while the interpreter exits)."""
+        sem = self.libc.malloc(self.SIZE)
+        if not sem or self.libc.sem_init(ctypes.c_void_p(sem), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "sem_init failed")
+        return int(sem)
+
+    def post(self, sem: int) -> None:
+        self.libc.sem_post(ctypes.c_void_p(sem))
+
+    def wait(self, sem: int, timeout: float | None) -> None:
+        """Wait (GIL released) until posted, or ``timeout`` seconds."""
+        if timeout is None:
+            self.libc.sem_wait(ctypes.c_void_p(sem))
+            return
+        deadline = time.time() + timeout
+        ts = (ctypes.c_long * 2)(int(deadline), int((deadline % 1) * 1e9))
+        self.libc.sem_timedwait(ctypes.c_void_p(sem), ts)
+
+
+def _load_semaphores() -> Semaphores | None:
+    try:
+        return Semaphores()
+    except (OSError, AttributeError):  # no POSIX libc (Windows): the watcher polls
+        return None
+
+
+semaphores = _load_semaphores()
+
+_LAUNCH_HOST_FUNC = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+)
+
+
+def driver_launch_host_func(cu: Any) -> LaunchHostFunc | None:
+    """The driver's own ``cuLaunchHostFunc``, called through ctypes; None where there is no
+    POSIX libc for ``sem_post``.
+
+    Not cuda-python's ``driver.cuLaunchHostFunc``: that one launches a wrapper of its own,
+    which takes the GIL (``PyGILState_Ensure``) on the driver's thread before it calls the
+    function given, even a C function: a deadlock with any thread that holds the GIL while it
+    calls the driver, and a crash when a host function runs after the interpreter finalized.
+    """
+    if semaphores is None:
+        return None
+    try:
+        err, address, _ = cu.cuGetProcAddress(b"cuLaunchHostFunc", 10000, 0)
+    except (RuntimeError, ValueError, TypeError):  # a driver without cuGetProcAddress
+        return None
+    if err != SUCCESS or not address:
+        return None
+    launch: LaunchHostFunc = _LAUNCH_HOST_FUNC(int(address))
+    return launch
+
+
+# ---------------------------------------------------------------------- marks and waits
+
+
+class Mark:
+    """A point on a stream the device tells of: it writes ``value`` into ``slot`` once the work
+    before the point has completed; or, where the device writes no values, a marker ``event``
+    recorded there."""
+
+    __slots__ = ("complete", "event", "holders", "slot", "value", "waits", "woken")
+
+    def __init__(self) -> None:
+        self.slot = -1
+        self.value = 0
+        self.event: Any = None
+        self.complete = False
+        self.woken = False  # a host function after it wakes the watcher
+        self.holders = 0  # waits on it, and the event record it stands for
+        self.waits: list[Target] = []  # the watched ones
+
+
+class Target:
+    """One wait: on a mark, or (an event of another library, or no stream memory operations)
+    on an event the watcher queries."""
+
+    __slots__ = (
+        "callback",
+        "complete",
+        "event",
+        "index",
+        "lane",
+        "mark",
+        "polled",
+        "released",
+        "seq",
+        "watcher",
+    )
+
+    def __init__(self, watcher: Watcher, lane: Hashable, seq: int) -> None:
+        self.watcher = watcher
+        self.index = watcher.index
+        self.lane = lane
+        self.seq = seq
+        self.mark: Mark | None = None
+        self.event: Any = None  # the event queried, when there is no mark
+        self.polled = True  # watched, with no host function to announce it: polled
+        self.complete = False
+        self.released = False
+        self.callback: Callable[[], None] | None = None
+
+    def done(self) -> bool:
+        """Whether the captured work completed; raise ``CudaError`` if the device failed."""
+        if self.complete:
+            return True
+        watcher = self.watcher
+        mark = self.mark
+        if mark is not None:
+            if watcher.reached(mark):
+                self.complete = True
+                return True
+        elif self.event is not None and watcher.query(self.event):
+            self.complete = True
+            return True
+        watcher.check()
+        return False
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, from the watcher's thread, when the work completes or the
+        device fails; :meth:`release` cancels it."""
+        self.watcher.watch(self, callback)
+
+    def release(self) -> None:
+        """Forget the wait: no thread, event or stream stays held (a slot whose value has not
+        landed drains until it does)."""
+        self.watcher.release(self)
+
+
+class _Chunk:
+    """``CHUNK`` slots of pinned, device-mapped memory, and the mark each is waiting for."""
+
+    __slots__ = ("dptr", "expected", "flags", "free", "owners", "ptr", "used")
+
+    def __init__(self, ptr: int, dptr: int) -> None:
+        self.ptr = ptr
+        self.dptr = dptr
+        memory = memoryview((ctypes.c_uint32 * CHUNK).from_address(ptr)).cast("B")
+        self.flags = np.frombuffer(memory, dtype=np.uint32)
+        self.flags[:] = 0
+        self.expected = np.zeros(CHUNK, dtype=np.uint32)  # 0: the slot expects nothing
+        self.owners: list[Mark | None] = [None] * CHUNK
+        self.free = list(range(CHUNK - 1, -1, -1))
+        self.used = 0
+
+
+class Flags:
+    """A device's completion flags: slots in chunks of pinned, device-mapped memory (the
+    backend's lock held for every call)."""
+
+    def __init__(self, dev: Any) -> None:
+        self.dev = dev
+        self.drv: Driver = dev.drv
+        self.index: int = dev.index
+        self.chunks: list[_Chunk] = []
+        self.values = 0
+
+    def take(self, mark: Mark) -> int:
+        """A free slot for ``mark`` (its slot and value set): the device address to write."""
+        i = next((i for i, c in enumerate(self.chunks) if c.free), len(self.chunks))
+        chunk = self.chunks[i] if i < len(self.chunks) else self._new_chunk()
+        j = chunk.free.pop()
+        chunk.used += 1
+        self.values = self.values % 0xFFFFFFFF + 1  # never 0, the value of fresh memory
+        chunk.expected[j] = self.values
+        chunk.owners[j] = mark
+        mark.slot, mark.value = i * CHUNK + j, self.values
+        return chunk.dptr + 4 * j
+
+    def _new_chunk(self) -> _Chunk:
+        drv, cu = self.drv, self.drv.cu
+        with self.dev.pushed:
+            ptr = drv.check(
+                cu.cuMemHostAlloc(CHUNK * 4, MEMHOSTALLOC_FLAGS), self.index, "cuMemHostAlloc"
+            )
+            result = cu.cuMemHostGetDevicePointer(ptr, 0)
+            if result[0] != SUCCESS:
+                cu.cuMemFreeHost(ptr)
+                raise drv.error(result[0], self.index, "cuMemHostGetDevicePointer")
+        chunk = _Chunk(int(ptr), int(result[1]))
+        self.chunks.append(chunk)
+        return chunk
+
+    def free(self, mark: Mark) -> None:
+        slot, mark.slot = mark.slot, -1
+        chunk, j = self.chunks[slot // CHUNK], slot % CHUNK
+        chunk.expected[j] = 0
+        chunk.owners[j] = None
+        chunk.free.append(j)
+        chunk.used -= 1
+
+    def landed(self, mark: Mark) -> bool:
+        slot = mark.slot
+        return bool(self.chunks[slot // CHUNK].flags[slot % CHUNK] == mark.value)
+
+    def sweep(self) -> list[Mark]:
+        """Free every slot whose value landed; return their marks, now complete."""
+        done: list[Mark] = []
+        for chunk in self.chunks:
+            if not chunk.used:
+                continue
+            expected = chunk.expected
+            hits = np.flatnonzero((chunk.flags == expected) & (expected != 0))
+            for j in hits.tolist():
+                mark = chunk.owners[j]
+                if mark is not None:
+                    mark.complete = True
+                    self.free(mark)
+                    done.append(mark)
+        while len(self.chunks) > 1 and not self.chunks[-1].used:  # shrink when idle
+            self.dev.release(self.drv.cu.cuMemFreeHost, self.chunks.pop().ptr)
+        return done
+
+    def full(self) -> bool:
+        """Whether every slot of every chunk is taken."""
+        return all(not c.free for c in self.chunks)
+
+    def used(self) -> int:
+        """Slots in use or draining."""
+        return sum(c.used for c in self.chunks)
+
+    def close(self) -> None:
+        """Free the chunks whose values have all landed; the rest, which pending work will
+        still write, are left to the context's release at exit."""
+        for chunk in self.chunks:
+            if not chunk.used:
+                self.dev.release(self.drv.cu.cuMemFreeHost, chunk.ptr)
+        self.chunks.clear()
+
+
+class Watcher:
+    """A device's marks, the waits being watched, and the thread that watches them.
+
+    Its state is guarded by the backend's lock (``dev.lock``); the thread takes it for each
+    sweep, and calls back with it released.
+    """
+
+    def __init__(self, dev: Any) -> None:
+        self.dev = dev
+        self.index: int = dev.index
+        self.drv: Driver = dev.drv
+        self.lock: threading.RLock = dev.lock
+        self.flags = Flags(dev)
+        self.memops = True  # the device writes values (cuStreamWriteValue32); else markers
+        self.launch = driver_launch_host_func(dev.drv.cu)
+        self.watched: dict[Target, None] = {}
+        self.polled = 0  # watched waits that no host function will announce
+        self.queried: dict[Target, None] = {}  # watched waits on an event
+        self.health: Any = None  # an event never recorded: querying it says if the device failed
+        self.failed: CudaError | None = None
+        self.closed = False
+        self.checked_at = 0.0
+        self.progress_at = time.monotonic()
+        self.sleeping_until = float("inf")
+        self.sem = semaphores.new() if semaphores is not None else 0
+        self.later: list[Callable[[], None]] = []  # callbacks found by a sweep off the thread
+        self.thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ marks
+
+    def mark(self, stream: Any, wake: bool) -> Mark:
+        """A mark after the work submitted to ``stream`` so far (lock held), held once; with
+        ``wake``, a host function after it."""
+        drv, cu = self.drv, self.drv.cu
+        mark = Mark()
+        with self.dev.pushed:
+            if self.memops:
+                if self.flags.full():
+                    self.collect()  # landed slots still held by recorded events come back
+                address = self.flags.take(mark)
+                (err,) = cu.cuStreamWriteValue32(stream, address, mark.value, 0)
+                if err == NOT_SUPPORTED:
+                    logger.debug("cuda:%d writes no values from streams: events", self.index)
+                    self.memops = False
+                if err != SUCCESS:
+                    self.flags.free(mark)
+                    if err != NOT_SUPPORTED:
+                        raise drv.error(err, self.index, "cuStreamWriteValue32")
+            if not self.memops:
+                marker = self.dev.marker()
+                (err,) = cu.cuEventRecord(marker, stream)
+                if err != SUCCESS:
+                    self.dev.give_back(marker)
+                    raise drv.error(err, self.index, "cuEventRecord")
+                mark.event = marker
+        mark.holders = 1
+        if wake:
+            self.wake(mark, stream)
+        return mark
+
+    def wake(self, mark: Mark, stream: Any) -> None:
+        """A host function (``sem_post``) on ``stream`` to announce ``mark``: the stream's
+        work so far must end at the mark (lock held)."""
+        if mark.woken or self.launch is None or semaphores is None:
+            return
+        with self.dev.pushed:
+            code = self.launch(int(stream), semaphores.post_address, self.sem)
+        if code != SUCCESS:
+            raise self.drv.error(self.drv.cu.CUresult(code), self.index, "cuLaunchHostFunc")
+        mark.woken = True
+
+    def hold(self, mark: Mark) -> None:
+        mark.holders += 1
+
+    def unhold(self, mark: Mark) -> None:
+        """One holder less (lock held); with none left, the mark's slot is freed if its value
+        landed, or drains until it does, and its marker goes back to the pool."""
+        mark.holders -= 1
+        if mark.holders:
+            return
+        if mark.slot >= 0 and self.flags.landed(mark):
+            mark.complete = True
+            self.flags.free(mark)
+        elif mark.slot >= 0:  # it drains: a sweep must come to free it
+            self._start()
+            if self.sleeping_until == float("inf") and semaphores is not None:
+                semaphores.post(self.sem)
+        if mark.event is not None:
+            self.dev.give_back(mark.event)
+            mark.event = None
+
+    def reached(self, mark: Mark) -> bool:
+        """Whether the work before ``mark`` completed (raise if the device failed). A landed
+        slot that no watched wait needs is freed at once."""
+        if mark.complete:
+            return True
+        if mark.slot >= 0:
+            with self.lock:
+                if mark.slot >= 0 and self.flags.landed(mark):
+                    mark.complete = True
+                    if not mark.waits:  # else the sweep frees it, and tells them
+                        self.flags.free(mark)
+        elif mark.event is not None:
+            mark.complete = self.query(mark.event)
+        return mark.complete
+
+    # ------------------------------------------------------------------ checks
+
+    def query(self, event: Any) -> bool:
+        """Whether ``event`` completed (``cuEventQuery``); raise if the device failed."""
+        with self.dev.pushed:
+            (err,) = self.drv.cu.cuEventQuery(event)
+        return self.drv.ready(err, self.index, "cuEventQuery")
+
+    def check(self) -> None:
+        """Raise the device's error if it has failed, or if the backend was closed. The driver
+        is asked at most once a millisecond; its answer is kept that long."""
+        if self.closed:
+            raise AiostreamError("the CUDA backend was closed (the interpreter is exiting)")
+        now = time.monotonic()
+        if now - self.checked_at >= 1e-3:
+            self.checked_at = now
+            with self.dev.pushed:
+                if self.health is None:
+                    self.health = self.drv.check(
+                        self.drv.cu.cuEventCreate(EVENT_DISABLE_TIMING),
+                        self.index,
+                        "cuEventCreate",
+                    )
+                (err,) = self.drv.cu.cuEventQuery(self.health)
+            failed = err != SUCCESS and err != NOT_READY
+            self.failed = self.drv.error(err, self.index, "cuEventQuery") if failed else None
+        if self.failed is not None:
+            raise self.failed
+
+    # ------------------------------------------------------------------ watching
+
+    def watch(self, target: Target, callback: Callable[[], None]) -> None:
+        post = False
+        with self.lock:
+            if target.released or target.callback is not None:
+                return
+            mark = target.mark
+            tell_now = target.complete or self.closed or (mark is not None and mark.complete)
+            if not tell_now:
+                target.callback = callback
+                self.watched[target] = None
+                if mark is not None and mark.slot >= 0:
+                    mark.waits.append(target)  # the sweep of the flags tells it
+                    target.polled = not mark.woken
+                else:
+                    self.queried[target] = None  # the sweep queries it
+                now = time.monotonic()
+                if target.polled:
+                    self.polled += 1
+                    self.progress_at = now  # poll a new wait promptly, then back off
+                self._start()
+                # Wake the thread if it sleeps past when this wait needs a look.
+                post = self.sleeping_until > now + (POLL_MIN_S if target.polled else HEALTH_S)
+        if tell_now:
+            callback()
+        elif post and semaphores is not None:
+            semaphores.post(self.sem)
+
+    def release(self, target: Target) -> None:
+        with self.lock:
+            if target.released:
+                return
+            target.released = True
+            self._forget(target)
+            if target.mark is not None:
+                self.unhold(target.mark)
+                target.mark = None
+            target.event = None
+
+    def _forget(self, target: Target) -> None:
+        """Stop watching ``target`` (lock held)."""
+        if target.callback is None:
+            return
+        target.callback = None
+        self.watched.pop(target, None)
+        self.queried.pop(target, None)
+        mark = target.mark
+        if mark is not None and target in mark.waits:
+            mark.waits.remove(target)
+        if target.polled:
+            self.polled -= 1
+
+    def _start(self) -> None:
+        if self.thread is None and not self.closed:
+            self.thread = threading.Thread(
+                target=self._run, name=f"aiostream cuda:{self.index} watcher", daemon=True
+            )
+            self.thread.start()
+
+    def _timeout(self, now: float) -> float | None:
+        """How long the thread may sleep (lock held): until posted, if nothing is watched and
+        no slot drains (a landed slot is freed by a later sweep)."""
+        if not self.watched:
+            return DRAIN_S if self.flags.used() else None
+        timeout = HEALTH_S
+        if self.polled or self.queried:
+            quiet = now - self.progress_at
+            timeout = min(timeout, max(POLL_MIN_S, min(POLL_CAP_S, quiet / 4)))
+        return timeout
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                if self.closed:
+                    return
+                now = time.monotonic()
+                timeout = self._timeout(now)
+                self.sleeping_until = float("inf") if timeout is None else now + timeout
+            if semaphores is not None:
+                semaphores.wait(self.sem, timeout)
+            else:
+                time.sleep(POLL_CAP_S if timeout is None else timeout)
+            with self.lock:
+                self.sleeping_until = 0.0
+                if self.closed:
+                    return
+                due = self._sweep()
+                if self.later:
+                    due += self.later
+                    self.later = []
+            _call(due)
+
+    def _sweep(self) -> list[Callable[[], None]]:
+        """Find the waits whose work completed (lock held): their callbacks."""
+        due: list[Callable[[], None]] = []
+        for mark in self.flags.sweep():
+            for target in list(mark.waits):
+                target.complete = True
+                self._fire(target, due)
+        failed = False
+        for target in list(self.queried):
+            try:
+                if target.done():
+                    self._fire(target, due)
+            except AiostreamError:
+                failed = True
+        now = time.monotonic()
+        if self.watched and now - self.checked_at >= HEALTH_S:
+            try:
+                self.check()
+            except AiostreamError:
+                failed = True
+        if failed:  # host functions never run after a fault: tell everyone (each raises it)
+            for target in list(self.watched):
+                self._fire(target, due)
+        if due:
+            self.progress_at = now
+        return due
+
+    def collect(self) -> None:
+        """Sweep now, off the thread (lock held): free every landed slot, and leave the
+        callbacks of the waits found complete to the thread."""
+        due = self._sweep()
+        if due:
+            self.later.extend(due)
+            self._start()
+            if semaphores is not None:
+                semaphores.post(self.sem)
+
+    def _fire(self, target: Target, due: list[Callable[[], None]]) -> None:
+        callback = target.callback
+        self._forget(target)
+        if callback is not None:
+            due.append(callback)
+
+    def stats(self) -> tuple[int, int, int]:
+        """(waits watched, slots in use or draining, chunks of flag memory), after a sweep."""
+        with self.lock:
+            if not self.closed:
+                self.collect()
+            return len(self.watched), self.flags.used(), len(self.flags.chunks)
+
+    def close(self) -> None:
+        """Stop the thread and tell every watched wait (lock held; at close). The flags are
+        freed later, with the context (``Device.release_all``)."""
+        due = self._sweep() if not self.closed else []
+        due += self.later
+        self.later = []
+        self.closed = True
+        for target in list(self.watched):
+            self._fire(target, due)
+        if semaphores is not None:
+            semaphores.post(self.sem)
+        _call(due)
+        if self.health is not None:
+            self.dev.release(self.drv.cu.cuEventDestroy, self.health)
+            self.health = None
+
+
+def _call(callbacks: list[Callable[[], None]]) -> None:
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:  # one waiter's failure must not stop the others' wake-ups
+            logger.exception("aiostream: a wait's completion callback failed")

@@ -1,0 +1,329 @@
+"""CUDA waits at scale: a bounded set of threads per device whatever the load, pools that
+shrink, cancellation that frees everything at once, hung kernels, and what each event capture
+costs.
+
+Run where ``cuda:0`` works: on a GPU, and against the stand-in driver, which
+``test_fake_driver.py`` runs this file on. Tests that need its hooks skip on a GPU.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+
+import aiostream as ais
+from aiostream import _backends
+
+from .stand_in import FAKE, OK, REASON, hurry, needs_stand_in
+
+pytestmark = pytest.mark.skipif(not OK, reason=f"needs a CUDA device: {REASON}")
+
+DEV = "cuda:0"
+
+
+@pytest.fixture(autouse=True)
+def default_strategy() -> Iterator[None]:
+    yield
+    ais.set_wait_strategy(None)
+    ais.set_debug(False)
+    hurry()  # end the kernels that never end
+
+
+def held() -> dict[str, int]:
+    return _backends.get("cuda").held(0)  # type: ignore[attr-defined, no-any-return]
+
+
+def ours() -> list[str]:
+    """aiostream's threads now alive for cuda:0 (another device's watcher may live on from an
+    earlier test), and any of aiostream's that names no device."""
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith("aiostream") and ("cuda:" not in t.name or DEV in t.name)
+    ]
+
+
+class ThreadPeak:
+    """The most aiostream threads and Python threads alive at once, sampled every 2 ms."""
+
+    def __init__(self) -> None:
+        self.ours = 0
+        self.python = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="test sampler", daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.ours = max(self.ours, len(ours()))
+            self.python = max(self.python, threading.active_count())
+
+    def __enter__(self) -> ThreadPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+async def settle(before_slots: int) -> dict[str, int]:
+    """Wait (up to 2 s) for the watcher to free the slots of cancelled waits."""
+    with anyio.fail_after(2):
+        while (now := held())["slots"] > before_slots:
+            await anyio.sleep(0.01)
+    return now
+
+
+# ---------------------------------------------------------------------- scale
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "thread", "callback", "poll"])
+async def test_a_thousand_waits_on_a_hundred_streams_use_one_thread(
+    anyio_backend: object, strategy: str
+) -> None:
+    """1,000 events on 100 streams awaited at once, a third cancelled at random: at most one
+    thread of aiostream's (the device's watcher) however many waits, and nothing held after."""
+    before = held()
+    base_python = threading.active_count()
+    rng = random.Random(21)
+    streams = [ais.Stream(DEV) for _ in range(100)]
+    events = []
+    for i, s in enumerate(streams):
+        ais.delay(0.1, stream=s)  # nothing completes before the waits have begun
+        for k in range(10):
+            ais.delay(0.01 + 0.002 * ((i + k) % 7), stream=s)  # 0.2 to 0.3 s a stream
+            events.append(s.record_event())
+    outcomes = {"done": 0, "cancelled": 0}
+
+    async def wait(e: ais.Event) -> None:
+        if rng.random() < 1 / 3:
+            with anyio.move_on_after(rng.uniform(0, 0.1)) as scope:
+                await e.synchronize(strategy=strategy)
+            if scope.cancelled_caught:
+                outcomes["cancelled"] += 1
+                return
+        else:
+            await e.synchronize(strategy=strategy)
+        assert e.query()
+        outcomes["done"] += 1
+
+    with ThreadPeak() as peak:
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for e in events:
+                    tg.start_soon(wait, e)
+    assert outcomes["done"] + outcomes["cancelled"] == 1000 and outcomes["cancelled"] > 50
+    assert peak.ours <= 1, peak.ours  # the watcher of cuda:0, whatever the number of waits
+    assert peak.python - base_python <= 2, (peak.python, base_python)  # it, and the sampler
+    assert ais.pending_waits() == []
+    after = await settle(before["slots"])
+    assert after["watched"] == 0
+    # no stream or event per wait (the health event may be new)
+    assert after["streams"] <= 1 and after["events"] <= before["events"] + 1, after
+    assert len(ours()) <= 1
+
+
+async def test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle(
+    anyio_backend: object,
+) -> None:
+    before = held()
+    s = ais.Stream(DEV)
+    ais.delay(1.0, stream=s)
+    pending = [s.record_event() for _ in range(5000)]  # more waits than a chunk has slots
+
+    async def wait(e: ais.Event) -> None:
+        await e.synchronize(strategy="thread")
+
+    captured = 0
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for e in pending:
+                tg.start_soon(wait, e)
+            while len(ais.pending_waits()) < 5000:  # the tasks have started their waits
+                await anyio.sleep(0.001)
+            captured = held()["chunks"]
+    assert captured >= 2
+    after = await settle(before["slots"])
+    with anyio.fail_after(2):
+        while held()["chunks"] > 1:
+            await anyio.sleep(0.01)
+    assert after["watched"] == 0
+
+
+# ---------------------------------------------------------------------- hung kernels
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "thread", "callback", "poll"])
+async def test_a_wait_on_a_hung_kernel_times_out_and_leaves_nothing(
+    anyio_backend: object, strategy: str
+) -> None:
+    before = held()
+    s = ais.Stream(DEV)
+    ais.delay(3600.0 if FAKE is not None else 30.0, stream=s)  # a kernel that does not end
+    e = s.record_event()
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        with anyio.fail_after(0.2):
+            await e.synchronize(strategy=strategy)
+    late = time.monotonic() - start - 0.2
+    assert late < 0.05, f"TimeoutError {late * 1e3:.1f} ms after its deadline"
+    assert ais.pending_waits() == []
+    now = held()
+    assert now["watched"] == 0  # no wait left; its slot drains when the kernel ends
+    assert now["slots"] <= before["slots"] + 1
+    assert now["streams"] <= 1 and now["events"] <= before["events"] + 1
+    assert len(ours()) <= 1  # no thread blocked on the kernel
+
+
+async def test_pending_waits_name_the_stream_task_origin_and_age(anyio_backend: object) -> None:
+    ais.set_debug(True)
+    s = ais.Stream(DEV)
+    ais.delay(3600.0 if FAKE is not None else 30.0, stream=s)  # submitted here
+    e = s.record_event()
+    seen: list[Any] = []
+
+    async def stuck() -> None:
+        await e.synchronize()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stuck, name="stuck task")
+        await anyio.sleep(0.1)
+        seen = ais.pending_waits()
+        tg.cancel_scope.cancel()
+    assert len(seen) == 1
+    wait = seen[0]
+    assert wait.task == "stuck task" and wait.device == DEV
+    assert wait.subject == f"event {e.event_id} on stream {s.stream_id}"
+    assert wait.waited >= 0.09
+    assert wait.recorded_at is not None and "test_cuda_waits.py" in wait.recorded_at
+    assert f"waited {wait.waited:.3f} s on event" in str(wait)
+    assert ais.pending_waits() == []
+
+
+# ---------------------------------------------------------------------- event captures
+
+
+async def test_an_event_wait_keeps_its_capture_when_the_event_is_recorded_again(
+    anyio_backend: object,
+) -> None:
+    """Awaited before it is recorded again elsewhere, an event still completes its await when
+    the work it captured then completes, not the work of its new record."""
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(0.05, stream=s)
+    e = s.record_event()
+    ais.delay(5.0, stream=s)  # later work on s: the wait queries e itself
+    finished = []
+
+    async def wait() -> None:
+        await e.synchronize(strategy="thread")
+        finished.append(time.monotonic())
+
+    start = time.monotonic()
+    with anyio.fail_after(3):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await anyio.sleep(0.01)
+            ais.delay(10.0, stream=t)
+            e.record(t)  # the await goes on waiting for the 0.05 s of work it captured
+    assert finished and finished[0] - start < 1.0
+    assert not e.query()  # e itself now stands for the 10 s kernel
+
+
+async def test_an_event_wait_reads_the_mark_of_its_record(anyio_backend: object) -> None:
+    """Every record puts a mark right after it: a wait on the event reads that mark, however
+    much was submitted after the record, and takes no slot of its own."""
+    s = ais.Stream(DEV)
+    ais.delay(0.05, stream=s)
+    first = s.record_event()
+    ais.delay(0.05, stream=s)
+    passed = s.record_event()
+    ais.delay(0.05, stream=s)
+    base = held()["slots"]
+
+    async def wait(e: ais.Event) -> None:
+        await e.synchronize(strategy="thread")
+
+    async def waiting(n: int) -> None:
+        with anyio.fail_after(5):
+            while len(ais.pending_waits()) < n:
+                await anyio.sleep(0.001)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait, passed)  # work was submitted after it: its record's mark
+        await waiting(1)
+        assert held()["slots"] == base
+        tg.start_soon(wait, s.record_event())  # a new record: one mark more
+        await waiting(2)
+        assert held()["slots"] == base + 1
+        assert not s.query()  # the checks above ran while the waits were pending
+    assert first.query() and s.query()
+
+
+async def test_a_stream_handed_to_another_library_gets_no_host_function(
+    anyio_backend: object,
+) -> None:
+    """Once its handle is handed out (``__cuda_stream__``), others may submit to a stream: a
+    wait on an event recorded there reads its record's mark and adds no host function, which
+    would wait for their later work too."""
+    s = ais.Stream(DEV)
+    s.__cuda_stream__()
+    ais.delay(0.02, stream=s)
+    e = s.record_event()
+    base = held()["slots"]
+    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(e.synchronize)
+        with anyio.fail_after(5):
+            while not ais.pending_waits():
+                await anyio.sleep(0.001)
+        assert held()["slots"] == base
+    assert e.query()
+    if FAKE is not None:
+        assert FAKE.fake_cuda_host_calls() == calls
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", ["hybrid", "callback"])
+async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
+    anyio_backend: object, strategy: str
+) -> None:
+    """The host function that announces a wait is aiostream's, not the user's work: once
+    ``await s.synchronize()`` returns, ``s.query()`` is True even while the driver has not yet
+    run it; and the wait does not wait for it (the watcher's sweeps find the flag)."""
+    s = ais.Stream(DEV)
+    FAKE.fake_cuda_host_fn_delay(round(0.5e9))
+    try:
+        ais.delay(0.01, stream=s)
+        start = time.monotonic()
+        await s.synchronize(strategy=strategy)
+        took = time.monotonic() - start
+        assert s.query()
+        assert took < 0.3, took
+        ais.delay(0.01, stream=s)  # work of the user's after it: busy again
+        assert not s.query()
+    finally:
+        FAKE.fake_cuda_host_fn_delay(0)
+    await s.synchronize()
+    assert s.query()
+
+
+# ---------------------------------------------------------------------- from threads
+
+
+@needs_stand_in
+def test_synchronize_blocking_waits_through_the_watcher() -> None:
+    python_calls = FAKE.fake_cuda_host_calls_python()
+    s = ais.Stream(DEV)
+    ais.delay(0.05, stream=s)
+    e = s.record_event()
+    start = time.monotonic()
+    e.synchronize_blocking()
+    assert e.query() and 0.04 <= time.monotonic() - start < 2.0
+    assert held()["watched"] == 0
+    assert FAKE.fake_cuda_host_calls_python() == python_calls

@@ -20,8 +20,9 @@ learns it, and whether the loop also polls it:
 
 - ``hybrid`` (the default): the loop checks the wait on its next turns for ``SPIN_S`` after the
   last progress, then with back-off, for the first ``HYBRID_HANDOFF_S``: short waits resume
-  without any thread. Meanwhile a host function, enqueued after the work, wakes the device's
-  watcher when it completes: long waits cost no CPU.
+  without any thread, and cost the stream nothing. Then the loop hands the wait to the
+  backend (``watch``): a host function, enqueued after the work if nothing followed it,
+  wakes the device's watcher when it completes: long waits cost no CPU.
 - ``poll``: the loop alone checks, on its next turns for ``SPIN_S``, then sleeping for half the
   time since the last progress, up to ``POLL_CAP_S``. No thread, no host function.
 - ``thread``: the device's watcher alone, which polls the completion flags with a back-off up
@@ -477,8 +478,8 @@ class _StrategyWaiter(_Waiter):
         self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
 
     def _added(self, entry: _Entry) -> None:
-        if entry.strategy != "poll":
-            entry.target.watch(entry)
+        if entry.strategy in ("thread", "callback"):
+            entry.target.watch(entry)  # hybrid's, once the loop hands it over
         if entry.strategy in ("hybrid", "poll"):
             lane = entry.target.lane
             heap = self._lanes.get(lane)
@@ -546,7 +547,8 @@ class _StrategyWaiter(_Waiter):
                 heapq.heappop(heap)
                 continue
             if entry.strategy == "hybrid" and now - entry.since >= HYBRID_HANDOFF_S:
-                heapq.heappop(heap)  # the backend's watcher has it from here
+                heapq.heappop(heap)
+                entry.target.watch(entry)  # the backend has it from here
                 continue
             return entry
         self._lanes.pop(lane, None)

@@ -289,6 +289,47 @@ async def test_a_stream_handed_to_another_library_gets_no_host_function(
 
 
 @needs_stand_in
+async def test_short_hybrid_waits_add_no_host_function(anyio_backend: object) -> None:
+    """hybrid hands a wait to the watcher, with its host function, only after the loop's
+    first millisecond: waits shorter than that add nothing to the stream."""
+    s = ais.Stream(DEV)
+    calls = FAKE.fake_cuda_host_calls()
+    for _ in range(20):
+        ais.delay(50e-6, stream=s)
+        await s.synchronize(strategy="hybrid")
+    assert FAKE.fake_cuda_host_calls() - calls <= 5  # a loaded machine may miss the window
+
+
+@needs_stand_in
+async def test_a_handed_over_wait_gets_no_host_function_behind_later_work(
+    anyio_backend: object,
+) -> None:
+    """hybrid's host function comes when the loop hands the wait over; if work of the user's
+    was submitted to the stream since the capture, a host function would wait for it too: the
+    watcher polls the mark instead, and the wait ends with the work it captured."""
+    s = ais.Stream(DEV)
+    ais.delay(0.05, stream=s)
+    calls = FAKE.fake_cuda_host_calls()
+    finished: list[float] = []
+
+    async def wait() -> None:
+        await s.synchronize(strategy="hybrid")
+        finished.append(time.monotonic())
+
+    start = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        with anyio.fail_after(0.04):
+            while not ais.pending_waits():  # the capture is made
+                await anyio.sleep(0)
+        ais.delay(0.5, stream=s)  # later work of the user's
+    assert finished and finished[0] - start < 0.3
+    assert FAKE.fake_cuda_host_calls() == calls
+    assert not s.query()  # the later work goes on
+    await s.synchronize()
+
+
+@needs_stand_in
 @pytest.mark.parametrize("strategy", ["hybrid", "callback"])
 async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
     anyio_backend: object, strategy: str

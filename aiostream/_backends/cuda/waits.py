@@ -10,19 +10,23 @@
   queried itself: a wait on it follows its latest record.
 
 With ``wake`` (the ``hybrid`` and ``callback`` strategies) a host function after the mark
-announces it. For an event, only while nothing was submitted to its stream after its record
-(on a stream of aiostream's own whose handle was never handed out): a host function placed
-later would wait for that later work too. Other waits are polled by the watcher, from the
-flags, with a back-off.
+announces it, launched when the wait is handed to the watcher (``Target.watch``: at once for
+``callback``, after the loop's first millisecond for ``hybrid``, so that short waits cost the
+stream nothing), and only while nothing of the user's was submitted to the stream after the
+mark: a host function placed later would wait for that later work too. On a stream whose
+handle was handed out, others may submit unseen: a stream capture's host function is launched
+at once there, right after its mark, and an event's never. Other waits are polled
+by the watcher, from the flags, with a back-off.
 """
 
 from __future__ import annotations
 
-from ..._errors import CudaError
+from collections.abc import Callable
+
 from .devices import Devices
 from .driver import Driver
 from .handles import Event, Stream
-from .watcher import Target
+from .watcher import Mark, Target
 
 __all__ = ["Target", "Waits"]
 
@@ -39,10 +43,25 @@ class Waits:
         dev = self.devices[stream.index]
         target = Target(dev.watcher, ("stream", stream.key), next(stream.seq))
         with dev.lock:
-            target.mark = dev.watcher.mark(stream.ptr, wake)
-            if target.mark.woken and stream.private:
-                stream.woke = (target.mark, stream.ops)
+            # on a stream handed out, others may submit unseen: announced now or never
+            target.mark = dev.watcher.mark(stream.ptr, wake and not stream.private)
+            if wake and stream.private:
+                target.wake = self._waker(stream, target.mark, stream.ops)
         return target
+
+    def _waker(self, stream: Stream, mark: Mark, at: int) -> Callable[[], None]:
+        """What launches the host function after ``mark`` when its wait is handed to the
+        watcher (lock held then): nothing if the user's work followed the mark meanwhile."""
+        watcher = self.devices[stream.index].watcher
+
+        def wake() -> None:
+            if mark.woken or not stream.alive or not stream.private or stream.ops != at:
+                return
+            watcher.wake(mark, stream.ptr)
+            if mark.woken:
+                stream.woke = (mark, at)
+
+        return wake
 
     def idle(self, stream: Stream) -> bool:
         """Whether everything on ``stream`` but a host function of aiostream's has completed,
@@ -97,12 +116,6 @@ class Waits:
             target = Target(watcher, ("stream", stream.key), event.seq)
             target.mark = mark
             watcher.hold(mark)
-            if wake and stream.private and stream.alive and stream.ops == event.at:
-                try:
-                    watcher.wake(mark, stream.ptr)
-                except CudaError:
-                    watcher.release(target)
-                    raise
-                if mark.woken:
-                    stream.woke = (mark, stream.ops)
+            if wake and stream.private:
+                target.wake = self._waker(stream, mark, event.at)
         return target

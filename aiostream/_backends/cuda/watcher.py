@@ -168,6 +168,7 @@ class Target:
         "polled",
         "released",
         "seq",
+        "wake",
         "watcher",
     )
 
@@ -182,6 +183,9 @@ class Target:
         self.complete = False
         self.released = False
         self.callback: Callable[[], None] | None = None
+        #: launches a host function to announce the mark, when the wait is watched (lock
+        #: held); None: polled
+        self.wake: Callable[[], None] | None = None
 
     def done(self) -> bool:
         """Whether the captured work completed; raise ``CudaError`` if the device failed."""
@@ -455,6 +459,12 @@ class Watcher:
                 return
             mark = target.mark
             tell_now = target.complete or self.closed or (mark is not None and mark.complete)
+            if not tell_now and target.wake is not None:
+                try:
+                    target.wake()
+                except CudaError:  # polled instead; the health check tells a failed device
+                    logger.debug("cuda:%d: no host function for a wait", self.index)
+                target.wake = None
             if not tell_now:
                 target.callback = callback
                 self.watched[target] = None
@@ -480,6 +490,7 @@ class Watcher:
             if target.released:
                 return
             target.released = True
+            target.wake = None
             self._forget(target)
             if target.mark is not None:
                 self.unhold(target.mark)

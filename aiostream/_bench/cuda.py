@@ -11,7 +11,8 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,22 @@ def short_awaits(
     return asyncio.run(main())
 
 
+@contextmanager
+def primary_context() -> Iterator[None]:
+    """cuda:0's primary context, retained and current on the calling thread meanwhile: what
+    a baseline that calls the driver itself, as a program of its own would, needs."""
+    from cuda.bindings import driver
+
+    _, dev = driver.cuDeviceGet(0)
+    _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+    driver.cuCtxPushCurrent(ctx)
+    try:
+        yield
+    finally:
+        driver.cuCtxPopCurrent()
+        driver.cuDevicePrimaryCtxRelease(dev)
+
+
 def floor_thread(n: int, kernel_s: float) -> tuple[list[float], float]:
     """(a): the same work, waited with cuEventSynchronize in a plain thread (no loop), the
     device's primary context made current once, as a program of its own would."""
@@ -57,14 +74,8 @@ def floor_thread(n: int, kernel_s: float) -> tuple[list[float], float]:
     result: list[Any] = []
 
     def run() -> None:
-        _, dev = driver.cuDeviceGet(0)
-        _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
-        driver.cuCtxPushCurrent(ctx)
-        try:
+        with primary_context():
             measure()
-        finally:
-            driver.cuCtxPopCurrent()
-            driver.cuDevicePrimaryCtxRelease(dev)
 
     def measure() -> None:
         s = ais.Stream(DEVICE)
@@ -102,16 +113,10 @@ def to_thread_wait(s: ais.Stream, e: ais.Event) -> Awaitable[None]:
     from cuda.bindings import driver
 
     handle = _objects.handle(e).ptr
-    _, dev = driver.cuDeviceGet(0)
-    _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
 
     def sync() -> None:
-        driver.cuCtxPushCurrent(ctx)
-        try:
+        with primary_context():
             driver.cuEventSynchronize(handle)
-        finally:
-            driver.cuCtxPopCurrent()
-            driver.cuDevicePrimaryCtxRelease(dev)
 
     return anyio.to_thread.run_sync(sync)
 
@@ -336,16 +341,10 @@ def look_cost(n: int, repeats: int = 20) -> tuple[float, float]:
     for _ in range(repeats):
         backend.sweep(0)  # type: ignore[attr-defined]
     flags = (time.thread_time() - cpu) / repeats
-    _, dev = driver.cuDeviceGet(0)
-    _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
-    driver.cuCtxPushCurrent(ctx)
-    try:
+    with primary_context():
         cpu = time.thread_time()
         for _ in range(repeats):
             for h in handles:
                 driver.cuEventQuery(h)
         queries = (time.thread_time() - cpu) / repeats
-    finally:
-        driver.cuCtxPopCurrent()
-        driver.cuDevicePrimaryCtxRelease(dev)
     return flags, queries

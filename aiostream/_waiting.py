@@ -622,10 +622,14 @@ def in_loop_thread() -> bool:
         return True
     except RuntimeError:
         pass
-    trio = sys.modules.get("trio")
-    if trio is not None:
+    # trio runs in this thread only if it was fully imported; while another thread imports it
+    # for the first time, the module is there half-made, without the attributes read here
+    current_token = getattr(
+        getattr(sys.modules.get("trio"), "lowlevel", None), "current_trio_token", None
+    )
+    if current_token is not None:
         try:
-            trio.lowlevel.current_trio_token()
+            current_token()
             return True
         except RuntimeError:
             pass

@@ -142,9 +142,14 @@ def submit(
         stream: a stream of a virtual device.
         duration: seconds of device time (>= 0).
         engine: ``"compute"``, ``"h2d"`` or ``"d2h"``.
-        fn: called, with no arguments, when the operation completes (its effect: data moves
-            when a copy completes, not when it is submitted). It runs in whichever thread
-            observes the completion, under the backend's lock: keep it short and non-blocking.
+        fn: called, with no arguments, when the device reaches the operation's end (its
+            effect: data moves when a copy completes, not when it is submitted). On a
+            :class:`VirtualClock` it runs in the thread that advances the clock past that
+            end; on the monotonic or a callable clock, in the first thread to look at the
+            device after that instant (a wait, a query, any call into the backend). It runs
+            under the backend's lock: keep it short and non-blocking. If it raises, the
+            operation fails, and with it the device: waits raise ``DeviceError`` with the
+            exception as ``__cause__``, sticky as every device error is.
         error: make the operation fail with this message. Waits on that work then raise
             ``DeviceError`` carrying it, and the device stays failed until :func:`reset`.
         name: a name for the timeline (default: the engine's name).
@@ -271,6 +276,7 @@ class Stall:
     """An engine held stalled by :func:`stall`: no operation starts on it until released.
 
     Operations already running go on. Use it as a context manager, or call :meth:`release`.
+    Stalls nest: the engine starts operations again when every stall on it is released.
     """
 
     def __init__(self, backend: VirtualBackend, index: int, engine: str) -> None:

@@ -104,7 +104,7 @@ def test_sizes_no_machine_holds_get_clear_errors(virtual_device: ais.Device) -> 
     for make in (lambda n: ais.HostBuffer(n), lambda n: ais.DeviceBuffer(n)):
         with pytest.raises(ValueError, match=r"nbytes must be below 2\*\*63"):
             make(1 << 70)
-    with pytest.raises(MemoryError, match="cannot allocate 1152921504606846976 bytes of host"):
+    with pytest.raises(ais.DeviceError, match="cannot allocate 1152921504606846976 bytes of"):
         ais.HostBuffer(1 << 60)
     buf, dev = ais.HostBuffer(16), ais.DeviceBuffer(16)
     with pytest.raises(ValueError, match="needs 1180591620717411303424 bytes"):

@@ -9,6 +9,7 @@ state and times, and the timeline, must agree after every step.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, example, given, settings
@@ -65,7 +66,7 @@ class Reference:
         self.slots = slots
         self.items: list[RItem] = []
         self.t = 0
-        self.stalled: set[tuple[int, str]] = set()
+        self.stalled: Counter[tuple[int, str]] = Counter()  # stalls held, per engine
         self.failed: dict[int, bool] = {d: False for d in range(devices)}
         self.faults: dict[int, list[list[object]]] = {d: [] for d in range(devices)}
         self.timeline: list[tuple[object, ...]] = []
@@ -89,7 +90,7 @@ class Reference:
                 if i.state == PENDING
                 and i.engine is not None
                 and all(d.state == DONE for d in i.deps)
-                and (i.dev, i.engine) not in self.stalled
+                and not self.stalled[(i.dev, i.engine)]
             ]
             ready.sort(key=lambda i: (i.prio, i.ready(), i.submit, i.dev, i.sid, i.seq))
             for i in ready:
@@ -147,7 +148,7 @@ class Reference:
                     if factor is not None:
                         duration = round(duration * factor)  # type: ignore[operator]
             self.faults[s.dev] = [f for f in self.faults[s.dev] if f[2] > 0]  # type: ignore[operator]
-            if (s.dev, engine) not in self.stalled:  # the instant's starts are decided again
+            if not self.stalled[(s.dev, engine)]:  # the instant's starts are decided again
                 for i in self.items:
                     if (
                         i.state == RUNNING
@@ -261,9 +262,9 @@ def test_scheduler_agrees_with_the_reference(prog: tuple[object, ...]) -> None:
             ref.advance(now)
         elif kind == "stall":
             _, d, engine, stalled = action
-            if d < n_devices:
+            if d < n_devices and (stalled or ref.stalled[(d, engine)]):  # stalls nest
                 sched.set_stalled(devices[d].engines[engine], stalled)
-                (ref.stalled.add if stalled else ref.stalled.discard)((d, engine))
+                ref.stalled[(d, engine)] += 1 if stalled else -1
                 sched.advance(now)
                 ref.advance(now)
         elif kind == "fault":

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import logging
 
-from ..._errors import CudaError
+from ..._errors import CudaError, DeviceError
 from .devices import Device, Devices
 from .driver import MEMHOSTALLOC_PORTABLE, NOT_SUPPORTED, Driver
 from .handles import Memory, Stream
@@ -45,7 +45,14 @@ class Memories:
     def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> Memory:
         dev = self.devices.get(index)
         if not pinned:  # pageable: the driver stages copies from it before the call returns
-            array = bytearray(nbytes)
+            try:
+                array = bytearray(nbytes)
+            except (MemoryError, OverflowError):  # one error for host memory, pinned or not
+                raise DeviceError(
+                    f"cuda:{index}: cannot allocate {nbytes} bytes of host memory (the machine "
+                    "does not have it)",
+                    device=f"cuda:{index}",
+                ) from None
             ptr = ctypes.addressof((ctypes.c_char * nbytes).from_buffer(array)) if nbytes else 0
             return Memory(index, nbytes, ptr, device=False, array=array)
         with self.devices.lock:

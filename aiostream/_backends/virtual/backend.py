@@ -238,7 +238,8 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
             device.faults.append(Fault(stream, engine, count, message, factor))
 
     def stall(self, index: int, engine: str, stalled: bool) -> None:
-        """Stop (or let again) the engine from starting operations; running ones go on."""
+        """Hold (or release) one stall of the engine: it starts no operation while any is
+        held; running ones go on."""
         sim = self._sim
         with sim.lock:
             sim.check_open()

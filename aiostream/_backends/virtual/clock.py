@@ -93,6 +93,21 @@ class VirtualClock:
         return f"VirtualClock(now={self.now()!r})"
 
 
+def _reading_ns(value: object) -> int:
+    """A callable clock's reading other than a plain float in range: checked, in ns."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"the virtual device's clock returned {value!r}, not a number of seconds (int or "
+            "float); give reset(clock=...) a callable that returns seconds"
+        )
+    if not (math.isfinite(value) and abs(value) <= MAX_SECONDS):
+        raise ValueError(
+            f"the virtual device's clock returned {value!r} seconds; a clock reads finite "
+            f"seconds, at most {MAX_SECONDS:g} from zero"
+        )
+    return round(value * 1_000_000_000)
+
+
 def listen(clock: VirtualClock, callback: Callable[[], None]) -> Callable[[], None]:
     """Call ``callback`` whenever ``clock`` is advanced; return the function that stops it."""
     return clock._advanced.add(callback)  # noqa: SLF001 (VirtualClock is this module's)
@@ -108,7 +123,10 @@ def resolve_clock(clock: object) -> tuple[Callable[[], int], VirtualClock | None
         read: Callable[[], float] = clock
 
         def now_ns() -> int:
-            return round(read() * 1_000_000_000)
+            value = read()
+            if type(value) is float and -MAX_SECONDS <= value <= MAX_SECONDS:  # nan fails
+                return round(value * 1_000_000_000)
+            return _reading_ns(value)
 
         return now_ns, None
     raise TypeError(

@@ -34,8 +34,12 @@ class Memories:
             self.sim.check_open()
             try:
                 mem = Memory(nbytes, self.sim.devices[index], host=True)
-            except (MemoryError, OverflowError):
-                raise MemoryError(f"cannot allocate {nbytes} bytes of host memory") from None
+            except (MemoryError, OverflowError):  # as the driver refuses pinned memory
+                raise DeviceError(
+                    f"{self.sim.devices[index].name}: cannot allocate {nbytes} bytes of host "
+                    "memory (the machine does not have it)",
+                    device=self.sim.devices[index].name,
+                ) from None
             self.live.add(mem)
             return mem
 

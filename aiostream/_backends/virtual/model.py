@@ -89,15 +89,18 @@ class Race:
 class Failure:
     """Why a device failed: its first failed operation. Device errors are sticky."""
 
-    __slots__ = ("device", "message")
+    __slots__ = ("cause", "device", "message")
 
-    def __init__(self, device: str, message: str) -> None:
+    def __init__(self, device: str, message: str, cause: BaseException | None = None) -> None:
         self.device = device
         self.message = message
+        self.cause = cause  # what a host function raised, when that failed the device
 
     def error(self) -> DeviceError:
         # A fresh exception per raise: concurrent tasks must not share one traceback.
-        return DeviceError(self.message, device=self.device)
+        error = DeviceError(self.message, device=self.device)
+        error.__cause__ = self.cause
+        return error
 
 
 class Engine:
@@ -127,7 +130,7 @@ class Engine:
         self.name = name
         self.slots = slots
         self.busy = 0
-        self.stalled = False
+        self.stalled = 0  # stalls held on it (they nest): it starts nothing while > 0
         self.dirty = False  # may be able to start something: the scheduler will look
         self.ready: list[tuple[int, int, int, int, int, int, Item]] = []
         self.provisional: list[tuple[int, int, int, int, int, int, Item]] = []

@@ -174,8 +174,10 @@ class Scheduler:
             stream.waits.append(item)
 
     def set_stalled(self, engine: Engine, stalled: bool) -> None:
-        """Stop (or let again) ``engine`` from starting operations; running ones go on."""
-        engine.stalled = stalled
+        """Hold one more stall on ``engine`` (or release one): it starts no operation while
+        any is held; running ones go on."""
+        engine.stalled += 1 if stalled else -1
+        assert engine.stalled >= 0, "a stall released twice"
         self._mark(engine)
 
     # ------------------------------------------------------------------ the core
@@ -225,6 +227,14 @@ class Scheduler:
         assert engine is not None
         engine.busy -= 1
         self._mark(engine)
+        fn, item.fn = item.fn, None
+        cause: BaseException | None = None
+        if fn is not None and item.error is None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - it fails the device, as CUDA's would
+                cause = exc
+                item.error = f"its host function raised {type(exc).__name__}: {exc}"
         self._record(item)
         if item.error is not None:
             device = item.device
@@ -234,13 +244,12 @@ class Scheduler:
                     device.name,
                     f"{device.name}: operation {item.name!r} on stream {item.stream.id} "
                     f"failed at t={item.end / 1e9:.9f}s: {item.error}",
+                    cause,
                 )
                 self._abort(device, item.end)
+            if cause is not None and not isinstance(cause, Exception):
+                raise cause  # KeyboardInterrupt, SystemExit: the device is consistent first
             return
-        fn = item.fn
-        item.fn = None
-        if fn is not None:
-            fn()
         self._done(item)
 
     def _record(self, item: Item) -> None:

@@ -73,7 +73,8 @@ class Simulation:
         self.sched = Scheduler(self.devices, self.clock_ns())
         self.closed = False
         self.listeners = Listeners()
-        self._unlisten = listen(self.manual, self.listeners) if self.manual else None
+        self._unlisten = listen(self.manual, self._advanced) if self.manual else None
+        self._advancing = False  # the scheduler is moving (a host function may advance)
         self._hinted: float = _NEVER  # the earliest completion a waiter was told to sleep until
         self.targets: dict[Target, None] = {}
 
@@ -111,8 +112,21 @@ class Simulation:
         now = self.clock_ns()
         if now < sched.t:  # a clock must not run backwards; keep the timeline monotonic
             now = sched.t
-        sched.advance(now)
+        if not self._advancing:  # a host function calling back in sees the instant it is at
+            self._advancing = True
+            try:
+                sched.advance(now)
+            finally:
+                self._advancing = False
         return now
+
+    def _advanced(self) -> None:
+        """The manual clock moved: the device reaches what came due now, in the advancing
+        thread (host functions run then, as on a device), and the waiters wake."""
+        with self.lock:
+            if not self.closed:
+                self.now_locked()
+        self.listeners()
 
     def sync_locked(self) -> None:
         """Bring the simulation to now, unless it is closed (for inspection)."""
@@ -199,11 +213,18 @@ class Simulation:
             return (end - now) / 1e9
 
     def wait_blocking(self, target: Target) -> None:
+        """Block until ``target`` is done. Whoever completes it (this thread, an advance of
+        the clock, another thread's call) wakes the waiter; it rechecks after every reading of
+        the clock, since reading it may itself complete the work."""
         changed = threading.Event()
         unsubscribe = self.listeners.add(changed.set)
         try:
-            while not target.done():
-                changed.wait(self.wake_hint())
+            target.watch(changed.set)
+            while True:
                 changed.clear()
+                hint = self.wake_hint()
+                if target.done():
+                    return
+                changed.wait(hint)
         finally:
             unsubscribe()

@@ -21,6 +21,13 @@ Endpoints: ``POST /infer`` ``{"x": [FEATURES floats]}`` -> ``{"y": [...], "batch
 its stream: a hung kernel; 200 again once it clears);
 ``GET /stats`` (served, batches, queued, in flight, pending waits, the device
 bound in requests/s). A full queue answers 503; a malformed request, 422.
+
+Limits: a number that is not finite as float32 (JSON ``NaN``, ``Infinity``, ``1e400``,
+``"nan"``, ``3.5e38``) answers 422 naming its place in ``x``; a 422 shows at most
+``ECHO_CHARS`` characters of each rejected input (marked ``"input_truncated": true``) and at
+most ``MAX_ERRORS`` errors (``"errors_omitted": n``); a request body over ``--max-body-bytes``
+(default 1 MiB) answers 413, refused by its Content-Length before it is read, or, streamed
+without one, as soon as the bytes read pass the limit.
 """
 
 from __future__ import annotations
@@ -28,18 +35,22 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import json
 import math
 import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import numpy as np
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
+from pydantic_core import PydanticCustomError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import aiostream as ais
 
@@ -258,15 +269,172 @@ class Batcher:
         }
 
 
+MAX_BODY_BYTES = 1 << 20  # a request body's limit by default: ~40,000 numbers as JSON
+ECHO_CHARS = 200  # a 422 shows at most this much of each rejected input
+MAX_ERRORS = 10  # and at most this many errors
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _finite_float32(v: float) -> float:
+    """A number the model can take: finite, and finite as float32 too (the device's type)."""
+    if math.isfinite(v) and abs(v) <= FLOAT32_MAX:
+        return v
+    if math.isnan(v):
+        got = "NaN"
+    elif math.isinf(v):  # JSON's 1e400 reads as Infinity too
+        got = f"{'-' if v < 0 else ''}Infinity (or a number past float64's range)"
+    else:
+        got = f"{v:g}"
+    raise PydanticCustomError(
+        "finite_number",
+        f"Input should be a finite number within float32 range (|x| <= {FLOAT32_MAX:.7g}), "
+        f"got {got}",
+    )
+
+
 class Item(BaseModel):
-    x: list[float]
+    x: list[Annotated[float, AfterValidator(_finite_float32)]]
+
+
+_LAX_JSON = json.JSONEncoder(ensure_ascii=False, default=repr)  # NaN and Infinity as in JS
+_STRICT_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+
+
+def excerpt(value: Any, limit: int = ECHO_CHARS) -> tuple[Any, bool]:
+    """What a 422 shows of a rejected input, and whether it was cut: the value itself when its
+    JSON is at most ``limit`` characters and standard, else (a string) at most ``limit``
+    characters of it. Encodes no more of a long input than it shows."""
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value[: limit + 1]).decode("utf-8", "replace")
+    if isinstance(value, str):
+        return (value, False) if len(value) <= limit else (value[:limit], True)
+    chunks: list[str] = []
+    size = 0
+    try:
+        for chunk in _LAX_JSON.iterencode(value):  # lazy: stops once past the limit
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return "".join(chunks)[:limit], True
+    except ValueError:  # an int too long to print, say
+        return f"<{type(value).__name__} too long to show>", True
+    try:
+        _STRICT_JSON.encode(value)  # short: check that the reply can carry it as it is
+    except (TypeError, ValueError):  # NaN or Infinity in it: its text, NaN as JavaScript's
+        return "".join(chunks), False
+    return value, False
+
+
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 reply (``loc``, ``msg``, ``type``, ``input``, ``ctx``), bounded: each input
+    shown by :func:`excerpt`, and the first ``MAX_ERRORS`` errors only. FastAPI's own handler
+    sends the whole input back: a 1 MB string in, a 1 MB reply out."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    detail = []
+    for error in errors[:MAX_ERRORS]:
+        shown: dict[str, Any] = {
+            "type": error["type"],
+            "loc": [p if isinstance(p, int) else excerpt(str(p))[0] for p in error["loc"]],
+            "msg": excerpt(str(error["msg"]))[0],
+        }
+        if "input" in error:
+            shown["input"], cut = excerpt(error["input"])
+            if cut:
+                shown["input_truncated"] = True
+        if error.get("ctx"):
+            shown["ctx"] = {
+                str(k): excerpt(v if isinstance(v, str | int | float | bool) else str(v))[0]
+                for k, v in error["ctx"].items()
+            }
+        detail.append(shown)
+    content: dict[str, Any] = {"detail": detail}
+    if len(errors) > MAX_ERRORS:
+        content["errors_omitted"] = len(errors) - MAX_ERRORS
+    return JSONResponse(content, status_code=422)
+
+
+class _BodyTooLarge(Exception):
+    """Raised to the app by its ``receive`` once the body read passes the limit."""
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a request body over ``max_bytes``.
+
+    A declared size (Content-Length) over the limit is refused before the app runs, so nothing
+    of the body is read; a body without one (chunked) is counted as the app reads it, and the
+    read that passes the limit raises in the app instead of returning: the app's own answer to
+    that (FastAPI: a 400) is dropped and the 413 goes out instead. Requests without a body
+    (``/health``) pass through untouched."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._refuse(scope, receive, send, f"the request body ({declared} bytes)")
+            return
+        read = 0
+        over = started = False
+
+        async def receive_within_limit() -> Message:
+            nonlocal read, over
+            if over:
+                raise _BodyTooLarge
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > self.max_bytes:
+                    over = True
+                    raise _BodyTooLarge
+            return message
+
+        async def send_unless_over(message: Message) -> None:
+            nonlocal started
+            if over and not started:
+                return  # the app's answer to a body it could not read: the 413 replaces it
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive_within_limit, send_unless_over)
+        except _BodyTooLarge:
+            if started:  # too late for a 413: the server drops the connection
+                raise
+        if over and not started:
+            await self._refuse(scope, receive, send, "the request body")
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, what: str) -> None:
+        detail = f"{what} exceeds the limit of {self.max_bytes} bytes"
+        await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server refuses it (uvicorn: 400); else counted as read
+    return None
 
 
 def create_app(
-    model: Model | None = None, device: str | None = None, **batcher_options: Any
+    model: Model | None = None,
+    device: str | None = None,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    **batcher_options: Any,
 ) -> FastAPI:
-    """The FastAPI app; its lifespan owns the batcher and its task."""
+    """The FastAPI app; its lifespan owns the batcher and its task. A request body over
+    ``max_body_bytes`` answers 413."""
     model = model or Model()
+    if not (isinstance(max_body_bytes, int) and max_body_bytes >= 1):
+        raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -278,6 +446,8 @@ def create_app(
             tg.cancel_scope.cancel()
 
     app = FastAPI(title="aiostream inference server", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.post("/infer")
     async def infer(item: Item) -> dict[str, Any]:
@@ -325,7 +495,15 @@ def main(argv: list[str] | None = None) -> None:
         default=10.0,
         help="/health answers 503 while a device wait is older than this (seconds)",
     )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=MAX_BODY_BYTES,
+        help="a request body larger than this answers 413 (default: %(default)s, 1 MiB)",
+    )
     args = parser.parse_args(argv)
+    if args.max_body_bytes < 1:
+        parser.error(f"--max-body-bytes must be at least 1, got {args.max_body_bytes}")
     model = Model(launch_s=args.launch_ms / 1e3, per_item_s=args.per_item_ms / 1e3)
     app = create_app(
         model,
@@ -336,6 +514,7 @@ def main(argv: list[str] | None = None) -> None:
         max_queue=args.max_queue,
         blocking=args.blocking,
         stuck_after_s=args.stuck_after,
+        max_body_bytes=args.max_body_bytes,
     )
     sock = socket.create_server((args.host, args.port))
     host, port = sock.getsockname()[:2]

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anyio
 import numpy as np
@@ -180,6 +182,183 @@ async def test_a_full_queue_refuses_at_once_and_bad_options_are_named() -> None:
         server.Batcher(MODEL, ais.device("virtual:0"), max_wait_s=float("nan"))
 
 
+# ---------------------------------------------------------------------- the app, in-process
+
+JSON = {"content-type": "application/json"}
+
+
+@contextlib.asynccontextmanager
+async def _app(**options: Any) -> AsyncIterator[Any]:
+    """An httpx client on ``create_app(**options)`` in this process (lifespan included): no
+    sockets, and a streamed request body reaches the app chunk by chunk as it is produced."""
+    import httpx
+
+    app = server.create_app(server.Model(), "virtual:0", **options)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            yield http
+
+
+# (body, index of the bad number, what the 422 shows of it)
+NON_FINITE = [
+    (b'{"x": [NaN, 1, 2, 3]}', 0, "NaN"),
+    (b'{"x": [1, Infinity, 2, 3]}', 1, "Infinity"),
+    (b'{"x": [1, 2, -Infinity, 3]}', 2, "-Infinity"),
+    (b'{"x": [1, 2, 3, 1e400]}', 3, "Infinity"),  # past float64: Python's JSON reads inf
+    (b'{"x": ["nan", 1, 2, 3]}', 0, "nan"),  # strings of numbers coerce to floats
+    (b'{"x": [1, "-inf", 2, 3]}', 1, "-inf"),
+    (b'{"x": [1, 2, "Infinity", 3]}', 2, "Infinity"),
+    (b'{"x": [1, 2, 3, 3.5e38]}', 3, 3.5e38),  # a finite float64, but inf as float32
+]
+
+
+async def test_non_finite_numbers_get_422_naming_the_number() -> None:
+    async with _app() as http:
+        for body, index, shown in NON_FINITE:
+            reply = await http.post("/infer", content=body, headers=JSON)
+            assert reply.status_code == 422, (body, reply.text)
+            [error] = reply.json()["detail"]
+            assert error["type"] == "finite_number", body
+            assert error["loc"] == ["body", "x", index], body
+            assert error["input"] == shown, body
+            assert error["msg"].startswith("Input should be a finite number"), body
+            assert "float32" in error["msg"], body
+        # the extremes of float32 and its denormals still pass, and come back as sent
+        edge = [3.4e38, -3.4e38, 1e-45, -0.0]
+        reply = await http.post("/infer", json={"x": edge})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["y"] == np.asarray(edge, np.float32).tolist()
+
+
+async def test_a_422_echoes_a_bounded_excerpt_of_the_input() -> None:
+    echo = server.ECHO_CHARS
+    async with _app() as http:
+        # a 500 kB string where a list should be: the reply shows its first ECHO_CHARS only
+        reply = await http.post("/infer", json={"x": "a" * 500_000})
+        assert reply.status_code == 422
+        assert reply.json() == {
+            "detail": [
+                {
+                    "type": "list_type",
+                    "loc": ["body", "x"],
+                    "msg": "Input should be a valid list",
+                    "input": "a" * echo,
+                    "input_truncated": True,
+                }
+            ]
+        }
+        assert len(reply.content) < echo + 200
+        # a body that is not an object: its excerpt is cut the same way
+        reply = await http.post("/infer", content=b"z" * 500_000)
+        assert reply.status_code == 422
+        [error] = reply.json()["detail"]
+        assert (error["loc"], error["input"], error["input_truncated"]) == (
+            ["body"],
+            "z" * echo,
+            True,
+        )
+        assert len(reply.content) < echo + 300
+        # a list too long to show: the excerpt is the start of its JSON text
+        reply = await http.post("/infer", json=[1.5] * 100_000)
+        assert reply.status_code == 422
+        [error] = reply.json()["detail"]
+        assert error["input"] == json.dumps([1.5] * 100_000)[:echo]
+        assert error["input_truncated"] is True
+        assert len(reply.content) < echo + 300
+        # 100,000 bad numbers: the first few errors, and how many more there were
+        reply = await http.post("/infer", json={"x": ["a"] * 100_000})
+        assert reply.status_code == 422
+        body = reply.json()
+        assert len(body["detail"]) == server.MAX_ERRORS
+        assert body["errors_omitted"] == 100_000 - server.MAX_ERRORS
+        assert body["detail"][0] == {
+            "type": "float_parsing",
+            "loc": ["body", "x", 0],
+            "msg": "Input should be a valid number, unable to parse string as a number",
+            "input": "a",
+        }
+        assert len(reply.content) < 2_000
+        # a short input comes back whole, unmarked
+        reply = await http.post("/infer", json={"x": "abc"})
+        assert reply.status_code == 422
+        assert reply.json()["detail"][0]["input"] == "abc"
+        assert "input_truncated" not in reply.json()["detail"][0]
+
+
+def _padded(size: int) -> bytes:
+    """A valid request of exactly ``size`` bytes (JSON allows the spaces)."""
+    body = b'{"x": [1, 2, 3, 4]}'
+    return body + b" " * (size - len(body))
+
+
+async def test_a_body_past_the_limit_gets_413_before_it_is_read() -> None:
+    import httpx
+
+    class Chunks(httpx.AsyncByteStream):
+        """``n`` chunks of 100 spaces, counting those taken (an iterator, not an async
+        generator: one left unfinished would warn when collected)."""
+
+        def __init__(self, n: int) -> None:
+            self.n, self.sent = n, 0
+
+        def __aiter__(self) -> Chunks:
+            return self
+
+        async def __anext__(self) -> bytes:
+            if self.sent == self.n:
+                raise StopAsyncIteration
+            self.sent += 1
+            return b" " * 100
+
+    def streamed(body: Chunks, **headers: str) -> httpx.Request:
+        return httpx.Request("POST", "http://app/infer", headers={**JSON, **headers}, stream=body)
+
+    limit = 1024
+    async with _app(max_body_bytes=limit) as http:
+        # at the limit: served
+        reply = await http.post("/infer", content=_padded(limit), headers=JSON)
+        assert reply.status_code == 200, reply.text
+        # one byte past it, by Content-Length: refused before a byte of the body is read
+        reply = await http.post("/infer", content=_padded(limit + 1), headers=JSON)
+        assert reply.status_code == 413
+        assert reply.json() == {
+            "detail": f"the request body ({limit + 1} bytes) exceeds the limit of {limit} bytes"
+        }
+        body = Chunks(1000)
+        reply = await http.send(streamed(body, **{"content-length": "100000"}))
+        assert (reply.status_code, body.sent) == (413, 0)
+        # chunked, no Content-Length: refused once the bytes read pass the limit; the rest of
+        # the 100 kB is never read (11 chunks of 100 bytes pass 1024)
+        body = Chunks(1000)
+        reply = await http.send(streamed(body, **{"transfer-encoding": "chunked"}))
+        assert "content-length" not in reply.request.headers
+        assert reply.status_code == 413
+        assert reply.json() == {"detail": f"the request body exceeds the limit of {limit} bytes"}
+        assert body.sent == 11
+        # the same body within a larger limit is read to its end (and is no JSON: 422)
+        async with _app(max_body_bytes=100_000) as roomy:
+            body = Chunks(1000)
+            reply = await roomy.send(streamed(body, **{"transfer-encoding": "chunked"}))
+            assert (reply.status_code, body.sent) == (422, 1000)
+        # /health is untouched, and the next request is served
+        assert (await http.get("/health")).status_code == 200
+        reply = await http.post("/infer", json={"x": [1, 2, 3, 4]})
+        assert reply.status_code == 200 and reply.json()["y"] == [1, 2, 3, 4]
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        server.create_app(max_body_bytes=0)
+
+
+async def test_the_default_body_limit_is_max_body_bytes() -> None:
+    limit = server.MAX_BODY_BYTES
+    assert limit == 1 << 20
+    async with _app() as http:
+        reply = await http.post("/infer", content=_padded(limit), headers=JSON)
+        assert reply.status_code == 200, reply.text
+        reply = await http.post("/infer", content=_padded(limit + 1), headers=JSON)
+        assert reply.status_code == 413
+
+
 # ---------------------------------------------------------------------- the real server
 
 
@@ -199,6 +378,46 @@ def test_bad_requests_get_422(url: str) -> None:
     assert short.status_code == 422 and "x must hold 4 numbers, got 2" in short.text
     assert httpx.post(url + "/infer", content=b"not json").status_code == 422
     assert httpx.post(url + "/infer", json={"x": ["a", 1, 2, 3]}).status_code == 422
+    nan = httpx.post(url + "/infer", content=b'{"x": [1, NaN, 2, 3]}', headers=JSON)
+    assert nan.status_code == 422 and nan.json()["detail"][0]["loc"] == ["body", "x", 1]
+    big = httpx.post(url + "/infer", json={"x": "a" * 200_000})
+    assert big.status_code == 422 and len(big.content) < server.ECHO_CHARS + 200
+
+
+def test_the_server_refuses_a_body_past_max_body_bytes(url: str) -> None:
+    """Through uvicorn, at the default limit (1 MiB): a 2 MiB body gets 413 whether it says its
+    size (Content-Length) or streams it (chunked); the connection and the server serve on."""
+    import httpx
+
+    def chunked(n: int) -> Iterator[bytes]:
+        for _ in range(n):
+            yield b" " * 65536
+
+    with httpx.Client(base_url=url, timeout=30.0) as http:
+        reply = http.post("/infer", content=b" " * (2 << 20), headers=JSON)
+        assert reply.status_code == 413
+        assert "exceeds the limit of 1048576 bytes" in reply.json()["detail"]
+        reply = http.post("/infer", content=chunked(32), headers=JSON)
+        assert reply.request.headers["transfer-encoding"] == "chunked"
+        assert reply.status_code == 413
+        assert http.get("/health").status_code == 200
+        reply = http.post("/infer", json={"x": [1, 2, 3, 4]})
+        assert reply.status_code == 200 and reply.json()["y"] == [1, 2, 3, 4]
+
+
+def test_max_body_bytes_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    args = ["--device", "virtual:0", "--max-body-bytes", "64"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(ROOT))
+        with client.serving(*args) as url:
+            assert httpx.post(url + "/infer", content=_padded(64), headers=JSON).status_code == 200
+            assert httpx.post(url + "/infer", content=_padded(65), headers=JSON).status_code == 413
+    with pytest.raises(SystemExit) as exit:
+        server.main(["--max-body-bytes", "0"])
+    assert exit.value.code == 2
+    assert "--max-body-bytes must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_the_server_reaches_the_device_bound_and_health_stays_fast(url: str) -> None:

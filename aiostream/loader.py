@@ -138,6 +138,11 @@ class _Slot:
         self.mark: Event | None = None
 
 
+def _idle(slot: _Slot) -> bool:
+    """Whether the device is done with ``slot``: its last copy and the consumer's work."""
+    return (slot.copied is None or slot.copied.query()) and all(e.query() for e in slot.released)
+
+
 def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
     """The item's arrays, and how to rebuild its shape around other leaves."""
     if isinstance(item, np.ndarray):
@@ -180,7 +185,7 @@ class _Job:
         self.item = item
         self.slot: _Slot | None = None
         self.result: _Prepared | None = None
-        self.error: Exception | None = None
+        self.error: BaseException | None = None
         self.done = False  # set on the loop's thread when a worker is done with it
 
 
@@ -189,8 +194,14 @@ class _Failed:
 
     __slots__ = ("error",)
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def _cancelled(exc: BaseException) -> bool:
+    """Whether ``exc`` is the running loop's cancellation (which goes on as it is); anything
+    else a source or transform raises, KeyboardInterrupt included, is handed to the consumer."""
+    return isinstance(exc, anyio.get_cancelled_exc_class())
 
 
 @dataclass(frozen=True)
@@ -213,16 +224,26 @@ class _Staging:
         self.device = plan.device
         self.limiter = limiter
         self.copy_stream = Stream(self.device)
-        self.slots = [_Slot() for _ in range(plan.prefetch + 2)]
-        self.free: deque[_Slot] = deque(self.slots)
+        self.pool = plan.prefetch + 2  # slots made as needed, up to this many
+        self.slots: list[_Slot] = []
+        self.free: deque[_Slot] = deque()
         self.held: _Slot | None = None
         self.index = 0
         self.allocations = 0
         self.peak_in_use = 0
 
     async def take_slot(self) -> _Slot:
-        """A free slot whose staging buffers may be written: their last copy has completed."""
-        slot = self.free.popleft()  # never empty: at most prefetch + 1 slots are out
+        """A free slot whose staging buffers may be written: their last copy has completed.
+        The oldest free one if the device is done with it; else a new one while fewer than
+        ``pool`` exist (at most prefetch + 1 are ever out); else the oldest, which the copy
+        stream waits for on the device."""
+        free = self.free
+        if not free or (len(self.slots) < self.pool and not _idle(free[0])):
+            assert len(self.slots) < self.pool
+            slot = _Slot()
+            self.slots.append(slot)
+            return slot
+        slot = free.popleft()
         if slot.copied is not None and not slot.copied.query():  # no turn of the loop if done
             await slot.copied.synchronize()
         return slot
@@ -315,13 +336,15 @@ class _Staging:
         self.held = batch._slot  # noqa: SLF001 (Batch is this module's)
         self.note_in_use()
 
-    async def close(self) -> None:
-        """Wait for the copies in flight (the caller shields it), then drop every buffer."""
-        try:
-            await self.copy_stream.synchronize()
-        finally:
-            self.free.clear()
-            self.slots.clear()
+    async def settle(self) -> None:
+        """Wait for the copies in flight; a cancelled caller does not wait (see ``drop``)."""
+        await self.copy_stream.synchronize()
+
+    def drop(self) -> None:
+        """Drop every buffer. Those with copies still in flight are freed by their backend
+        once that work completes (stream-ordered), never while it runs."""
+        self.free.clear()
+        self.slots.clear()
 
 
 class _Iteration(AsyncIterator[Batch]):
@@ -340,6 +363,7 @@ class _Iteration(AsyncIterator[Batch]):
         # Produced inside __anext__ (no runner):
         self._inflight: deque[Batch] = deque()
         self._exhausted = False
+        self._error: BaseException | None = None  # raised once the batches before it are out
         # Run ahead (a runner): the producer's tasks, and what they hand the consumer.
         self.run_ahead = runner is not None
         if runner is not None:
@@ -366,8 +390,8 @@ class _Iteration(AsyncIterator[Batch]):
             self.staging.hold(batch)
             self.batches += 1
             return batch
-        except BaseException:
-            await self.aclose()
+        except BaseException as exc:
+            await self.close_after(exc)
             raise
 
     async def _receive(self) -> Batch:
@@ -382,15 +406,25 @@ class _Iteration(AsyncIterator[Batch]):
         return got
 
     async def _produce_here(self) -> Batch:
+        """Fill up to ``prefetch`` batches ahead; an error from the source or the transform
+        comes out in its turn, after the batches before it (as when running ahead)."""
         staging = self.staging
         while len(self._inflight) < self._plan.prefetch and not self._exhausted:
-            item = await self._next_item()
-            if item is _END:
-                self._exhausted = True
-                break
-            slot = await staging.take_slot()
-            self._inflight.append(staging.enqueue(slot, await staging.prepare(item, slot)))
+            try:
+                item = await self._next_item()
+                if item is _END:
+                    self._exhausted = True
+                    break
+                slot = await staging.take_slot()
+                self._inflight.append(staging.enqueue(slot, await staging.prepare(item, slot)))
+            except BaseException as exc:
+                if _cancelled(exc) or not self._inflight:
+                    raise
+                self._error, self._exhausted = exc, True
         if not self._inflight:
+            error, self._error = self._error, None
+            if error is not None:
+                raise error
             raise StopAsyncIteration
         return self._inflight.popleft()
 
@@ -410,24 +444,28 @@ class _Iteration(AsyncIterator[Batch]):
         queue: SimpleQueue[_Job | None] = SimpleQueue()  # to worker threads
         pending = self._pending
         ended = False
+        started = 0  # workers: one more with each item taken, up to plan.workers
         try:
             with self._scope:
                 async with anyio.create_task_group() as tg:
                     call_soon = _waiting.threadsafe_caller()
-                    for i in range(plan.workers):
+
+                    def start_worker() -> None:
+                        name = f"{_NAME} worker {started}"
                         if in_threads:
-                            tg.start_soon(
-                                self._thread_worker, queue, call_soon, name=f"{_NAME} worker {i}"
-                            )
+                            tg.start_soon(self._thread_worker, queue, call_soon, name=name)
                         else:
-                            tg.start_soon(self._task_worker, work, name=f"{_NAME} worker {i}")
+                            tg.start_soon(self._task_worker, work, name=name)
+
                     try:
                         while True:
                             while self._credits and not ended:  # take what the credits allow
                                 job = _Job(None)
                                 try:
                                     job.item = await self._next_item()
-                                except Exception as exc:  # the source failed: in its turn
+                                except BaseException as exc:  # the source failed: in its turn
+                                    if _cancelled(exc):
+                                        raise
                                     job.error, job.done = exc, True
                                     ended = True
                                 else:
@@ -436,6 +474,9 @@ class _Iteration(AsyncIterator[Batch]):
                                         break
                                     self._credits -= 1
                                     job.slot = await self.staging.take_slot()
+                                    if started < plan.workers:  # no idle threads or tasks
+                                        start_worker()
+                                        started += 1
                                     if in_threads:
                                         queue.put(job)
                                     else:
@@ -452,7 +493,7 @@ class _Iteration(AsyncIterator[Batch]):
                         raise
                     finally:  # the workers finish what they hold, and leave
                         work_send.close()
-                        for _ in range(plan.workers):
+                        for _ in range(started):
                             queue.put(None)
         finally:
             for stream in (work_send, work, self._ready_send):
@@ -481,7 +522,7 @@ class _Iteration(AsyncIterator[Batch]):
                 try:
                     assert job.slot is not None and job.result is not None
                     batch = self.staging.enqueue(job.slot, job.result)
-                except Exception as exc:
+                except Exception as exc:  # a failed device, memory refused: in its turn
                     job.error = exc
                 else:
                     job.result = None
@@ -499,11 +540,13 @@ class _Iteration(AsyncIterator[Batch]):
             try:
                 assert job.slot is not None
                 job.result = await self.staging.prepare(job.item, job.slot)
-            except Exception as exc:
+            except BaseException as exc:
+                if _cancelled(exc):
+                    raise  # not handed out: nothing is, once cancelled
                 job.error = exc
             finally:
                 job.item = None
-            self._prepared(job)  # not when cancelled: nothing is handed out then
+            self._prepared(job)
 
     async def _thread_worker(
         self,
@@ -519,7 +562,7 @@ class _Iteration(AsyncIterator[Batch]):
                 try:
                     assert job.slot is not None
                     job.result = self.staging.transform_and_fill(job.item, job.slot)
-                except Exception as exc:
+                except BaseException as exc:  # noqa: BLE001 - handed to the consumer
                     job.error = exc
                 finally:
                     job.item = None
@@ -543,25 +586,47 @@ class _Iteration(AsyncIterator[Batch]):
         """Stop: hand nothing more out, let the copies in flight land, return every buffer.
 
         Stopping waits for a transform running in a worker thread to return (a thread cannot
-        be interrupted). The consumer's own work on the last batch is the consumer's to await.
+        be interrupted). A cancelled caller does not wait for the copies: their buffers are
+        freed by the device once the copies complete. The consumer's own work on the last
+        batch is the consumer's to await.
         """
         if self._closed:
             return
         self._closed = True
         self.staging.release_held()
-        with anyio.CancelScope(shield=True):
-            try:
+        try:
+            with anyio.CancelScope(shield=True):  # the producer and its workers stop at once
                 if self.run_ahead:
                     self._scope.cancel()
                     await self._stopped.wait()
                     self._ready.close()  # drops the batches staged and not handed out
                 self._inflight.clear()
-                await self.staging.close()
-            except AiostreamError:
-                pass  # a failed (or reset) device: its awaits report that; cleanup must not
-            finally:
-                if self._async and hasattr(self._source, "aclose"):
+            await self.staging.settle()  # not shielded: leaving under cancellation is bounded
+        except AiostreamError:
+            pass  # a failed (or reset) device: its awaits report that; cleanup must not
+        finally:
+            self.staging.drop()
+            if self._async and hasattr(self._source, "aclose"):
+                with anyio.CancelScope(shield=True):
                     await self._source.aclose()
+
+    def stop(self) -> None:
+        """Stop producing, from any task of the loop (nothing is awaited)."""
+        self._closed = True
+        if self.run_ahead:
+            self._stopping = True
+            self._scope.cancel()
+            self._ready.close()
+
+    async def close_after(self, error: BaseException) -> None:
+        """:meth:`aclose` while ``error`` is on its way out: a cancellation seen while
+        closing does not replace an error of the consumer's, source's or transform's (the
+        cancellation is delivered again at the caller's next checkpoint)."""
+        try:
+            await self.aclose()
+        except BaseException as exc:
+            if not (_cancelled(exc) and not _cancelled(error)):
+                raise
 
 
 class DataLoader(AsyncIterable[Batch]):
@@ -642,6 +707,7 @@ class DataLoader(AsyncIterable[Batch]):
         self._iterations: weakref.WeakSet[_Iteration] = weakref.WeakSet()
         self._last: _Iteration | None = None
         self._runner: anyio.abc.TaskGroup | None = None
+        self._owner: object = None  # the task that entered 'async with'
 
     def __aiter__(self) -> _Iteration:
         if self._runner is None and self.workers > 1:
@@ -672,18 +738,36 @@ class DataLoader(AsyncIterable[Batch]):
         for iteration in list(self._iterations):
             await iteration.aclose()
 
+    async def _close_after(self, error: BaseException | None) -> None:
+        for iteration in list(self._iterations):
+            if error is None:
+                await iteration.aclose()
+            else:
+                await iteration.close_after(error)
+
     async def __aenter__(self) -> DataLoader:
         if self._runner is not None:
             raise RuntimeError("this DataLoader is already open in an 'async with' block")
         runner = anyio.create_task_group()
         await runner.__aenter__()
         self._runner = runner
+        self._owner = anyio.get_current_task().id
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
         runner, self._runner = self._runner, None
+        if runner is not None and anyio.get_current_task().id != self._owner:
+            for iteration in list(self._iterations):  # the producers stop; the runner's
+                iteration.stop()  # scope is the entering task's, left open by its generator
+            raise RuntimeError(
+                "this DataLoader's 'async with' block is being left from another task than "
+                "the one that entered it: an async generator holding it was not closed where "
+                "it ran. Wrap the generator in 'contextlib.aclosing(...)' (and iterate it in "
+                "an 'async with' of that), or iterate the loader with a plain 'async for' "
+                "(no 'async with') inside the generator"
+            )
         try:
-            await self.aclose()
+            await self._close_after(exc_info[1])
         finally:
             if runner is not None:
                 await self._close_runner(runner, exc_info)

@@ -95,6 +95,11 @@ def reset(
     Streams and events made before the reset raise ``StaleHandleError`` when used, and waits
     still pending on them wake up with that error: nothing hangs.
 
+    Inside a test that uses the pytest plugin's ``virtual_device`` (or ``virtual_time``)
+    fixture, the new backend keeps the fixture's clock unless ``clock`` is given (under
+    ``virtual_time`` it cannot be: that raises ``ValueError``), and what the replaced backend
+    leaked still fails the test at teardown.
+
     Args:
         devices: how many devices (``virtual:0`` .. ``virtual:{devices-1}``).
         clock: None for the monotonic clock, a :class:`VirtualClock`, or a callable returning
@@ -121,9 +126,23 @@ def reset(
         d2d_bandwidth=d2d_bandwidth,
         memory=memory,
     )
+    current = _backends.installed("virtual")
+    isolation = current.isolation if isinstance(current, VirtualBackend) else None
+    if isolation is not None:  # inside a test's virtual_device: keep its clock and checks
+        if clock is None:
+            clock = isolation.clock  # type: ignore[assignment] # what the fixture gave
+        elif isolation.virtual_time:
+            raise ValueError(
+                "reset(clock=...) inside a virtual_time test would take the device off the "
+                "test's virtual clock, which the loop's timers keep using; leave clock out "
+                "(the reset keeps the test's clock)"
+            )
     backend = VirtualBackend(options, clock=clock)
+    backend.isolation = isolation
     old = _backends.replace("virtual", backend)
     if old is not None:
+        if isolation is not None and isinstance(old, VirtualBackend):
+            isolation.retire(old)  # what it leaked still fails the test
         old.close()
 
 

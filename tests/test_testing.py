@@ -331,3 +331,121 @@ def test_restored_after():
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+# ---------------------------------------------------------------------- misuse of the plugin
+
+
+def test_a_reset_inside_the_fixture_keeps_its_leak_checks_and_clock(
+    pytester: pytest.Pytester,
+) -> None:
+    result = run(
+        pytester,
+        """
+import anyio
+import pytest
+import aiostream as ais
+
+kept = []
+
+def test_hides_a_leak(virtual_device):
+    s = ais.Stream()
+    ais.virtual.submit(s, 3600.0, name="an hour")
+    kept.append(s)
+    ais.virtual.reset()
+
+def test_a_clean_reset_passes(virtual_device):
+    s = ais.Stream()
+    ais.delay(0.0, stream=s)
+    del s
+    ais.virtual.reset(devices=2)
+    assert ais.device_count("virtual") == 2
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_virtual_time_survives_a_reset(virtual_time, anyio_backend):
+    ais.virtual.reset(devices=2)
+    s = ais.Stream("virtual:1")
+    ais.delay(0.3, stream=s)
+    await s.synchronize()
+    assert ais.virtual.now() == 0.3   # the test's clock, not the monotonic one
+    assert virtual_time.now() == 0.3
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_another_clock_under_virtual_time_is_refused(virtual_time, anyio_backend):
+    with pytest.raises(ValueError, match="leave clock out"):
+        ais.virtual.reset(clock=ais.virtual.VirtualClock())
+""",
+    )
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_hides_a_leak*",
+            "*pending operation 'an hour' on virtual:0 stream 1*(before aiostream.virtual.reset())",
+        ]
+    )
+
+
+def test_marker_flags_must_be_booleans(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import pytest
+import aiostream as ais
+
+kept = []
+
+@pytest.mark.aiostream(check_leaks="no")
+def test_string(virtual_device):
+    kept.append(ais.Stream())
+
+@pytest.mark.aiostream(check_races=1.5)
+def test_float(virtual_device):
+    pass
+
+@pytest.mark.aiostream(devices=0)
+def test_no_devices(virtual_device):
+    pass
+""",
+    )
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*aiostream(check_leaks=...) takes True or False, got 'no'*",
+            "*aiostream(check_races=...) takes True or False, got 1.5*",
+            "*@pytest.mark.aiostream(...): devices must be*",
+        ]
+    )
+
+
+def test_the_marker_needs_the_fixture(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import pytest
+import aiostream as ais
+
+@pytest.mark.aiostream(devices=2)
+def test_without_the_fixture():
+    ais.Stream("virtual:1")
+""",
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*configures the virtual_device fixture, which this test*"])
+    assert "reset(devices=N)" not in result.stdout.str()
+
+
+def test_a_timelines_option_naming_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    target = pytester.path / "not-a-folder"
+    target.write_text("")
+    result = run(
+        pytester,
+        """
+def test_one(virtual_device):
+    pass
+""",
+        f"--aiostream-timelines={target}",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--aiostream-timelines=*not-a-folder: that is a file*"])

@@ -49,6 +49,11 @@ def get(kind: str) -> AnyBackend:
         return backend
 
 
+def installed(kind: str) -> AnyBackend | None:
+    """The backend of ``kind`` in use now, or None (none is created)."""
+    return _instances.get(kind)
+
+
 def probe(kind: str) -> tuple[bool, str]:
     """Return ``(available, reason)``; the reason is empty when available."""
     if kind in _instances:

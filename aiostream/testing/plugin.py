@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from .. import _backends
-from .._backends.virtual import VirtualBackend, VirtualOptions
+from .._backends.virtual import Isolation, VirtualBackend, VirtualOptions
 from ..device import Device
 from ._virtual_time import Unsupported, VirtualTime, format_timeline, running
 
@@ -61,6 +61,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    folder = config.getoption("aiostream_timelines")
+    if folder:  # a usage error now, not a failure in every test's teardown
+        path = Path(folder)
+        if path.exists() and not path.is_dir():
+            raise pytest.UsageError(
+                f"--aiostream-timelines={folder}: that is a file; give a folder (it is made "
+                "if missing), where each test's timeline is written as <test id>.timeline"
+            )
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise pytest.UsageError(f"--aiostream-timelines={folder}: {exc}") from None
     config.addinivalue_line(
         "markers",
         "aiostream(devices=1, compute_slots=1, h2d_slots=1, d2h_slots=1, bandwidth=25e9, "
@@ -93,6 +105,22 @@ def pytest_runtest_makereport(
     return report
 
 
+_FIXTURES = ("virtual_device", "virtual_time", "aiostream_device")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("aiostream")
+    if marker is None:
+        return
+    if not any(name in getattr(item, "fixturenames", ()) for name in _FIXTURES):
+        pytest.fail(
+            "@pytest.mark.aiostream(...) configures the virtual_device fixture, which this test "
+            "does not use: add 'virtual_device' (or 'virtual_time') to its arguments",
+            pytrace=False,
+        )
+
+
 # ---------------------------------------------------------------------- fixtures
 
 
@@ -109,7 +137,15 @@ def _marker_options(node: pytest.Item) -> dict[str, Any]:
             f"accepted: {', '.join(_OPTIONS)}",
             pytrace=False,
         )
-    return dict(marker.kwargs)
+    options = dict(marker.kwargs)
+    for name in ("check_leaks", "check_races"):
+        value = options.get(name, True)
+        if not isinstance(value, bool):
+            pytest.fail(
+                f"@pytest.mark.aiostream({name}=...) takes True or False, got {value!r}",
+                pytrace=False,
+            )
+    return options
 
 
 def _timeline_path(config: pytest.Config, nodeid: str) -> Path | None:
@@ -129,13 +165,18 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
     options = _marker_options(request.node)
     check_leaks = options.pop("check_leaks", True)
     check_races = options.pop("check_races", True)
-    virtual_options = VirtualOptions.from_kwargs(**options)
+    try:
+        virtual_options = VirtualOptions.from_kwargs(**options)
+    except (TypeError, ValueError) as exc:
+        pytest.fail(f"@pytest.mark.aiostream(...): {exc}", pytrace=False)
     clock: Any = None
-    if "virtual_time" in request.fixturenames:
+    in_virtual_time = "virtual_time" in request.fixturenames
+    if in_virtual_time:
         vtime = VirtualTime()
         request.node.stash[_TIME_KEY] = vtime
         clock = vtime.now
     backend = VirtualBackend(virtual_options, clock=clock)
+    isolation = backend.isolation = Isolation(clock, virtual_time=in_virtual_time)
     previous = _backends.replace("virtual", backend)
     try:
         with pytest.MonkeyPatch.context() as patch:
@@ -143,14 +184,17 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
             yield Device("virtual", 0)
     finally:
         gc.collect()  # objects the test dropped release their handles now
-        leaks = backend.leaks()
-        races = backend.races()
-        timeline = backend.timeline()
+        live = _backends.installed("virtual")  # another, if the test called reset()
+        if not (isinstance(live, VirtualBackend) and live.isolation is isolation):
+            live = backend
+        leaks = isolation.leaks + live.leaks()
+        races = isolation.races + live.races()
+        timeline = live.timeline()
         _backends.restore("virtual", previous)
+        live.close()
         backend.close()
     path = _timeline_path(request.config, request.node.nodeid)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(format_timeline(timeline))
     report = request.node.stash.get(_REPORT_KEY, None)
     passed = report is None or report.passed

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from .backend import POISON, Target, VirtualBackend
+from .backend import POISON, Isolation, Target, VirtualBackend
 from .clock import VirtualClock, seconds_to_ns
 from .model import ENGINES, PRIORITY_RANGE, OpRecord, Race, VirtualStats
 from .options import (
@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_LATENCY",
     "DEFAULT_MEMORY",
     "ENGINES",
+    "Isolation",
     "MAX_DEVICES",
     "POISON",
     "PRIORITY_RANGE",

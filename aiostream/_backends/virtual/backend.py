@@ -4,6 +4,7 @@ and the simulator's controls, over the simulation (``simulation.py``) and its me
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections.abc import Callable
 from typing import ClassVar
@@ -30,7 +31,30 @@ from .model import (
 from .options import VirtualOptions
 from .simulation import Simulation, Target
 
-__all__ = ["POISON", "Target", "VirtualBackend"]
+__all__ = ["POISON", "Isolation", "Target", "VirtualBackend"]
+
+
+class Isolation:
+    """A test's own virtual backend (the pytest plugin's ``virtual_device``).
+
+    ``aiostream.virtual.reset()`` inside the test keeps the fixture's clock (``virtual_time``'s,
+    or the monotonic one) and hands the replaced backend here, so that what it leaked and the
+    races it saw still fail the test at teardown.
+    """
+
+    def __init__(self, clock: object, *, virtual_time: bool) -> None:
+        self.clock = clock
+        self.virtual_time = virtual_time
+        self.leaks: list[str] = []
+        self.races: list[Race] = []
+
+    def retire(self, backend: VirtualBackend) -> None:
+        leaks = backend.leaks()
+        if leaks:  # objects the test dropped release their handles first
+            gc.collect()
+            leaks = backend.leaks()
+        self.leaks += [f"{line} (before aiostream.virtual.reset())" for line in leaks]
+        self.races += backend.races()
 
 
 class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
@@ -51,6 +75,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
         self._live_events: set[Event] = set()
         self._event_ids = itertools.count(1)
         self._ipc = IpcTable()
+        self.isolation: Isolation | None = None  # set by the pytest plugin's fixture
 
     def device_count(self) -> int:
         return len(self._sim.devices)

@@ -73,6 +73,10 @@ class HostBuffer(_objects.DeviceObject):
         >>> buf.numpy(np.float32).shape
         (4,)
 
+    Raises:
+        DeviceError: the machine cannot give that much host memory (as ``DeviceBuffer``
+            raises it for device memory); the device goes on.
+
     Note:
         Wraps ``cuMemHostAlloc`` on CUDA.
     """

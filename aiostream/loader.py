@@ -2,10 +2,10 @@
 
 How it works, per item: the host takes it from the source and transforms it, writes it into a
 pinned staging buffer, and enqueues its copy to device buffers on the loader's own copy stream;
-an event recorded after the copies is the batch's ``ready``. Buffers come from a pool of
-``prefetch + 2`` slots that is reused, never reallocated per batch (unless an item's shapes
-change): up to ``prefetch`` batches ahead of the consumer, the one it holds, and one whose
-device work may still be running.
+an event recorded after the copies is the batch's ``ready``. Buffers come from a pool of up
+to ``prefetch + 2`` slots, each made when first needed and then reused, never reallocated per
+batch (unless an item's shapes change): up to ``prefetch`` batches ahead of the consumer, the
+one it holds, and one whose device work may still be running.
 
 Inside ``async with loader:`` production runs ahead in the loader's own tasks, which live in a
 task group that the block owns (structured concurrency: nothing outlives the block)::

@@ -658,16 +658,21 @@ class DataLoader(AsyncIterable[Batch]):
     items are taken from the source, transformed (``workers`` at once), staged and copied while
     the consumer works. A plain ``async for`` produces inside each step of the loop instead.
 
-    Buffers: ``prefetch + 2`` slots of staging and device buffers, allocated once (again only
-    when an item's shapes change); ``stats.peak_in_use`` never exceeds it. An item takes its
-    slot when it leaves the source, so workers add no buffers to the pool.
+    Buffers: up to ``prefetch + 2`` slots of staging and device buffers, each allocated when
+    first needed, then reused (again only when an item's shapes change);
+    ``stats.peak_in_use`` never exceeds it. An item takes its slot when it leaves the source,
+    so workers add no buffers to the pool, and a worker starts only when an item is there for
+    it.
 
-    An exception from ``transform`` or the source is raised by ``async for`` in its turn, after
-    the batches before it. That, breaking out of ``async for`` with a plain loop, or cancelling
-    the consumer stops production at once; inside ``async with``, production stops at the
-    block's exit (a loop left early has at most ``prefetch`` items produced ahead until then).
-    ``async with`` (or :meth:`aclose`) also waits for the copies already in flight and
-    returns every buffer before it exits.
+    An exception from ``transform`` or the source (``KeyboardInterrupt`` too) is raised by
+    ``async for`` in its turn, after the batches before it, as itself. That, breaking out of
+    ``async for`` with a plain loop, or cancelling the consumer stops production at once;
+    inside ``async with``, production stops at the block's exit (a loop left early has at most
+    ``prefetch`` items produced ahead until then). ``async with`` (or :meth:`aclose`) also
+    waits for the copies already in flight and returns every buffer before it exits; under
+    cancellation it does not wait, and the device frees those buffers once their copies
+    complete. In an async generator, close the generator where it runs
+    (``contextlib.aclosing``).
     """
 
     def __init__(

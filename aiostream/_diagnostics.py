@@ -98,6 +98,16 @@ class PendingWait:
     recorded_at: str | None
     """Where the awaited work was recorded or last submitted (debug mode only)."""
 
+    def __post_init__(self) -> None:
+        for name in ("task", "subject", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str, got {getattr(self, name)!r}")
+        if isinstance(self.waited, bool) or not isinstance(self.waited, (int, float)):
+            raise TypeError(f"waited must be a number of seconds, got {self.waited!r}")
+        for name in ("started_at", "recorded_at"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str or None, got {getattr(self, name)!r}")
+
     def __str__(self) -> str:
         lines = [
             f"task {self.task!r} has waited {self.waited:.3f} s on {self.subject} ({self.device})"

@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from queue import SimpleQueue
+from types import TracebackType
 from typing import Any
 
 import anyio
@@ -101,6 +102,8 @@ class Batch:
     __slots__ = ("_slot", "data", "index", "ready")
 
     def __init__(self, index: int, data: Any, ready: Event, slot: _Slot) -> None:
+        if not isinstance(ready, Event) or not isinstance(slot, _Slot):
+            raise TypeError("a Batch is made by aiostream.DataLoader, not by hand")
         self.index = index
         self.data = data
         self.ready = ready
@@ -759,7 +762,13 @@ class DataLoader(AsyncIterable[Batch]):
         self._owner = anyio.get_current_task().id
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        exc_info = (exc_type, exc, tb)
         runner, self._runner = self._runner, None
         if runner is not None and anyio.get_current_task().id != self._owner:
             for iteration in list(self._iterations):  # the producers stop; the runner's

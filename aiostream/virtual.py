@@ -299,6 +299,14 @@ class Stall:
     """
 
     def __init__(self, backend: VirtualBackend, index: int, engine: str) -> None:
+        if not isinstance(backend, VirtualBackend):
+            raise TypeError("a Stall is made by aiostream.virtual.stall(engine, device=...)")
+        if engine not in ENGINES:
+            names = ", ".join(map(repr, ENGINES))
+            raise ValueError(f"engine must be one of {names}, got {engine!r}")
+        index = _check.integer(index, "index", minimum=0)
+        if index >= backend.device_count():
+            raise ValueError(f"virtual:{index} does not exist ({backend.device_count()} device(s))")
         self._backend = backend
         self._index = index
         self.engine = engine

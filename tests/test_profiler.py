@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import xml.etree.ElementTree as ET
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 import aiostream as ais
 from aiostream import _hooks, profiler
-from aiostream.testing import VirtualTime
+from aiostream.testing import VirtualTime, format_timeline
 
 pytestmark = pytest.mark.anyio
 
@@ -407,3 +411,238 @@ def test_a_failing_profiler_never_replaces_the_user_s_exception(
     assert result == 42
     assert any("failed in record_function" in r.getMessage() for r in caplog.records)
     caplog.clear()
+
+
+# ---------------------------------------------------------------------- argument and state errors
+
+
+@pytest.fixture
+def std_descriptors() -> Iterator[None]:
+    """Descriptors 0, 1 and 2 put back after the test, should a call write to one and close it."""
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    try:
+        yield
+    finally:
+        for fd, copy in enumerate(saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+EXPORTS = {
+    "export_chrome_trace": lambda prof, path: prof.export_chrome_trace(path),
+    "export_svg": lambda prof, path: prof.export_svg(path),
+}
+
+
+@pytest.mark.usefixtures("std_descriptors")
+@pytest.mark.parametrize("export", sorted(EXPORTS))
+@pytest.mark.parametrize(
+    "path",
+    [True, 0, 1, 2, np.int64(2), 2.0, None, b"trace.out", ["trace.out"]],
+    ids=repr,
+)
+def test_export_takes_only_a_path(
+    virtual_device: ais.Device,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    export: str,
+    path: object,
+) -> None:
+    """An int is a file descriptor to open(): it would be written to and closed."""
+    monkeypatch.chdir(tmp_path)  # a bytes path, taken, would land here
+    with ais.profile() as prof:
+        pass
+    with pytest.raises(TypeError, match=r"path must be a str or os\.PathLike"):
+        EXPORTS[export](prof, path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("export", sorted(EXPORTS))
+def test_export_leaves_an_open_descriptor_alone(
+    virtual_device: ais.Device, tmp_path: Path, export: str
+) -> None:
+    with ais.profile() as prof:
+        pass
+    fd = os.open(tmp_path / "other", os.O_WRONLY | os.O_CREAT)
+    try:
+        with pytest.raises(TypeError, match="path must be"):
+            EXPORTS[export](prof, fd)
+        os.fstat(fd)  # still open
+        assert (tmp_path / "other").read_bytes() == b""
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("export", sorted(EXPORTS))
+def test_export_takes_str_and_path_like(
+    virtual_device: ais.Device, tmp_path: Path, export: str
+) -> None:
+    with ais.profile() as prof:
+        with ais.record_function("step"):
+            pass
+    EXPORTS[export](prof, str(tmp_path / "a"))
+    EXPORTS[export](prof, tmp_path / "b")
+    assert (tmp_path / "a").read_text() == (tmp_path / "b").read_text() != ""
+
+
+NOT_RUN: dict[str, Callable[[ais.Profiler, Path], Any]] = {
+    "summary": lambda prof, tmp: prof.summary(),
+    "to_svg": lambda prof, tmp: prof.to_svg(),
+    "export_chrome_trace": lambda prof, tmp: prof.export_chrome_trace(tmp / "out"),
+    "export_svg": lambda prof, tmp: prof.export_svg(tmp / "out"),
+    "__exit__": lambda prof, tmp: prof.__exit__(None, None, None),
+}
+
+
+@pytest.mark.parametrize("call", sorted(NOT_RUN))
+def test_results_before_the_profile_ran_say_how_to_run_it(
+    virtual_device: ais.Device, tmp_path: Path, call: str
+) -> None:
+    prof = ais.profile()
+    with pytest.raises(ais.AiostreamError, match=r"has not run.*with aiostream\.profile\(\)"):
+        NOT_RUN[call](prof, tmp_path)
+    assert not (tmp_path / "out").exists()  # no empty file left behind
+    with prof:  # it can still run
+        pass
+    assert prof.summary().wall >= 0
+
+
+def test_str_and_repr_of_a_profile_tell_its_state(virtual_device: ais.Device) -> None:
+    prof = ais.profile()
+    assert "not run" in str(prof)
+    assert "not run" in repr(prof) and "virtual:0" in repr(prof)
+    with prof:
+        assert "running" in repr(prof)
+    assert "ended" in repr(prof)
+    assert str(prof) == str(prof.summary())
+
+
+def test_a_profile_ends_once(virtual_device: ais.Device) -> None:
+    with ais.profile() as prof:
+        ais.delay(0.0)
+    spans = prof.spans
+    with pytest.raises(ais.AiostreamError, match="already ended"):
+        prof.__exit__(None, None, None)
+    assert prof.spans == spans  # the device work is not collected twice
+
+
+async def test_failed_device_work_in_a_range_does_not_fail_the_profile(
+    virtual_time: VirtualTime,
+) -> None:
+    s = ais.Stream()
+    with ais.profile() as prof:
+        with ais.record_function("step", stream=s):
+            ais.virtual.fail_next(stream=s, message="boom")
+            ais.delay(0.001, stream=s)
+        with pytest.raises(ais.DeviceError, match="boom"):  # the user's own error, as it was
+            await s.synchronize()
+    assert prof.unfinished == 1  # the range is not shown
+    assert [sp.name for sp in prof.spans if sp.kind == "host"] == ["step"]
+
+
+@pytest.mark.aiostream(check_leaks=False)  # the reset leaves the delay on the old backend
+def test_a_reset_inside_a_range_does_not_fail_the_profile(virtual_device: ais.Device) -> None:
+    s = ais.Stream()
+    with ais.profile() as prof:
+        with ais.record_function("step", stream=s):
+            ais.delay(0.001, stream=s)
+        ais.virtual.reset()
+    assert prof.unfinished == 1
+
+
+def test_the_observer_hooks_check_their_arguments(virtual_device: ais.Device) -> None:
+    """They are public, for aiostream's instrumentation; a wrong value fails at the call."""
+    prof = ais.profile()
+    s = ais.Stream()
+    for bad in (None, "s", 3, ais.Event()):
+        with pytest.raises(TypeError, match="stream must be an aiostream.Stream"):
+            prof.mark(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="stream must be an aiostream.Stream"):
+            prof.native_timeline(bad)  # type: ignore[arg-type]
+    assert prof.native_timeline(s) is True  # the simulator shows its own work
+    with pytest.raises(TypeError, match="name must be a str"):
+        prof.add_host(None, "task", 0.0, 1.0, {})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="args must be a dict"):
+        prof.add_host("step", "task", 0.0, 1.0, [])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="start must be a number"):
+        prof.on_await("task", "stream 1", "virtual:0", "0", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="end must be a finite number"):
+        prof.add_host("step", "task", 0.0, float("nan"), {})
+    with pytest.raises(ValueError, match="ends before it starts"):
+        prof.on_await("task", "stream 1", "virtual:0", 2.0, 1.0)
+    with pytest.raises(TypeError, match="start must be an aiostream.Event"):
+        prof.add_device_range("r", s, None, ais.Event(), {})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="from mark"):
+        prof.add_device_range("r", s, ais.Event(), ais.Event(), {})
+    with prof:
+        start = prof.mark(s)
+        prof.add_device_range("r", s, start, prof.mark(s), {"k": 1})
+        prof.add_host("step", "task", prof.now(), prof.now(), {})
+    assert {sp.name for sp in prof.spans} == {"r", "step"}
+
+
+def test_record_function_decorates_only_callables(virtual_device: ais.Device) -> None:
+    with pytest.raises(TypeError, match="decorates a function"):
+        ais.record_function("x")(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("records", ["x", b"x", None, 3, [1], [None], ("virtual:0",)], ids=repr)
+def test_format_timeline_takes_a_sequence_of_op_records(records: Any) -> None:
+    with pytest.raises(TypeError, match="records must be a sequence of aiostream.virtual.OpRecord"):
+        format_timeline(records)
+
+
+def test_format_timeline_takes_lists_and_tuples() -> None:
+    record = ais.virtual.OpRecord("k", 0, 3, "compute", 0.0, 0.5, 1.25, None)
+    assert format_timeline([record]) == format_timeline((record,)) != format_timeline([])
+
+
+def test_trace_shows_any_range_args(virtual_device: ais.Device, tmp_path: Path) -> None:
+    """record_function takes any values; the trace holds them as strict JSON has them."""
+    with ais.profile() as prof:
+        with ais.record_function(
+            "step",
+            batch=np.int64(3),
+            loss=np.float32(0.5),
+            what=object(),
+            bad=float("nan"),
+            nested={"a": [np.float64(1.5), (1, 2)], 3: "x"},
+        ):
+            pass
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(path)
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"not JSON: {name}")
+
+    doc = json.loads(path.read_text(), parse_constant=no_constants)
+    (begin,) = [ev for ev in doc["traceEvents"] if ev["ph"] == "B"]
+    args = begin["args"]
+    assert args["batch"] == 3 and args["loss"] == 0.5 and args["bad"] == "nan"
+    assert args["what"].startswith("<object object at")
+    assert args["nested"] == {"a": [1.5, [1, 2]], "3": "x"}
+    assert "step" in prof.to_svg()
+
+
+def test_summary_table_with_no_count(virtual_device: ais.Device) -> None:
+    """A Summary made by hand may hold a span name seen no time."""
+    table = str(ais.Summary(0.0, {"x": (0, 0.0)}, {}, 0.0, 0.0, 0.0))
+    assert table.splitlines()[1].split() == ["x", "0", "0.000", "0.000"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        ([], {}, {}, 0.0, 0.0, 0.0),
+        (0.0, [], {}, 0.0, 0.0, 0.0),
+        (0.0, {"x": 3}, {}, 0.0, 0.0, 0.0),
+        (0.0, {"x": (1, "s")}, {}, 0.0, 0.0, 0.0),
+        (0.0, {}, {"virtual:0 compute": None}, 0.0, 0.0, 0.0),
+        (0.0, {}, {}, "0", 0.0, 0.0),
+    ],
+    ids=repr,
+)
+def test_a_summary_checks_its_fields(fields: tuple[Any, ...]) -> None:
+    """Made by hand with a wrong field, it fails when made, never later when printed."""
+    with pytest.raises(TypeError, match="must be"):
+        ais.Summary(*fields)

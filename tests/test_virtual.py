@@ -226,7 +226,7 @@ def test_reset_rejects_bad_input() -> None:
         ais.virtual.reset(clock=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="devices must be at most 1024, got 1180591620717411"):
         ais.virtual.reset(devices=1 << 70)  # refused at once, not built
-    with pytest.raises(ValueError, match="bandwidth must be a finite number > 0"):
+    with pytest.raises(ValueError, match="bandwidth must be a finite number >= 1"):
         ais.virtual.reset(bandwidth=float("nan"))
 
 

@@ -29,7 +29,23 @@ def format_timeline(records: Sequence[OpRecord]) -> str:
     """A device timeline as canonical text: one line per operation, times to the nanosecond.
 
     The same test gives the same text, byte for byte, on every run and on every loop.
+
+    Args:
+        records: the operations, as ``aiostream.virtual.timeline()`` returns them (a sequence
+            of :class:`aiostream.virtual.OpRecord`, such as a list).
+
+    Raises:
+        TypeError: ``records`` is not a sequence (a str is none) of ``OpRecord``.
     """
+    if (
+        not isinstance(records, Sequence)
+        or isinstance(records, (str, bytes, bytearray))
+        or not all(isinstance(r, OpRecord) for r in records)
+    ):
+        raise TypeError(
+            "records must be a sequence of aiostream.virtual.OpRecord (a list, as "
+            f"aiostream.virtual.timeline() returns), got {records!r}"
+        )
     lines = ["# device stream engine start end name error"]
     for r in records:
         lines.append(

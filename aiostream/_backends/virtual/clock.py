@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
@@ -96,6 +97,8 @@ class VirtualClock:
 def _reading_ns(value: object) -> int:
     """A callable clock's reading other than a plain float in range: checked, in ns."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if inspect.iscoroutine(value):
+            value.close()  # never awaited, and said so here rather than in a warning
         raise TypeError(
             f"the virtual device's clock returned {value!r}, not a number of seconds (int or "
             "float); give reset(clock=...) a callable that returns seconds"
@@ -119,6 +122,11 @@ def resolve_clock(clock: object) -> tuple[Callable[[], int], VirtualClock | None
         return time.monotonic_ns, None
     if isinstance(clock, VirtualClock):
         return clock.now_ns, clock
+    if inspect.iscoroutinefunction(clock):
+        raise TypeError(
+            f"clock must return seconds when called; {clock!r} is an async function (its "
+            "call returns a coroutine): give a plain function"
+        )
     if callable(clock):
         read: Callable[[], float] = clock
 

@@ -7,6 +7,7 @@ import traceback
 
 import numpy as np
 
+from ..._check import MAX_SECONDS
 from ..._errors import DeviceError
 from .model import DONE, RUNNING, Device, Memory, Race, Stream
 from .simulation import Simulation
@@ -101,6 +102,12 @@ class Memories:
     def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
         engine = _COPY_ENGINES[kind]
         seconds = self.latency + nbytes / self.bandwidth[kind]
+        if seconds > MAX_SECONDS:
+            raise ValueError(
+                f"a {kind} copy of {nbytes} bytes at {self.bandwidth[kind]:g} bytes/s would take "
+                f"{seconds:g} s, past the {MAX_SECONDS:g} s a device clock holds; raise the "
+                "bandwidth (aiostream.virtual.reset(bandwidth=..., d2d_bandwidth=...))"
+            )
 
         # Both run on whichever thread advances the simulation, usually the host's own: in
         # place (a fill and a memcpy), never building a temporary of the copy's size, whose

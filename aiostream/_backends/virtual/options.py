@@ -51,8 +51,8 @@ def _count(value: object, name: str, limit: int) -> int:
 def _rate(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {value!r}")
-    if not (0 < value and math.isfinite(value)):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if not (1 <= value and math.isfinite(value)):
+        raise ValueError(f"{name} must be a finite number >= 1 (bytes per second), got {value!r}")
     return float(value)
 
 

@@ -34,9 +34,12 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from ..._check import MAX_SECONDS
 from .model import DONE, PENDING, RUNNING, Device, Engine, Failure, Item, OpRecord, Stream
 
 __all__ = ["TIMELINE_LIMIT", "Scheduler"]
+
+_MAX_NS = round(MAX_SECONDS * 1e9)
 
 #: The timeline keeps the last this many completed operations.
 TIMELINE_LIMIT = 100_000
@@ -355,8 +358,8 @@ def _apply_faults(
             fault.remaining -= 1
             if fault.message is not None and error is None:
                 error = fault.message
-            if fault.factor is not None:
-                duration = round(duration * fault.factor)
+            if fault.factor is not None:  # at most what the clock can hold: 292 years
+                duration = round(min(duration * fault.factor, _MAX_NS))
     faults[:] = [f for f in faults if f.remaining > 0]
     return duration, error
 

@@ -743,10 +743,10 @@ class DataLoader(AsyncIterable[Batch]):
 
     async def aclose(self) -> None:
         """Close every pass still open (see :meth:`_Iteration.aclose`)."""
-        for iteration in list(self._iterations):
-            await iteration.aclose()
+        await self._close_after(None)
 
     async def _close_after(self, error: BaseException | None) -> None:
+        """Close every pass; with ``error`` on its way out, see :meth:`_Iteration.close_after`."""
         for iteration in list(self._iterations):
             if error is None:
                 await iteration.aclose()
@@ -768,7 +768,6 @@ class DataLoader(AsyncIterable[Batch]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        exc_info = (exc_type, exc, tb)
         runner, self._runner = self._runner, None
         if runner is not None and anyio.get_current_task().id != self._owner:
             for iteration in list(self._iterations):  # the producers stop; the runner's
@@ -781,10 +780,10 @@ class DataLoader(AsyncIterable[Batch]):
                 "(no 'async with') inside the generator"
             )
         try:
-            await self._close_after(exc_info[1])
+            await self._close_after(exc)
         finally:
             if runner is not None:
-                await self._close_runner(runner, exc_info)
+                await self._close_runner(runner, (exc_type, exc, tb))
 
     @staticmethod
     async def _close_runner(runner: anyio.abc.TaskGroup, exc_info: Any) -> None:

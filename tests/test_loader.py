@@ -676,6 +676,13 @@ async def test_no_more_worker_threads_than_items(virtual_time: VirtualTime) -> N
     quiet()
 
 
+async def _indices_from_a_loader() -> AsyncIterator[int]:
+    """An async generator that owns an 'async with DataLoader' block."""
+    async with ais.DataLoader(arrays(10), workers=2) as loader:
+        async for batch in loader:
+            yield batch.index
+
+
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 async def test_an_async_generator_owning_a_loader_closes_with_aclosing(
     virtual_device: ais.Device, anyio_backend: object
@@ -683,12 +690,7 @@ async def test_an_async_generator_owning_a_loader_closes_with_aclosing(
     """README's pattern: the generator is closed in the task that ran it."""
     import contextlib
 
-    async def batches() -> AsyncIterator[int]:
-        async with ais.DataLoader(arrays(10), workers=2) as loader:
-            async for batch in loader:
-                yield batch.index
-
-    async with contextlib.aclosing(batches()) as agen:
+    async with contextlib.aclosing(_indices_from_a_loader()) as agen:
         async for index in agen:
             if index == 2:
                 break
@@ -702,12 +704,7 @@ async def test_an_async_generator_owning_a_loader_closes_with_aclosing(
 async def test_leaving_the_block_from_another_task_says_what_to_write(
     virtual_device: ais.Device, anyio_backend: object
 ) -> None:
-    async def batches() -> AsyncIterator[int]:
-        async with ais.DataLoader(arrays(10), workers=2) as loader:
-            async for batch in loader:
-                yield batch.index
-
-    agen = batches()
+    agen = _indices_from_a_loader()
     assert await agen.__anext__() == 0
     raised: list[BaseException] = []
 

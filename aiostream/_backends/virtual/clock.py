@@ -96,19 +96,20 @@ class VirtualClock:
 
 def _reading_ns(value: object) -> int:
     """A callable clock's reading other than a plain float in range: checked, in ns."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if inspect.iscoroutine(value):
-            value.close()  # never awaited, and said so here rather than in a warning
+    if inspect.iscoroutine(value):
+        value.close()  # never awaited, and said so here rather than in a warning
+    try:
+        return seconds_to_ns(value, "clock", allow_negative=True)
+    except TypeError:
         raise TypeError(
             f"the virtual device's clock returned {value!r}, not a number of seconds (int or "
             "float); give reset(clock=...) a callable that returns seconds"
-        )
-    if not (math.isfinite(value) and abs(value) <= MAX_SECONDS):
+        ) from None
+    except ValueError:
         raise ValueError(
             f"the virtual device's clock returned {value!r} seconds; a clock reads finite "
             f"seconds, at most {MAX_SECONDS:g} from zero"
-        )
-    return round(value * 1_000_000_000)
+        ) from None
 
 
 def listen(clock: VirtualClock, callback: Callable[[], None]) -> Callable[[], None]:

@@ -173,6 +173,20 @@ async def test_copies_take_latency_plus_size_over_bandwidth(virtual_time: Virtua
     assert virtual_time.now() == pytest.approx(0.007, abs=1e-9)
 
 
+async def test_default_copies_are_near_a_pcie_4_x16_link(virtual_time: VirtualTime) -> None:
+    """``reset()``'s defaults: 25 GB/s each way, 1 TB/s device to device, 10 us per copy."""
+    host, dev, dev2 = ais.HostBuffer(25_000), ais.DeviceBuffer(25_000), ais.DeviceBuffer(25_000)
+    ais.copy_async(dev, host)
+    ais.copy_async(dev2, dev)
+    ais.copy_async(host, dev2)
+    await ais.current_stream().synchronize()
+    assert [(r.engine, round((r.end - r.start) * 1e9)) for r in ais.virtual.timeline()] == [
+        ("h2d", 10_000 + 1_000),  # 25,000 B at 25 GB/s: 1 us
+        ("compute", 10_000 + 25),  # at 1 TB/s: 25 ns
+        ("d2h", 10_000 + 1_000),
+    ]
+
+
 async def test_reading_before_the_copy_lands_sees_poison(virtual_time: VirtualTime) -> None:
     dev, out = ais.DeviceBuffer(32), ais.HostBuffer(32)
     src = ais.HostBuffer(32)

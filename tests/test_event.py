@@ -42,6 +42,13 @@ def test_elapsed_time_errors_say_what_to_do(clock: ais.virtual.VirtualClock) -> 
     later = s.record_event(ais.Event(enable_timing=True))
     with pytest.raises(ais.NotReadyError, match="complete"):
         timed.elapsed_time(later)
+    idle = ais.Stream().record_event(ais.Event(enable_timing=True))  # complete at once
+    assert idle.query()
+    with pytest.raises(ais.NotReadyError, match="complete"):
+        later.elapsed_time(idle)  # the start is the one still pending
+    clock.advance(1.0)
+    assert later.elapsed_time(idle) == -1000.0
+    assert timed.elapsed_time(later) == 1000.0
     with pytest.raises(TypeError, match="end_event must be an aiostream.Event"):
         timed.elapsed_time(1.0)  # type: ignore[arg-type]
 
@@ -123,6 +130,22 @@ def test_ipc_handle_before_any_record_opens_a_complete_event() -> None:
     e = ais.Event(interprocess=True)
     opened = ais.Event.from_ipc_handle(None, e.ipc_handle())
     assert opened.query()
+
+
+def test_an_event_made_on_the_device_but_never_recorded_reports_the_device_s_state() -> None:
+    """Made on the device (here by its IPC handle) before any record: complete while the
+    device is well, and, as every query on a failed device does, raising its error after."""
+    e = ais.Event(interprocess=True)
+    opened = ais.Event.from_ipc_handle("virtual:0", e.ipc_handle())
+    assert e.query() is True and opened.query() is True
+    ais.virtual.submit(ais.Stream(), 0.0, error="boom")
+    for event in (e, opened):
+        with pytest.raises(ais.DeviceError, match="boom"):
+            event.query()
+    assert ais.Event().query() is True  # one never made on the device asks nothing of it
+    ais.virtual.reset()
+    with pytest.raises(ais.StaleHandleError):
+        e.query()
 
 
 def test_ipc_bad_input() -> None:

@@ -141,9 +141,33 @@ async def test_reuse_never_overwrites_a_batch_still_in_use(virtual_time: Virtual
     for index, out in results:
         assert (out.numpy(np.float32) == index).all(), index
     stats = loader.stats
-    assert stats.peak_in_use <= loader.prefetch + 2
+    # every slot: two ahead, the one held, and one the consumer's kernel still reads
+    assert stats.peak_in_use == loader.prefetch + 2 == 4
     assert stats.allocations == loader.prefetch + 2  # one per slot, never per batch
     ais.virtual.assert_no_races()
+    quiet()
+
+
+async def test_reused_buffers_wait_for_the_consumer_on_the_device_not_the_host(
+    virtual_time: VirtualTime,
+) -> None:
+    """1 s kernels per batch and a pool of 4 slots: every batch is handed out at once (the
+    host never waits on the kernels), and each copy into a reused slot starts on the device
+    the instant the kernel that read its previous batch ends."""
+    handed_out = []
+    async with ais.DataLoader(arrays(8), prefetch=2) as loader:
+        async for batch in loader:
+            handed_out.append(virtual_time.now())
+            ais.virtual.submit(ais.current_stream(), 1.0, name=f"kernel{batch.index}")
+    await ais.current_stream().synchronize()
+    assert loader.stats.allocations == 4
+    assert max(handed_out) < 0.001  # a host waiting on the kernels would take 4 s
+    ops = ais.virtual.timeline()
+    copies = [r for r in ops if r.engine == "h2d"]  # one stream: in item order
+    kernels = {r.name: r for r in ops if r.name.startswith("kernel")}
+    assert len(copies) == 8
+    for k in range(4, 8):
+        assert copies[k].start == kernels[f"kernel{k - 4}"].end
     quiet()
 
 
@@ -274,6 +298,98 @@ async def test_to_thread_runs_the_transform_in_a_worker(virtual_device: ais.Devi
     quiet()
 
 
+@pytest.mark.parametrize(
+    ("workers", "to_thread", "in_a_thread"),
+    [(1, None, False), (2, None, True), (2, False, False), (1, True, True), (3, None, True)],
+)
+async def test_to_thread_defaults_to_true_with_more_than_one_worker(
+    virtual_device: ais.Device, workers: int, to_thread: bool | None, in_a_thread: bool
+) -> None:
+    """Where a sync transform runs: in worker threads when ``to_thread`` says so, which it
+    does by default once there is more than one worker; else on the loop's thread."""
+    import threading
+
+    loop_thread = threading.get_ident()
+    ran_in: set[int] = set()
+
+    def transform(a: np.ndarray) -> np.ndarray:
+        ran_in.add(threading.get_ident())
+        return a
+
+    async with ais.DataLoader(
+        arrays(4), transform=transform, workers=workers, to_thread=to_thread
+    ) as loader:
+        async for _ in loader:
+            pass
+    assert ran_in and (loop_thread not in ran_in) == in_a_thread
+    quiet()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("stop", ["exit", "aclose"])
+async def test_exiting_waits_for_a_transform_still_running_in_a_thread(
+    virtual_device: ais.Device, stop: str
+) -> None:
+    """A thread cannot be interrupted: leaving the block early (or ``aclose()`` inside it)
+    waits for the transform it runs to return, so no thread of the loader outlives it."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    finished: list[int] = []
+
+    def transform(a: np.ndarray) -> np.ndarray:
+        if a[0] == 1:
+            started.set()
+            release.wait(10)  # still running when the consumer leaves
+        finished.append(int(a[0]))
+        return a
+
+    timer = threading.Timer(0.2, release.set)
+    async with ais.DataLoader(arrays(2), transform=transform, workers=2) as loader:
+        async for batch in loader:
+            assert batch.index == 0 and finished == [0]
+            with anyio.fail_after(10):
+                while not started.is_set():
+                    await anyio.sleep(0.001)
+            timer.start()
+            break
+        assert finished == [0]  # item 1's transform is blocked in its thread
+        if stop == "aclose":
+            await loader.aclose()
+            assert release.is_set() and finished == [0, 1]
+    assert release.is_set() and finished == [0, 1]  # the exit waited for it to return
+    timer.join()
+    quiet()
+
+
+@pytest.mark.timeout(60)
+async def test_worker_threads_take_no_more_items_once_stopped(virtual_device: ais.Device) -> None:
+    """Leaving early with items queued for the worker threads: each thread finishes the item
+    it holds and takes no other, though more were taken from the source for them."""
+    import threading
+
+    gate = threading.Event()
+    transformed: list[int] = []
+
+    def transform(a: np.ndarray) -> np.ndarray:
+        if a[0] != 0:
+            gate.wait(10)  # held until the consumer has left
+        transformed.append(int(a[0]))
+        return a
+
+    source = Counted(20)
+    timer = threading.Timer(0.2, gate.set)
+    async with ais.DataLoader(source, transform=transform, workers=2, prefetch=8) as loader:
+        async for batch in loader:
+            assert batch.index == 0
+            timer.start()
+            break
+    timer.join()
+    assert source.pulled >= 8  # items were queued for the threads
+    assert set(transformed) <= {0, 1, 2}  # 0, and what the two threads held when stopped
+    quiet()
+
+
 def test_bad_input(virtual_device: ais.Device) -> None:
     with pytest.raises(TypeError, match="source must be an iterable"):
         ais.DataLoader(3)  # type: ignore[arg-type]
@@ -367,8 +483,10 @@ async def test_workers_transform_at_once_and_keep_the_source_order(
     assert got == [(i, 3 * i) for i in range(n)]
     assert most == 3
     assert loader.prefetch == 6 and loader.stats.workers == 3
-    assert loader.stats.peak_in_use <= loader.prefetch + 2
-    assert loader.stats.allocations <= loader.prefetch + 2  # one per slot, never per batch
+    # the six items taken ahead when batch 0 came out (it among them); each batch is
+    # fetched back before the next is asked for, so at most one more slot is ever made
+    assert loader.stats.peak_in_use == 6
+    assert loader.stats.allocations == 7  # one per slot, never per batch
     quiet()
 
 
@@ -433,6 +551,34 @@ async def test_a_source_error_is_raised_in_its_turn(virtual_time: VirtualTime) -
     quiet()
 
 
+async def test_a_transform_error_stops_production_while_the_consumer_works(
+    virtual_time: VirtualTime,
+) -> None:
+    """Item 1's transform fails while the consumer is busy with batch 0: nothing more is
+    transformed or taken from the source, though items 2-4 were queued for the worker."""
+    source = Counted(20)
+    transformed: list[int] = []
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        transformed.append(int(a[0]))
+        await anyio.sleep(0.01)
+        if a[0] == 1:
+            raise RuntimeError("bad item 1")
+        return a
+
+    seen = []
+    with pytest.raises(RuntimeError, match="bad item 1"):
+        async with ais.DataLoader(source, transform=transform, prefetch=4) as loader:
+            async for batch in loader:
+                seen.append(batch.index)
+                await anyio.sleep(1.0)  # the consumer's own work: production has stopped
+                assert transformed == [0, 1]
+    assert seen == [0]
+    assert transformed == [0, 1]
+    assert source.pulled == 5  # four ahead, and one more for the credit batch 0 returned
+    quiet()
+
+
 async def test_the_block_s_own_error_is_not_wrapped(virtual_time: VirtualTime) -> None:
     with pytest.raises(KeyError, match="consumer"):
         async with ais.DataLoader(arrays(10), workers=2) as loader:
@@ -449,8 +595,8 @@ async def test_leaving_the_block_early_stops_the_producer(virtual_time: VirtualT
             if batch.index == 1:
                 break
         await anyio.sleep(0.1)  # the producer, parked on its credits, takes no more
-        assert source.pulled <= 2 + 3
-    assert source.pulled <= 2 + 3
+        assert source.pulled == 2 + 3  # the two handed out, and prefetch ahead
+    assert source.pulled == 2 + 3
     quiet()
 
 
@@ -468,8 +614,9 @@ async def test_cancelling_the_block_stops_every_worker(virtual_time: VirtualTime
             async for batch in loader:  # noqa: B007 - kept to show it holds its buffers
                 pass
     assert scope.cancelled_caught
-    assert 0 < loader.stats.batches < 20
-    assert started <= loader.stats.batches + loader.prefetch  # taken with a credit each
+    # two at a time, 1 s each: items 0-3 are done by 2.0 s, 4 and 5 would be at 3.0 s
+    assert loader.stats.batches == 4
+    assert started == 6  # the two in progress when cancelled; no more started
     quiet()
     import gc
 
@@ -655,7 +802,37 @@ async def test_slots_are_made_as_needed(virtual_time: VirtualTime) -> None:
     async for _ in loader:
         pass
     assert loader.stats.allocations == 3
-    assert loader.stats.peak_in_use <= 3
+    assert loader.stats.peak_in_use == 3  # all three taken at the first step
+    quiet()
+
+
+@pytest.mark.parametrize("mode", ["plain", "ahead"])
+async def test_buffers_are_made_again_only_when_an_item_s_shape_changes(
+    virtual_time: VirtualTime, mode: str
+) -> None:
+    sizes = [16, 16, 16, 16, 32, 32, 32, 32, 16]
+    items = [np.full(n, i, np.float32) for i, n in enumerate(sizes)]
+    s = ais.current_stream()
+    got: list[tuple[tuple[int, ...], float]] = []
+
+    async def take(loader: ais.DataLoader) -> None:
+        async for batch in loader:
+            got.append((batch.data.shape, float((await fetch(batch.data, s))[0])))
+
+    loader = ais.DataLoader(items, prefetch=1)  # a pool of 3 slots
+    if mode == "plain":
+        await take(loader)
+    else:
+        async with loader:
+            await take(loader)
+    assert got == [((n,), float(i)) for i, n in enumerate(sizes)]
+    # Each batch is fetched back before the next is asked for, so a released slot is idle
+    # and reused at once: one slot inside each step of a plain loop, two running ahead (the
+    # batch held and the next). A slot is made again where the item's size changes: at
+    # item 4 for every slot, and at item 8 for the one it takes.
+    slots = 1 if mode == "plain" else 2
+    assert loader.stats.allocations == slots + slots + 1
+    assert loader.stats.peak_in_use == 1  # the held batch's slot when it is handed out
     quiet()
 
 

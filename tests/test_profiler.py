@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 import aiostream as ais
-from aiostream import _hooks, profiler
+from aiostream import _diagnostics, _hooks, profiler
 from aiostream.testing import VirtualTime, format_timeline
 
 pytestmark = pytest.mark.anyio
@@ -236,7 +237,11 @@ def test_nvtx_ranges_when_available(
 # ---------------------------------------------------------------------- diagnostics
 
 
-async def test_pending_waits_say_who_waits_on_what(virtual_time: VirtualTime) -> None:
+async def test_pending_waits_say_who_waits_on_what(
+    virtual_time: VirtualTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monotonic = [1000.0]  # the listing's clock (any thread may ask), moved by the test
+    monkeypatch.setattr(_diagnostics, "time", SimpleNamespace(monotonic=lambda: monotonic[0]))
     ais.set_debug(True)
     try:
         s = ais.Stream()
@@ -245,11 +250,13 @@ async def test_pending_waits_say_who_waits_on_what(virtual_time: VirtualTime) ->
         async with anyio.create_task_group() as tg:
             tg.start_soon(e.synchronize, name="the-waiter")
             await anyio.wait_all_tasks_blocked()
+            monotonic[0] += 2.5
             (wait,) = ais.pending_waits()
             assert wait.task == "the-waiter"
             assert wait.subject == f"event {e.event_id} on stream {s.stream_id}"
             assert wait.device == "virtual:0"
-            assert wait.waited >= 0
+            assert wait.waited == 2.5
+            assert str(wait).startswith(f"task 'the-waiter' has waited 2.500 s on {wait.subject}")
             assert "test_pending_waits_say_who_waits_on_what" in (wait.recorded_at or "")
             assert wait.started_at is not None
             assert "has waited" in str(wait) and "work recorded at" in str(wait)
@@ -538,6 +545,46 @@ async def test_failed_device_work_in_a_range_does_not_fail_the_profile(
             await s.synchronize()
     assert prof.unfinished == 1  # the range is not shown
     assert [sp.name for sp in prof.spans if sp.kind == "host"] == ["step"]
+
+
+async def test_an_await_of_complete_work_is_recorded_as_a_zero_wait(
+    virtual_time: VirtualTime,
+) -> None:
+    """The fast path (work complete already: one checkpoint) is reported as an await too."""
+    s = ais.Stream()
+    with ais.profile() as prof:
+        e = s.record_event()
+        await anyio.sleep(1.0)
+        await e.synchronize()
+        await s.synchronize()
+    waits = [(sp.name, sp.start, sp.end, sp.args) for sp in prof.spans if sp.kind == "await"]
+    assert sorted(waits) == [
+        (f"await event {e.event_id} on stream {s.stream_id}", 1.0, 1.0, {"device": "virtual:0"}),
+        (f"await stream {s.stream_id}", 1.0, 1.0, {"device": "virtual:0"}),
+    ]
+
+
+async def test_work_still_running_when_the_profile_ends_is_counted_not_shown(
+    virtual_time: VirtualTime,
+) -> None:
+    s, t = ais.Stream(), ais.Stream()
+    with ais.profile() as prof:
+        with ais.record_function("awaited", stream=s):
+            ais.delay(0.001, stream=s)
+        await s.synchronize()
+        with ais.record_function("left running", stream=t):
+            ais.delay(1.0, stream=t)
+    assert prof.unfinished == 1
+    # the range left running and its 1 s of device work are not shown; the host range is
+    shown = sorted((sp.kind, sp.name, sp.track) for sp in prof.spans if sp.kind != "host")
+    assert shown == [
+        ("await", f"await stream {s.stream_id}", shown[0][2]),
+        ("device", "delay", f"virtual:0 stream {s.stream_id}"),
+        ("range", "awaited", f"virtual:0 stream {s.stream_id}"),
+    ]
+    assert sorted(sp.name for sp in prof.spans if sp.kind == "host") == ["awaited", "left running"]
+    await t.synchronize()  # done now, but after the profile: still not shown
+    assert prof.unfinished == 1 and len(prof.spans) == 5
 
 
 @pytest.mark.aiostream(check_leaks=False)  # the reset leaves the delay on the old backend

@@ -449,3 +449,137 @@ def test_one(virtual_device):
     )
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--aiostream-timelines=*not-a-folder: that is a file*"])
+
+
+def test_a_race_fails_the_test_with_where_it_happened(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import pytest
+
+def racy_read():
+    dev, host = ais.DeviceBuffer(64), ais.HostBuffer(64)
+    with ais.virtual.stall("d2h"):     # the copy stays in flight while the stall is held
+        ais.copy_async(host, dev)
+        host.numpy()                   # read before the copy landed: a race
+    ais.current_stream().synchronize_blocking()
+
+def test_racy(virtual_device):
+    racy_read()
+
+@pytest.mark.aiostream(check_races=False)
+def test_racy_allowed(virtual_device):
+    racy_read()
+
+def test_racy_before_a_reset(virtual_device):
+    racy_read()
+    ais.virtual.reset()
+
+def test_synchronised(virtual_device):
+    dev, host = ais.DeviceBuffer(64), ais.HostBuffer(64)
+    ais.copy_async(host, dev)
+    ais.current_stream().synchronize_blocking()
+    host.numpy()
+""",
+    )
+    result.assert_outcomes(passed=4, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_racy*",
+            "*the test touched 1 host buffer(s) while a copy into them was in flight; await the"
+            " copy's event or stream first:",
+            "*host access to a 64-byte buffer while *",
+            "*in racy_read*",
+            "*check_races=False*",
+            "*ERROR at teardown of test_racy_before_a_reset*",
+            "*the test touched 1 host buffer(s)*",
+        ]
+    )
+    errors = [line for line in result.outlines if line.startswith("ERROR")]
+    assert len(errors) == 2 and not any("allowed" in e or "synchronised" in e for e in errors)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_run_in_virtual_time_takes_the_backend_s_options_and_restores_the_previous(
+    backend: str,
+) -> None:
+    """Outside pytest: a fresh backend with the given options, on a fake clock, replaced by
+    the one that was there before once the function returns (or raises)."""
+    from aiostream.testing import run_in_virtual_time
+
+    before = _backends.get("virtual")
+
+    async def two_kernels_at_once() -> tuple[float, int]:
+        a, b = ais.Stream(), ais.Stream()
+        ais.delay(1.0, stream=a)
+        ais.delay(1.0, stream=b)
+        await a.synchronize()
+        await b.synchronize()
+        return ais.virtual.now(), ais.device_count("virtual")
+
+    assert run_in_virtual_time(two_kernels_at_once, backend=backend) == (2.0, 1)  # one slot
+    assert run_in_virtual_time(
+        two_kernels_at_once, backend=backend, compute_slots=2, devices=3
+    ) == (1.0, 3)
+    assert _backends.get("virtual") is before
+
+    async def fails() -> None:
+        ais.delay(1.0)
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError, match="inside"):
+        run_in_virtual_time(fails, backend=backend)
+    assert _backends.get("virtual") is before
+
+
+def test_run_in_virtual_time_refuses_what_it_cannot_do() -> None:
+    from aiostream.testing import run_in_virtual_time
+
+    async def nothing() -> None:
+        pass
+
+    with pytest.raises(ValueError, match="backend must be 'asyncio' or 'trio', got 'uvloop'"):
+        run_in_virtual_time(nothing, backend="uvloop")
+    with pytest.raises(TypeError, match="unknown virtual backend option.*'clock'"):
+        run_in_virtual_time(nothing, clock=lambda: 0.0)
+    with pytest.raises(ValueError, match="compute_slots must be >= 1"):
+        run_in_virtual_time(nothing, compute_slots=0)
+
+
+def test_leaked_buffers_and_waits_are_listed_too(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import threading, time
+import aiostream as ais
+
+kept = []
+
+def wait_quietly(stream):
+    try:
+        stream.synchronize_blocking()
+    except ais.StaleHandleError:  # the fixture retires the backend at teardown
+        pass
+
+def test_leaky(virtual_device):
+    kept.append(ais.DeviceBuffer(128))
+    s = ais.Stream()
+    ais.virtual.submit(s, 5.0, name="long")
+    thread = threading.Thread(target=wait_quietly, args=(s,), daemon=True)
+    thread.start()
+    while ais.virtual.stats().waits == 0:
+        time.sleep(0.001)
+    kept.append((s, thread))
+""",
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*the test leaked 4 thing(s) on the virtual backend:",
+            "*pending wait on virtual:0 stream 1 (for the work up to its 'long', submitted at t=*",
+            "*pending operation 'long' on virtual:0 stream 1, engine compute*running until*",
+            "*live stream virtual:0 stream 1 (priority 0)",
+            "*live buffer of 128 bytes on virtual:0",
+        ]
+    )

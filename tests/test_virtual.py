@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+from typing import Any
 
 import anyio
 import pytest
@@ -402,3 +403,196 @@ async def test_two_loops_in_two_threads_wait_on_one_device() -> None:
     for t in threads:
         await anyio.to_thread.run_sync(t.join)
     assert results == {"a": True, "b": True}
+
+
+# ---------------------------------------------------------------------- waits on other streams
+
+
+async def test_a_stream_synchronize_covers_an_event_it_waits_on_after_its_work(
+    clock: VirtualClock,
+) -> None:
+    """Cross-stream ordering: ``s.wait_event(e)`` after the last work of ``s`` is part of what
+    ``s`` must finish, so ``await s.synchronize()`` and ``s.query()`` wait for ``e`` too."""
+    producer, consumer = ais.Stream(), ais.Stream()
+    ais.delay(2.0, stream=producer)
+    ready = producer.record_event()
+    ais.virtual.submit(consumer, 1.0, engine="h2d")  # beside the producer's kernel
+    consumer.wait_event(ready)  # after the consumer's own work: no work follows it
+    resumed: list[float] = []
+
+    async def waiter() -> None:
+        await consumer.synchronize()
+        resumed.append(clock.now())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(1.0)  # the consumer's own work is done; the event it waits on is not
+        await anyio.wait_all_tasks_blocked()
+        assert resumed == []
+        assert consumer.query() is False
+        clock.advance(1.0)
+    assert resumed == [2.0]
+    assert consumer.query() is True
+    assert ais.virtual.stats().waits == 0
+
+
+def test_a_stream_with_no_work_of_its_own_waits_for_the_event_it_waits_on(
+    clock: VirtualClock,
+) -> None:
+    producer, consumer = ais.Stream(), ais.Stream()
+    ais.delay(1.0, stream=producer)
+    consumer.wait_event(producer.record_event())
+    assert consumer.query() is False
+    clock.advance(0.5)
+    assert consumer.query() is False
+    clock.advance(0.5)
+    assert consumer.query() is True
+
+
+def test_a_blocking_stream_sync_covers_an_event_it_waits_on(clock: VirtualClock) -> None:
+    producer, consumer = ais.Stream(), ais.Stream()
+    ais.delay(1.0, stream=producer)
+    ais.virtual.submit(consumer, 0.25, engine="h2d")
+    consumer.wait_event(producer.record_event())
+    clock.advance(0.5)
+    returned: list[float] = []
+    thread = threading.Thread(target=lambda: (consumer.synchronize_blocking(), returned.append(1)))
+    thread.start()
+    thread.join(0.05)
+    assert returned == []  # the consumer's own work is done, the producer's is not
+    clock.advance(0.5)
+    thread.join(10)
+    assert returned == [1] and clock.now() == 1.0
+
+
+# ---------------------------------------------------------------------- wait targets
+
+
+def _live_targets() -> int:
+    from aiostream._backends.virtual.simulation import Target
+
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is Target)
+
+
+async def test_cancelled_waits_leave_nothing_on_the_work_they_watched(
+    clock: VirtualClock,
+) -> None:
+    """A wait cancelled while its work runs is forgotten by that work at once, not when the
+    work completes: a loop of timed-out waits on a long kernel holds nothing."""
+    before = _live_targets()  # other tests' backends may still hold some, uncollected
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    e = s.record_event()
+    for _ in range(3):
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(e.synchronize)
+                tg.start_soon(s.synchronize)
+            await anyio.wait_all_tasks_blocked()
+            assert _live_targets() == before + 200
+            tg.cancel_scope.cancel()
+        await anyio.wait_all_tasks_blocked()  # the waiter, with nothing left, has exited
+        assert _live_targets() == before  # the work still runs
+        assert ais.virtual.stats().waits == 0
+    assert not e.query()
+    clock.advance(1.0)
+    await e.synchronize()
+
+
+async def test_a_refused_blocking_wait_leaves_the_other_waits_on_its_work_alone(
+    clock: VirtualClock,
+) -> None:
+    """``synchronize_blocking()`` in the loop's thread is refused after its capture: the
+    capture is let go without disturbing an await on the same work."""
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    e = s.record_event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(e.synchronize)
+        await anyio.wait_all_tasks_blocked()
+        for blocking in (e.synchronize_blocking, s.synchronize_blocking):
+            with pytest.raises(ais.AiostreamError, match="would block the event loop"):
+                blocking()
+        assert ais.virtual.stats().waits == 1  # the await's, still watching
+        clock.advance(1.0)
+    assert ais.virtual.stats().waits == 0
+
+
+# ---------------------------------------------------------------------- a lazy device
+
+
+def _failing_later() -> tuple[list[float], ais.Stream, ais.Event, ais.Event]:
+    """On a callable clock: 1 s of work between two timed events on one stream, and an
+    operation on another stream that fails the device at 2.0 s."""
+    now = [0.0]
+    ais.virtual.reset(clock=lambda: now[0])
+    a, b = ais.Stream(), ais.Stream()
+    start = a.record_event(ais.Event(enable_timing=True))
+    ais.delay(1.0, stream=a)
+    end = a.record_event(ais.Event(enable_timing=True))
+    ais.virtual.submit(b, 2.0, engine="h2d", error="ecc error")
+    now[0] = 1.5
+    assert end.query() is True  # the work is done; the failure is not yet
+    return now, a, start, end
+
+
+@pytest.mark.parametrize("call", ["event query", "stream query", "elapsed_time", "wait"])
+async def test_a_failure_that_came_due_is_seen_by_the_first_call_after_it(
+    anyio_backend: object, call: str
+) -> None:
+    """The device is lazy on a callable clock: whatever call first looks after the failing
+    operation's end (at that very instant here) processes it and raises, though its own
+    work had completed before, as every later call does (device errors are sticky)."""
+    now, a, start, end = _failing_later()
+    assert start.elapsed_time(end) == 1000.0
+    now[0] = 2.0
+    first: dict[str, Any] = {
+        "event query": end.query,
+        "stream query": a.query,
+        "elapsed_time": lambda: start.elapsed_time(end),
+        "wait": a.synchronize_blocking,
+    }
+    with pytest.raises(ais.DeviceError, match="ecc error"):
+        await anyio.to_thread.run_sync(first[call])
+    for later in first.values():
+        with pytest.raises(ais.DeviceError, match="ecc error"):
+            await anyio.to_thread.run_sync(later)
+
+
+def test_inspection_brings_the_device_to_its_clock_first() -> None:
+    """``stats()`` and ``timeline()`` on a callable clock, with nothing else called since
+    the work's end: they show it done."""
+    for inspect in ("stats", "timeline"):
+        now = [0.0]
+        ais.virtual.reset(clock=lambda now=now: now[0])
+        s = ais.Stream()
+        ais.virtual.submit(s, 1.0, name="kernel")
+        now[0] = 2.0
+        if inspect == "stats":
+            assert ais.virtual.stats().operations == 0
+        else:
+            assert [(r.name, r.end) for r in ais.virtual.timeline()] == [("kernel", 1.0)]
+
+
+async def test_a_host_function_raising_keyboard_interrupt_fails_the_device_then_goes_on(
+    clock: VirtualClock,
+) -> None:
+    """Ctrl-C arriving in a host function reaches the thread that ran it (here, the one that
+    advanced the clock), with the device already consistent: failed, nothing left running,
+    and every wait raising the device's error with the interrupt as its cause."""
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0, name="callback", fn=interrupted)
+    ais.virtual.submit(s, 1.0, name="after")
+    with pytest.raises(KeyboardInterrupt):
+        clock.advance(2.0)
+    with pytest.raises(ais.DeviceError, match="'callback'.*KeyboardInterrupt") as info:
+        await s.synchronize()
+    assert isinstance(info.value.__cause__, KeyboardInterrupt)
+    assert ais.virtual.stats().operations == 0
+    assert [(r.name, r.end) for r in ais.virtual.timeline()] == [("callback", 1.0), ("after", 1.0)]

@@ -116,10 +116,184 @@ async def test_cancelled_waits_are_removed_and_the_waiter_exits(clock: VirtualCl
 async def test_timeout_around_a_wait_returns_promptly() -> None:
     s = ais.Stream()
     ais.delay(3600.0, stream=s)
-    with anyio.fail_after(5):  # far beyond what prompt means; it returns in ~10 ms
-        with anyio.move_on_after(0.01):
+    start = anyio.current_time()
+    with anyio.fail_after(60):  # a guard against a hang: the bound is below
+        with anyio.move_on_after(0.01) as scope:
             await s.synchronize()
+    assert scope.cancelled_caught
+    # it returns in about 10 ms; a wait deaf to its cancellation would take an hour
+    assert anyio.current_time() - start < 0.5
     assert ais.virtual.stats().waits == 0
+
+
+async def test_a_wait_on_shorter_work_submitted_while_the_waiter_sleeps_resumes_promptly() -> None:
+    """Real time: the waiter sleeps toward the end of 1 s of work when 1 ms of work is
+    submitted and awaited; that wait resumes after about 1 ms, not when the waiter's timer
+    for the long work fires."""
+    long, short = ais.Stream(), ais.Stream()
+    ais.virtual.submit(long, 1.0, engine="h2d")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(long.synchronize)
+        await anyio.wait_all_tasks_blocked()  # the waiter sleeps until the long work's end
+        start = anyio.current_time()
+        ais.delay(0.001, stream=short)
+        with anyio.fail_after(60):
+            await short.synchronize()
+        late = anyio.current_time() - start
+        assert long.query() is False
+        tg.cancel_scope.cancel()
+    assert late < 0.5, late
+    assert ais.virtual.stats().waits == 0
+
+
+async def test_work_submitted_while_the_waiter_sleeps_behind_a_stall_resumes_its_wait() -> None:
+    """Real time: the only running work is held by a stalled engine, so the waiter sleeps
+    until told; work then submitted to another engine runs, and a wait on it resumes when it
+    completes, not when the stall is released."""
+    held, free = ais.Stream(), ais.Stream()
+    stall = ais.virtual.stall("compute")
+    ais.delay(0.001, stream=held)
+    resumed = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(held.synchronize)
+        await anyio.wait_all_tasks_blocked()  # the waiter: nothing runs, sleep until told
+        ais.virtual.submit(free, 0.001, engine="h2d")
+
+        async def wait_free() -> None:
+            await free.synchronize()
+            resumed.set()
+
+        tg.start_soon(wait_free)
+        with anyio.move_on_after(5):  # about 1 ms; left asleep, it would wait for the stall
+            await resumed.wait()
+        assert resumed.is_set()
+        assert held.query() is False
+        stall.release()
+    assert held.query() is True
+    assert ais.virtual.stats().waits == 0
+
+
+async def test_a_completion_seen_on_the_loop_s_thread_wakes_the_sleeping_waiter() -> None:
+    """A clock callable advanced from a task: the next call into aiostream on the loop's own
+    thread (here a query) processes the completion, and that wakes the waiting task at once,
+    not when the waiter's timer for the old reading of the clock fires (100 s)."""
+    now = [0.0]
+    ais.virtual.reset(clock=lambda: now[0])
+    s = ais.Stream()
+    ais.delay(100.0, stream=s)
+    resumed = anyio.Event()
+
+    async def waiter() -> None:
+        await s.synchronize()
+        resumed.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        await anyio.wait_all_tasks_blocked()  # the waiter sleeps for 100 s
+        now[0] = 100.0  # the clock moves; nothing has looked at it yet
+        assert not resumed.is_set()
+        assert s.query() is True  # this call completes the work, on the loop's thread
+        with anyio.move_on_after(5):  # at once; a waiter left asleep would take 100 s
+            await resumed.wait()
+        tg.cancel_scope.cancel()
+    assert resumed.is_set()
+    assert ais.virtual.stats().waits == 0
+
+
+@pytest.mark.timeout(60)
+async def test_a_failed_waiter_fails_its_waits_instead_of_leaving_them_parked(
+    clock: VirtualClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: _waiting._TimedWaiter) -> float | None:
+        raise RuntimeError("a bug in the waiter")
+
+    monkeypatch.setattr(_waiting._TimedWaiter, "_sweep", broken)
+    streams = [ais.Stream() for _ in range(3)]
+    for s in streams:
+        ais.delay(1.0, stream=s)
+    errors: list[BaseException] = []
+
+    async def waiter(s: ais.Stream) -> None:
+        try:
+            await s.synchronize()
+        except ais.AiostreamError as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(10):  # parked forever would hang here
+        async with anyio.create_task_group() as tg:
+            for s in streams:
+                tg.start_soon(waiter, s)
+    assert len(errors) == 3
+    for exc in errors:
+        assert type(exc) is ais.AiostreamError
+        assert str(exc) == "aiostream's waiter failed: RuntimeError('a bug in the waiter')"
+    assert "aiostream waiter failed; failing its pending waits" in caplog.text
+    assert ais.virtual.stats().waits == 0
+    assert _waiting._waiters.get() == {}
+    assert not any(s.query() for s in streams)  # the device work goes on
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "anyio_backend",
+    [
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ],
+)
+async def test_a_cancelled_waiter_fails_its_waits(clock: VirtualClock) -> None:
+    """The waiter's task cancelled (as a loop shutting down does): its waits raise, saying
+    so, instead of staying parked."""
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    errors: list[BaseException] = []
+
+    async def waiter() -> None:
+        try:
+            await s.synchronize()
+        except ais.AiostreamError as exc:
+            errors.append(exc)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            task = the_waiter()._task
+            assert isinstance(task, asyncio.Task)
+            task.cancel()
+    assert [str(e) for e in errors] == [
+        "aiostream's waiter for device 0 was cancelled (is the event loop shutting down?)"
+    ] * 2
+    assert ais.virtual.stats().waits == 0
+
+
+async def test_a_long_wait_does_not_keep_the_finished_ones_alive(clock: VirtualClock) -> None:
+    """One wait pending for the whole program while 300 others come and go: the waiter
+    holds on to a bounded number of them, not to every wait since the long one began."""
+    import gc
+
+    long, short = ais.Stream(), ais.Stream()
+    ais.delay(1000.0, stream=long)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(long.synchronize)
+        await anyio.wait_all_tasks_blocked()
+
+        async def settle(waits: int) -> None:
+            while ais.virtual.stats().waits != waits:
+                await anyio.lowlevel.checkpoint()
+
+        for _ in range(300):
+            ais.virtual.submit(short, 0.001, engine="h2d")
+            tg.start_soon(short.synchronize)
+            await settle(2)
+            clock.advance(0.001)
+            await settle(1)
+        gc.collect()
+        alive = sum(1 for o in gc.get_objects() if type(o) is _waiting._Entry)
+        assert ais.virtual.stats().waits == 1
+        assert alive <= 2 * 1 + _waiting._COMPACT_MIN + 1, alive  # 300 without compaction
+        tg.cancel_scope.cancel()
 
 
 async def test_wait_resumes_other_waits_in_the_same_lane_in_order(clock: VirtualClock) -> None:
@@ -295,6 +469,7 @@ def _complete_later(work: _Work, seconds: float) -> None:
 async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str) -> None:
     backend = _ManualBackend()
     work = _Work("s", 0)
+    start = anyio.current_time()
     _complete_later(work, 0.03)
     with anyio.fail_after(5):
         await _waiting.wait(backend, 0, work, "work", strategy=strategy)  # type: ignore[arg-type]
@@ -302,7 +477,11 @@ async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str
     # Only poll leaves the backend out; only hybrid and poll have the loop check meanwhile.
     assert (work.watched is None) == (strategy == "poll")
     if strategy == "poll":
-        assert 3 <= work.checks < 200  # backed off: far fewer checks than loop turns in 30 ms
+        # every turn for 100 us (up to 1 ms on uvloop, whose clock counts milliseconds: a
+        # hundred turns or so), then half the age, up to 2 ms: about 10 looks to reach the
+        # cap, then one per 2 ms. A poll that spun every turn would look thousands of times
+        # in 30 ms. (The exact schedule: test_poll_backs_off_to_half_the_age_then_to_2_ms.)
+        assert 3 <= work.checks <= 300 + (anyio.current_time() - start) / 0.002, work.checks
     elif strategy in ("thread", "callback"):
         assert work.checks == 1  # once, when the backend said it completed
 
@@ -481,3 +660,47 @@ async def test_waits_on_different_lanes_do_not_queue_behind_each_other(
             tg.start_soon(wait, slow, "slow")
             tg.start_soon(wait, fast, "fast")
     assert order == ["fast", "slow"]
+
+
+async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
+    anyio_backend: object, loop_time: _FrozenLoopTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll strategy's schedule, read from the sleeps the waiter asks for on a frozen
+    loop clock: every turn for the first 100 us, then half the wait's age, up to 2 ms."""
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    asked: list[tuple[float, float | None]] = []  # (loop time, sleep asked for)
+    sweep = _waiting._StrategyWaiter._sweep
+
+    def recorded(self: _waiting._StrategyWaiter) -> float | None:
+        delay = sweep(self)
+        asked.append((loop_time.now, delay))
+        return delay
+
+    monkeypatch.setattr(_waiting._StrategyWaiter, "_sweep", recorded)
+    since = loop_time.now
+
+    async def asked_at(age: float) -> set[float | None]:
+        """Move the clock to ``age`` past the wait's start; the sleeps asked for there."""
+        loop_time.now = since + age
+        while sum(1 for t, _ in asked if t == loop_time.now) < 3:
+            await anyio.sleep(0.0005)
+        return {round(d, 12) if d is not None else None for t, d in asked if t == loop_time.now}
+
+    async def drive() -> None:
+        while not asked:
+            await anyio.lowlevel.checkpoint()
+        assert await asked_at(0.0) == {0.0}  # spinning: every turn
+        assert await asked_at(50e-6) == {0.0}  # still within the first 100 us
+        assert await asked_at(0.001) == {0.0005}  # half the age
+        assert await asked_at(0.003) == {0.0015}
+        assert await asked_at(1.0) == {0.002}  # the cap, however old the wait
+        assert await asked_at(100.0) == {0.002}
+        work.complete.set()
+        loop_time.now += 1.0  # the next look finds it done
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drive)
+            await _waiting.wait(backend, 0, work, "work", strategy="poll")  # type: ignore[arg-type]
+    assert work.watched is None  # the loop alone looked

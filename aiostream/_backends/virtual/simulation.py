@@ -165,9 +165,11 @@ class Simulation:
         sleep."""
         self.now_locked()
         item = self.sched.submit(stream, duration, engine, fn, error, name)
-        # A waiter told "nothing runs" (_NEVER) needs no wake: with nothing running, all
-        # pending work is held by a stalled engine, which only a release (it notifies) frees.
-        if engine is not None and self._hinted != _NEVER:
+        # A waiter sleeps until the completion it was told of (``wake_hint``), or until
+        # notified: work that ends sooner notifies, also when it was told that nothing runs
+        # (_NEVER; a stalled engine may hold everything, while new work runs on another).
+        # A manual clock notifies at each advance instead.
+        if engine is not None and self.manual is None:
             end = self.sched.next_end()
             if end is not None and end < self._hinted:
                 self._hinted = end

@@ -18,7 +18,7 @@ from ._errors import (
     StaleHandleError,
 )
 from ._waiting import get_wait_strategy, set_wait_strategy
-from .buffers import DeviceBuffer, HostBuffer, copy_async
+from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
 from .device import Device, device, device_count, is_available
 from .event import Event
 from .interop import as_event, as_stream
@@ -60,6 +60,7 @@ __all__ = [
     "delay",
     "device",
     "device_count",
+    "from_dlpack",
     "get_wait_strategy",
     "is_available",
     "pending_waits",

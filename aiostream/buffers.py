@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import math
+import struct
 from typing import Any
 
 import numpy as np
 
-from . import _backends, _check, _objects
+from . import _backends, _check, _dlpack, _objects
+from ._backends.base import Interop
+from ._dlpack import DLDeviceType
 from .device import Device
 from .device import device as _resolve_device
+from .event import Event
 from .stream import Stream, current_stream, stream_or_current
 
-__all__ = ["DeviceBuffer", "HostBuffer", "copy_async"]
+__all__ = ["DeviceBuffer", "HostBuffer", "copy_async", "from_dlpack"]
 
 
 _MAX_NBYTES = 1 << 63
@@ -131,31 +135,79 @@ class DeviceBuffer(_objects.DeviceObject):
     backend can.
 
     It carries a ``dtype`` and ``shape`` for interop (``uint8`` and ``(nbytes,)`` unless made by
-    :meth:`view`). On CUDA it exposes ``__cuda_array_interface__`` (version 3, with the stream of
-    its allocation), so CuPy, Numba and PyTorch can use it without copies.
+    :meth:`view`). It speaks DLPack (``__dlpack__``, ``__dlpack_device__``), which PyTorch, CuPy,
+    JAX and NumPy read with their ``from_dlpack``; on CUDA it also exposes
+    ``__cuda_array_interface__`` (version 3, with the stream of its allocation), which CuPy,
+    Numba and PyTorch read. Either way no copy is made.
 
     When it is collected, the memory is freed on the device (never with a host wait) once the
     work of every stream that used it has completed: its allocation stream, the streams of
     aiostream's copies, and those named with :meth:`record_stream`.
 
+    Args:
+        nbytes: the size in bytes.
+        device: where; None for the default device.
+        interprocess: allocate memory that :meth:`ipc_handle` can share with another process
+            (on CUDA ``cuMemAlloc``'s, outside the stream-ordered pool, which the driver does
+            not share that way).
+
     Note:
         Wraps ``cuMemAllocAsync`` / ``cuMemFreeAsync`` on CUDA (``cuMemAlloc`` / ``cuMemFree``
-        on a device without memory pools).
+        on a device without memory pools, and for ``interprocess=True``).
     """
 
-    __slots__ = ("_base", "_dtype", "_nbytes", "_shape", "_stream")
+    __slots__ = (
+        "_base",
+        "_dtype",
+        "_interprocess",
+        "_ipc_event",
+        "_nbytes",
+        "_producer",
+        "_shape",
+        "_stream",
+    )
 
-    def __init__(self, nbytes: int, device: Device | str | None = None) -> None:
+    def __init__(
+        self, nbytes: int, device: Device | str | None = None, *, interprocess: bool = False
+    ) -> None:
         self._nbytes = _nbytes(nbytes)
+        self._interprocess = _check.flag(interprocess, "interprocess")
         dev = _resolve_device(device)
         backend = _backends.get(dev.type)
         stream = current_stream(dev)
         self._stream: Stream | None = stream
-        handle = backend.device_alloc(dev.index, self._nbytes, _objects.handle(stream))
+        alloc = backend.device_alloc_interprocess if interprocess else backend.device_alloc
+        handle = alloc(dev.index, self._nbytes, _objects.handle(stream))
         self._bind(dev, backend, handle, backend.device_free)
         self._dtype: np.dtype = np.dtype(np.uint8)
         self._shape: tuple[int, ...] = (self._nbytes,)
         self._base: DeviceBuffer | None = None
+        self._ipc_event: Event | None = None
+        self._producer: object = None
+
+    @classmethod
+    def _over(
+        cls,
+        device: Device,
+        backend: Any,
+        handle: Any,
+        stream: Stream,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        producer: object = None,
+    ) -> DeviceBuffer:
+        """A buffer over memory opened or wrapped here (not allocated): freeing it closes or
+        releases it (the backend's rule), after its users' work."""
+        buf: DeviceBuffer = _objects.unowned(cls, device, backend, None)
+        buf._adopt(handle, backend.device_free)
+        buf._nbytes, buf._stream, buf._interprocess = (
+            math.prod(shape) * dtype.itemsize,
+            stream,
+            False,
+        )
+        buf._dtype, buf._shape = dtype, shape
+        buf._base, buf._ipc_event, buf._producer = None, None, producer
+        return buf
 
     @property
     def nbytes(self) -> int:
@@ -181,6 +233,7 @@ class DeviceBuffer(_objects.DeviceObject):
         other._nbytes, other._stream = self._nbytes, self._stream
         other._dtype, other._shape = dt, dims
         other._base = self._base if self._base is not None else self
+        other._interprocess, other._ipc_event, other._producer = self._interprocess, None, None
         return other
 
     def record_stream(self, stream: Stream) -> None:
@@ -220,11 +273,245 @@ class DeviceBuffer(_objects.DeviceObject):
             "stream": stream or 1,  # 1: the legacy default stream (0 is not allowed)
         }
 
+    # ------------------------------------------------------------------ DLPack
+
+    def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
+        """``(device type, device id)`` in DLPack's terms: ``(kDLCUDA, index)`` on CUDA.
+
+        A virtual device's memory is host memory, exported as such: ``(kDLCPU, 0)``, so NumPy
+        (``np.from_dlpack``) and CPU PyTorch read it in tests.
+        """
+        kind, index = self._backend.dlpack_device(self._device.index)
+        return DLDeviceType(kind), index
+
+    def __dlpack__(
+        self,
+        *,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
+        """Export the buffer as a DLPack capsule (the array API standard's protocol), without a
+        copy; ``from_dlpack`` of PyTorch, CuPy, JAX or NumPy calls it.
+
+        The buffer stays alive while the consumer's array does (the capsule's deleter holds
+        it). A versioned capsule (``dltensor_versioned``, DLPack 1.0) when ``max_version``
+        allows, the legacy one (``dltensor``) otherwise.
+
+        On CUDA, ``stream`` is the consumer's stream: it is made to wait, on the device, for
+        the work submitted so far to every stream that used the buffer (an event recorded
+        after it, and ``cuStreamWaitEvent``); the host never waits. ``None`` and ``1`` mean the
+        legacy default stream, ``2`` the per-thread default stream, ``-1`` no synchronization.
+
+        On a virtual device the memory is exported as host memory (``kDLCPU``), and ``stream``
+        must be None. Reading it while a copy into the buffer is in flight is a race: the
+        export is recorded as one (``aiostream.virtual.races()``, as for
+        ``HostBuffer.numpy()``), and the bytes hold ``aiostream.virtual.POISON`` until the copy
+        lands. Await the copy first.
+
+        Raises:
+            BufferError: ``dl_device`` names another device, ``copy=True`` (the export never
+                copies: copy with ``copy_async`` and export the copy), or a dtype DLPack lacks.
+            ValueError: a stream value the standard disallows (0 on CUDA; any but None for
+                host memory), or ``dl_device`` asks for host memory with ``copy=False``.
+            TypeError: an argument of the wrong type.
+
+        Note:
+            Wraps ``cuEventRecord`` and ``cuStreamWaitEvent`` on CUDA.
+        """
+        backend = self._backend
+        index = self._device.index
+        device = backend.dlpack_device(index)
+        consumer, versioned = _dlpack.check_export(device, stream, max_version, dl_device, copy)
+        if consumer is not None and isinstance(backend, Interop):
+            if consumer == 1:  # the legacy default stream
+                waiter = backend.stream_default(index)
+            else:
+                waiter, _ = backend.stream_wrap(index, consumer)
+            backend.memory_wait(self._handle, waiter)
+        address = backend.memory_export(self._handle)
+        return _dlpack.export(self, address, device, self._dtype, self._shape, versioned=versioned)
+
+    # ------------------------------------------------------------------ other processes
+
+    def ipc_handle(self) -> bytes:
+        """A handle that :meth:`from_ipc_handle` opens in another process, as PyTorch shares
+        CUDA tensors: the memory's handle (``cuIpcGetMemHandle``) and an interprocess event's.
+
+        The event is recorded now on the current stream of the buffer's device, which is first
+        made to wait (on the device) for the work of every stream that used the buffer; the
+        other process's stream waits for it before it uses the memory. Keep this buffer alive
+        until the other process is done with the memory (freeing it while that process uses it
+        is undefined on CUDA).
+
+        A virtual device shares its buffers within one process only, as its events.
+
+        Raises:
+            ValueError: the buffer was not created with ``interprocess=True``.
+
+        Note:
+            Wraps ``cuIpcGetMemHandle``, ``cuEventRecord`` and ``cuIpcGetEventHandle`` on CUDA.
+        """
+        if not self._interprocess:
+            raise ValueError(
+                "ipc_handle() needs memory that another process can open: create the buffer "
+                "with DeviceBuffer(nbytes, device, interprocess=True) (the stream-ordered "
+                "pool's memory cannot be shared that way)"
+            )
+        stream = current_stream(self._device)
+        _objects.check_same_backend(stream, self)
+        self._backend.memory_wait(self._handle, _objects.handle(stream))
+        event = self._ipc_event
+        if event is None:
+            event = self._ipc_event = Event(self._device, interprocess=True)
+        event.record(stream)
+        memory = self._backend.memory_ipc_handle(self._handle)
+        shared = event.ipc_handle()
+        header = struct.pack(_IPC_HEADER, _IPC_MAGIC, self._nbytes, len(memory), len(shared))
+        return header + memory + shared
+
+    @classmethod
+    def from_ipc_handle(cls, device: Device | str | None, handle: bytes) -> DeviceBuffer:
+        """Open a buffer another process shared with :meth:`ipc_handle`: its memory, as
+        ``uint8`` of its size (:meth:`view` gives it a dtype and shape).
+
+        The current stream of ``device`` waits, on the device, for the exporter's event, and
+        is the buffer's allocation stream: use the buffer there, or make other streams wait
+        for it (``Stream.wait_stream``). On CUDA another stream's first use waits for it
+        anyway, as for a stream-ordered allocation. Freeing the buffer closes the memory
+        (``cuIpcCloseMemHandle``) after the work of the streams that used it.
+
+        Raises:
+            TypeError: ``handle`` is not bytes.
+            ValueError: ``handle`` is not a buffer's IPC handle, or was made in this process
+                (on CUDA the driver opens shared memory in other processes only).
+            StaleHandleError: on a virtual device, a handle of another process or of a
+                replaced backend.
+
+        Note:
+            Wraps ``cuIpcOpenMemHandle``, ``cuIpcOpenEventHandle`` and ``cuStreamWaitEvent``.
+        """
+        if not isinstance(handle, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"handle must be bytes (from DeviceBuffer.ipc_handle()), got {handle!r}"
+            )
+        data = bytes(handle)
+        size = struct.calcsize(_IPC_HEADER)
+        magic, nbytes, mem_len, event_len = (
+            struct.unpack_from(_IPC_HEADER, data) if len(data) >= size else (b"", 0, 0, 0)
+        )
+        if magic != _IPC_MAGIC or len(data) != size + mem_len + event_len:
+            raise ValueError(
+                "handle is not a DeviceBuffer IPC handle: pass the bytes that "
+                "DeviceBuffer.ipc_handle() returned, unchanged"
+            )
+        nbytes = _nbytes(nbytes)
+        memory, shared = data[size : size + mem_len], data[size + mem_len :]
+        dev = _resolve_device(device)
+        backend = _backends.get(dev.type)
+        stream = current_stream(dev)
+        mem = backend.memory_from_ipc_handle(
+            dev.index, memory, shared, nbytes, _objects.handle(stream)
+        )
+        return cls._over(dev, backend, mem, stream, np.dtype(np.uint8), (nbytes,))
+
     def __repr__(self) -> str:
         return (
             f"<aiostream.DeviceBuffer {self._nbytes} bytes on {self._device} "
             f"dtype={self._dtype} shape={self._shape}>"
         )
+
+
+_IPC_MAGIC = b"aiosbuf\x01"
+_IPC_HEADER = "<8sQHH"  # magic, nbytes, the memory handle's length, the event handle's
+
+
+def from_dlpack(obj: Any, *, stream: Stream | None = None) -> DeviceBuffer:
+    """Wrap another library's CUDA array (anything with ``__dlpack__``: a PyTorch tensor, a
+    CuPy or JAX array) as a :class:`DeviceBuffer`, without copying.
+
+    The buffer has the array's dtype and shape, on the device its ``__dlpack_device__`` names.
+    ``stream`` (the current stream of that device by default) is handed to the producer, which
+    makes it wait for the array's pending work on the device; it is the buffer's allocation
+    stream. The producer's memory is released (its capsule's deleter called) once the buffer
+    is collected and the work of every stream that used it has completed; the buffer holds
+    ``obj`` until then.
+
+    Example:
+        >>> t = torch.arange(4.0, device="cuda")  # doctest: +SKIP
+        >>> buf = ais.from_dlpack(t)  # doctest: +SKIP
+        >>> host = ais.HostBuffer(buf.nbytes, device=buf.device)  # doctest: +SKIP
+        >>> ais.copy_async(host, buf)  # doctest: +SKIP
+
+    Raises:
+        TypeError: ``obj`` does not speak DLPack, or ``stream`` is not a Stream.
+        ValueError: the array is in host memory (copy it into a :class:`HostBuffer`, then
+            ``copy_async`` it to a DeviceBuffer), or on a device that is not CUDA's, or the
+            stream is on another device.
+        BufferError: the producer cannot export it, or it is not C-contiguous, or its dtype
+            has no NumPy equivalent (view it as an integer type of its size first).
+
+    Note:
+        Reads the producer's DLPack capsule (versioned or legacy) and renames it as used, as
+        the protocol asks; no CUDA call but the stream's use of the memory.
+    """
+    where = getattr(obj, "__dlpack_device__", None)
+    export = getattr(obj, "__dlpack__", None)
+    if not (callable(where) and callable(export)):
+        raise TypeError(
+            "from_dlpack() needs an array that speaks DLPack (__dlpack__ and "
+            f"__dlpack_device__: a PyTorch tensor, a CuPy or JAX array); got {obj!r} of type "
+            f"{type(obj).__name__}"
+        )
+    found = where()
+    if not (isinstance(found, tuple) and len(found) == 2):
+        raise TypeError(f"__dlpack_device__() must return (device_type, device_id), got {found!r}")
+    kind = _check.integer(found[0], "the DLPack device type")
+    index = _check.integer(found[1], "the DLPack device id", minimum=0)
+    if kind in (DLDeviceType.CPU, DLDeviceType.CUDA_HOST):
+        raise ValueError(
+            "from_dlpack() wraps CUDA device memory, and this array is in host memory "
+            f"(DLPack device type {kind}, {DLDeviceType(kind).name}): put it in an "
+            "aiostream.HostBuffer "
+            "(HostBuffer(a.nbytes, device=...).numpy(a.dtype, a.shape)[:] = a) and copy it "
+            "to a DeviceBuffer with copy_async"
+        )
+    if kind != DLDeviceType.CUDA:
+        raise ValueError(
+            f"from_dlpack() wraps CUDA device memory (DLPack device type {int(DLDeviceType.CUDA)}"
+            f"), and this array is on DLPack device type {kind}: move it to a CUDA device first"
+        )
+    dev = _resolve_device(Device("cuda", index))
+    backend = _backends.get(dev.type)
+    if not isinstance(backend, Interop):  # pragma: no cover - CUDA's backend has it
+        raise ValueError(f"{dev} cannot wrap foreign memory")
+    consumer = stream_or_current(stream, dev)
+    if consumer.device != dev:
+        raise ValueError(
+            f"the array is on {dev}, the stream on {consumer.device}: pass a stream of {dev}"
+        )
+    handle = backend.stream_native(_objects.handle(consumer)) or 1  # 0: the legacy default
+    try:
+        capsule = export(stream=handle, max_version=_dlpack.VERSION)
+    except TypeError:  # a producer of DLPack 0.x, without max_version
+        capsule = export(stream=handle)
+    imported = _dlpack.consume(capsule)
+    try:
+        if imported.device != (DLDeviceType.CUDA, index):
+            raise BufferError(
+                f"the capsule describes DLPack device {imported.device}, but "
+                f"__dlpack_device__() said {(kind, index)}"
+            )
+        mem = backend.memory_wrap(index, imported.address, imported.nbytes, imported.release)
+    except BaseException:
+        imported.release()
+        raise
+    buf = DeviceBuffer._over(  # noqa: SLF001 (this module's class)
+        dev, backend, mem, consumer, imported.dtype, imported.shape, obj
+    )
+    backend.memory_use(mem, _objects.handle(consumer))  # its release waits for this stream
+    return buf
 
 
 Buffer = HostBuffer | DeviceBuffer

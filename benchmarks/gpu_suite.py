@@ -27,6 +27,12 @@ and each step's raw output as ``OUTDIR/<step>.txt``. The steps:
    kernel pending, a faulted kernel with no traceback at exit, a cross-device copy, and the
    DataLoader feeding PyTorch kernels under ``set_sync_debug_mode("error")`` and PyTorch's
    CUDA stream sanitizer.
+9. ``interop-pipeline``: ``gpu_suite.py --pipeline``, buffers handed over with DLPack and
+   events, PyTorch -> aiostream -> CuPy (and JAX where installed), each on its own stream,
+   under ``torch.cuda.set_sync_debug_mode("error")`` (no host synchronization by PyTorch),
+   the data checked at the end, on asyncio, uvloop and trio; then the same hand-off between
+   two processes with ``DeviceBuffer.ipc_handle()``. It says "skipped" with the reason where
+   PyTorch, CuPy or a GPU is missing.
 
 Without a CUDA device, steps 2-5 are marked "not run" with the reason. Against the stand-in
 driver of the tests (``tests/fake_cuda``) everything runs, and the report says that its figures
@@ -84,6 +90,8 @@ def steps(quick: bool) -> list[Step]:
                 "tests/test_cuda_waits.py",
                 "tests/test_conformance.py",
                 "tests/test_gpu_interop.py",
+                "tests/test_dlpack.py",
+                "tests/test_interop_peers.py",
                 "-k",
                 "cuda or test_cuda or test_gpu_interop",
             ],
@@ -107,6 +115,7 @@ def steps(quick: bool) -> list[Step]:
     server = [py, "benchmarks/bench_server.py", "--device", "cuda:0", *bounds]
     out.append(Step("bench-server", server, 300))
     out.append(Step("contract", [py, "benchmarks/gpu_contract.py"], 540))
+    out.append(Step("interop-pipeline", [py, "benchmarks/gpu_suite.py", "--pipeline"], 300))
     return out
 
 
@@ -247,5 +256,187 @@ def main() -> int:
     return 1 if failed else 0
 
 
+# ---------------------------------------------------------------------- the interop pipeline
+
+PIPELINE_N = 1 << 20  # float32 values handed along
+
+
+def _skip(why: str) -> int:
+    print(f"pipeline: skipped, {why}", flush=True)
+    return 0
+
+
+def _pipeline_ready() -> str | None:
+    """Why the pipeline cannot run here, or None."""
+    from aiostream import _backends
+
+    ok, why = _backends.probe("cuda")
+    if not ok:
+        return f"no CUDA device: {why}"
+    if hasattr(ctypes.CDLL("libcuda.so.1"), "fake_cuda_live"):
+        return "the stand-in driver runs no kernels of other libraries (needs a GPU)"
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed (pip install torch)"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA device"
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "CuPy is not installed (pip install cupy-cuda12x or cupy-cuda13x)"
+    return None
+
+
+def _jax() -> object | None:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave PyTorch its memory
+    try:
+        import jax
+        import jax.dlpack
+
+        if not any(d.platform == "gpu" for d in jax.devices()):
+            return None
+        return jax
+    except Exception:  # noqa: BLE001 - not installed, or without its CUDA plugin
+        return None
+
+
+async def _pipeline_once() -> str:
+    """PyTorch -> aiostream -> CuPy (-> JAX), each on its own stream, handed over with DLPack
+    and events, PyTorch's host synchronizations forbidden; the data checked at the end."""
+    import cupy
+    import numpy as np
+    import torch
+
+    import aiostream as ais
+
+    expected = float(np.arange(PIPELINE_N, dtype=np.float64).sum() * 3 + PIPELINE_N)
+    torch_stream = torch.cuda.Stream()
+    mine = ais.Stream("cuda:0")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(torch_stream):
+            produced = torch.arange(PIPELINE_N, device="cuda", dtype=torch.float32) * 3 + 1
+            buf = ais.from_dlpack(produced, stream=mine)  # mine waits for PyTorch's kernels
+        del produced  # the buffer holds PyTorch's memory until its work is done
+        staged = ais.DeviceBuffer(buf.nbytes, "cuda:0").view(buf.dtype, buf.shape)
+        ais.delay(0.05, stream=mine)  # a slow step: an early reader would see no data
+        ais.copy_async(staged, buf, stream=mine)
+        with cupy.cuda.Stream(non_blocking=True) as cupy_stream:
+            consumed = cupy.from_dlpack(staged)  # CuPy's stream waits for the copy
+            total = consumed.sum(dtype=cupy.float64)
+            done = cupy.cuda.Event(disable_timing=True)
+            done.record(cupy_stream)
+        await ais.as_event(done).synchronize()  # only this task waits
+        back = torch.from_dlpack(staged)  # and back to PyTorch, on its current stream
+        checked = back.double().sum()
+        torch_done = torch.cuda.Event()
+        torch_done.record()
+        await ais.as_event(torch_done).synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    # (sum, relative tolerance): float64 sums of these integers are exact
+    got = [(float(total.get()), 1e-12), (float(checked.item()), 1e-12)]
+    hops = "torch -> aiostream -> cupy -> torch"
+    jax = _jax()
+    if jax is not None:
+        array = jax.dlpack.from_dlpack(staged)  # float32 without jax_enable_x64: summed so
+        got.append((float(array.sum().block_until_ready()), 1e-4))
+        hops += ", aiostream -> jax"
+    else:
+        hops += " (jax: not installed, or without its GPU plugin)"
+    if any(abs(g - expected) > tolerance * expected for g, tolerance in got):
+        raise AssertionError(f"{hops}: sums {[g for g, _ in got]}, expected {expected}")
+    return f"{hops}: {PIPELINE_N} floats, sums as expected"
+
+
+_PIPELINE_CHILD_WORK = 0.2  # seconds of the exporter's work before its copy lands
+
+
+def _pipeline_child(handle_hex: str) -> int:
+    """The other process: opens the buffer, reads it through PyTorch, checks the data."""
+    import anyio
+    import numpy as np
+    import torch
+
+    import aiostream as ais
+
+    async def main() -> float:
+        opened = ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(handle_hex))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            tensor = torch.from_dlpack(opened.view(np.float32))  # PyTorch's stream waits
+            total = tensor.double().sum()
+            done = torch.cuda.Event()
+            done.record()
+            await ais.as_event(done).synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return float(total.item())
+
+    got = anyio.run(main)
+    expected = float(np.arange(PIPELINE_N, dtype=np.float64).sum() * 3 + PIPELINE_N)
+    print(f"child sum {got}, expected {expected}", flush=True)
+    return 0 if abs(got - expected) <= 1e-6 * expected else 1
+
+
+async def _pipeline_ipc() -> str:
+    """PyTorch -> aiostream in this process -> another process, over an IPC handle: the child
+    starts while this process's copy is still pending, and its stream waits on the device."""
+    import anyio
+    import torch
+
+    import aiostream as ais
+
+    mine = ais.Stream("cuda:0")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        produced = torch.arange(PIPELINE_N, device="cuda", dtype=torch.float32) * 3 + 1
+        buf = ais.from_dlpack(produced, stream=mine)
+        shared = ais.DeviceBuffer(buf.nbytes, "cuda:0", interprocess=True)
+        ais.delay(_PIPELINE_CHILD_WORK, stream=mine)
+        ais.copy_async(shared, buf, stream=mine)
+        with ais.use_stream(mine):
+            handle = shared.ipc_handle()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    child = await anyio.run_process(
+        [sys.executable, str(Path(__file__).resolve()), "--pipeline-child", handle.hex()],
+        check=False,
+    )
+    await mine.synchronize()
+    out, err = (child.stdout or b"").decode(), (child.stderr or b"").decode()
+    if child.returncode != 0 or not out.strip():
+        raise AssertionError(f"the child process failed ({child.returncode}): {err[-2000:]}")
+    return f"IPC hand-off to another process: {out.strip().splitlines()[-1]}"
+
+
+def pipeline() -> int:
+    why = _pipeline_ready()
+    if why is not None:
+        return _skip(why)
+    import importlib.util
+
+    import anyio
+
+    ran = []
+    for loop in LOOPS:
+        if loop != "asyncio" and importlib.util.find_spec(loop) is None:
+            print(f"pipeline: {loop}: not installed, not run", flush=True)
+            continue
+        backend = "trio" if loop == "trio" else "asyncio"
+        options = {"use_uvloop": True} if loop == "uvloop" else {}
+        result = anyio.run(_pipeline_once, backend=backend, backend_options=options)
+        print(f"pipeline: {loop}: {result}", flush=True)
+        ran.append(loop)
+    print(f"pipeline: {anyio.run(_pipeline_ipc)}", flush=True)
+    print(f"pipeline passed on {', '.join(ran)}; the IPC hand-off passed", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--pipeline":
+        sys.exit(pipeline())
+    if len(sys.argv) > 2 and sys.argv[1] == "--pipeline-child":
+        sys.exit(_pipeline_child(sys.argv[2]))
     sys.exit(main())

@@ -4,7 +4,9 @@
 # On a GPU machine with no network: installs what the device image lacks from the wheels in
 # .whl/ (fetched beforehand by benchmarks/fetch_wheels.sh), installs aiostream from this
 # working tree without build isolation, then runs benchmarks/gpu_suite.py, which writes
-# OUTDIR/report.md and one raw output per step. See benchmarks/README.md.
+# OUTDIR/report.md and one raw output per step. See benchmarks/README.md. Its last step hands
+# buffers PyTorch -> aiostream -> CuPy (-> JAX) and to another process; JAX is kept from taking
+# the GPU's memory up front, which PyTorch and CuPy need too.
 set -euo pipefail
 out=${1:?usage: bash benchmarks/gpu_suite.sh OUTDIR [--quick]}
 shift
@@ -18,4 +20,5 @@ if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
 fi
 "$py" -m pip install --quiet --no-index --no-build-isolation --no-deps -e . \
     || { echo "gpu_suite.sh: could not install aiostream from the working tree" >&2; exit 2; }
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 exec "$py" benchmarks/gpu_suite.py "$out" "$@"

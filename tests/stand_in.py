@@ -14,6 +14,8 @@ import pytest
 from aiostream import _backends
 
 OK, REASON = _backends.probe("cuda")
+#: the skip reason of tests that need a CUDA device, short: the detail is said once elsewhere
+NO_CUDA = "needs a CUDA device (python -m aiostream info says why)"
 
 # fake_cuda_live kinds
 STREAMS, EVENTS, CONTEXTS, PINNED, DEVICE_BUFFERS, MODULES = range(6)
@@ -46,6 +48,7 @@ def _load() -> Any:
     lib.fake_cuda_fail_call.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int]
     lib.fake_cuda_relax.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.fake_cuda_stream_priority.argtypes = [ctypes.c_void_p]
+    lib.fake_cuda_event_flags.argtypes = [ctypes.c_void_p]
     lib.fake_cuda_host_fn_delay.argtypes = [ctypes.c_uint64]
     return lib
 

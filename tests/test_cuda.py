@@ -22,9 +22,9 @@ import pytest
 import aiostream as ais
 from aiostream import _backends
 
-from .stand_in import EVENTS, FAKE, MODULES, OK, REASON, STREAMS, needs_stand_in
+from .stand_in import EVENTS, FAKE, MODULES, NO_CUDA, OK, STREAMS, hurry, needs_stand_in
 
-pytestmark = pytest.mark.skipif(not OK, reason=f"needs a CUDA device: {REASON}")
+pytestmark = pytest.mark.skipif(not OK, reason=NO_CUDA)
 
 DEV = "cuda:0"
 
@@ -70,6 +70,20 @@ def test_priorities_are_checked_against_the_drivers_range() -> None:
     assert s.priority == highest
     with pytest.raises(ValueError, match=rf"between {highest} \(highest\) and {lowest}"):
         ais.Stream(DEV, priority=lowest + 1)
+
+
+def test_priorities_reach_the_driver() -> None:
+    """Each priority of the range is the stream's own in the driver (cuStreamGetPriority, through
+    a wrapper of its handle), not only in aiostream's record of it."""
+    lowest, highest = _backends.get("cuda").priority_range(0)
+    for priority in range(highest, lowest + 1):
+        s = ais.Stream(DEV, priority=priority)
+        assert s.priority == priority
+        if FAKE is not None:
+            assert FAKE.fake_cuda_stream_priority(s.stream_id) == priority
+        assert ais.ExternalStream(s.stream_id, DEV).priority == priority
+    default = ais.Stream(DEV)  # 0, the driver's default
+    assert default.priority == ais.ExternalStream(default.stream_id, DEV).priority == 0
 
 
 def test_cuda_stream_protocol_and_external_streams() -> None:
@@ -128,8 +142,27 @@ async def test_awaiting_an_external_stream(anyio_backend: object) -> None:
     s = ais.Stream(DEV)
     ext = ais.as_stream(_TorchLikeStream(s.stream_id))
     ais.delay(0.01, stream=s)
+    done = s.record_event()
     await ext.synchronize()
-    assert s.query()
+    # (not s.query(): on a stream handed out, the host function that announced the wait is
+    # still the stream's own work until the driver has run it)
+    assert done.query()
+
+
+async def test_work_submitted_through_a_wrapper_keeps_its_stream_busy(
+    anyio_backend: object,
+) -> None:
+    """A stream of aiostream's whose handle was wrapped (``as_stream``, ``ExternalStream``) may
+    get work aiostream never sees: its query asks the driver, whatever aiostream's own waits
+    announced on it before."""
+    for wrap in (ais.as_stream, lambda handle: ais.ExternalStream(handle, DEV)):
+        s = ais.Stream(DEV)
+        ais.delay(0.005, stream=s)
+        await s.synchronize(strategy="callback")  # a host function announced its end
+        wrapped = wrap(s.stream_id)
+        ais.delay(0.3, stream=wrapped)  # work through the wrapper: s knows nothing of it
+        assert not s.query()
+        await s.synchronize()
 
 
 # ---------------------------------------------------------------------- events
@@ -138,11 +171,31 @@ async def test_awaiting_an_external_stream(anyio_backend: object) -> None:
 async def test_events_time_device_work(anyio_backend: object) -> None:
     s = ais.Stream(DEV)
     start, end = ais.Event(DEV, enable_timing=True), ais.Event(DEV, enable_timing=True)
+    ais.delay(0.25, stream=s)  # what follows is queued behind it: timed on the device alone
     start.record(s)
     ais.delay(0.02, stream=s)
     end.record(s)
     await end.synchronize()
-    assert 15 <= start.elapsed_time(end) <= 1000
+    # the 20 ms kernel between the records, to a fraction of a millisecond (the stand-in's
+    # clock gives exactly 20.0); not the time since the records were made, nor the 0.25 s
+    # before them
+    assert 20.0 <= start.elapsed_time(end) < 20.5
+
+
+@needs_stand_in
+def test_event_options_are_the_drivers_flags() -> None:
+    s = ais.Stream(DEV)
+    blocking, disable_timing, interprocess = 1, 2, 4  # CU_EVENT_*
+    for kwargs, flags in (
+        ({}, disable_timing),
+        ({"enable_timing": True}, 0),
+        ({"blocking": True}, blocking | disable_timing),
+        ({"blocking": True, "enable_timing": True}, blocking),
+        ({"interprocess": True}, interprocess | disable_timing),
+    ):
+        e = ais.Event(DEV, **kwargs)
+        e.record(s)
+        assert FAKE.fake_cuda_event_flags(e.event_id) == flags, kwargs
 
 
 async def test_blocking_events_are_awaited_like_any(anyio_backend: object) -> None:
@@ -218,14 +271,48 @@ async def test_device_failures_are_sticky_cuda_errors(anyio_backend: object, fak
     fake.fake_cuda_fail_next_launch(719)
     ais.delay(0.01, stream=s)
     e = s.record_event()
-    with pytest.raises(ais.CudaError) as info:
+    # (no host function runs after a fault: the watcher's health check tells the waits)
+    with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
         await e.synchronize()
     assert info.value.code == 719 and info.value.name == "CUDA_ERROR_LAUNCH_FAILED"
     assert "unspecified launch failure" in str(info.value)
     with pytest.raises(ais.CudaError, match="CUDA_ERROR_LAUNCH_FAILED"):
         e.query()
-    with pytest.raises(ais.CudaError, match="CUDA_ERROR_LAUNCH_FAILED"):
+    with anyio.fail_after(5), pytest.raises(ais.CudaError, match="CUDA_ERROR_LAUNCH_FAILED"):
         await ais.Stream(DEV).synchronize()
+    # every query, wait and submission on the device: never True, never a hang
+    for query in (s.query, ais.default_stream(DEV).query):
+        with pytest.raises(ais.CudaError, match="cuStreamQuery failed.*LAUNCH_FAILED"):
+            query()
+    for submit in (
+        lambda: ais.delay(0.001, stream=s),
+        lambda: e.record(s),
+        lambda: ais.copy_async(ais.HostBuffer(16, device=DEV), ais.HostBuffer(16, device=DEV)),
+    ):
+        with pytest.raises(ais.CudaError, match="LAUNCH_FAILED"):
+            submit()
+    for strategy in ais._waiting.STRATEGIES:
+        with anyio.fail_after(5), pytest.raises(ais.CudaError, match="LAUNCH_FAILED"):
+            await e.synchronize(strategy=strategy)
+    if ais.device_count("cuda") > 1:  # per device: another one works on
+        other = ais.Stream("cuda:1")
+        ais.delay(0.001, stream=other)
+        await other.synchronize()
+        assert other.query()
+
+
+@needs_stand_in
+def test_query_raises_what_the_driver_reports(fake: Any) -> None:
+    """Any answer of cuStreamQuery or cuEventQuery but done or not ready is raised as it is."""
+    s = ais.Stream(DEV)  # nothing submitted: idle
+    e = ais.Stream(DEV).record_event()
+    e.synchronize_blocking()
+    for name, query in ((b"cuStreamQuery", s.query), (b"cuEventQuery", e.query)):
+        assert fake.fake_cuda_fail_call(name, 1, 999)
+        with pytest.raises(ais.CudaError) as info:
+            query()
+        assert info.value.code == 999 and name.decode() in str(info.value)
+        assert query() is True  # the next answer is the driver's own again
 
 
 # ---------------------------------------------------------------------- waiting strategies
@@ -253,6 +340,41 @@ async def test_every_strategy_waits_for_the_work(anyio_backend: object, strategy
         assert FAKE.fake_cuda_host_calls_python() == python_calls
 
 
+@pytest.mark.parametrize("strategy", sorted(ais._waiting.WAKE))
+async def test_host_functions_wake_the_watcher(
+    anyio_backend: object, strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback (or handed-over hybrid) wait is announced by its host function, which wakes
+    the watcher: with the watcher's own 50 ms sweeps pushed out of reach, each wait still
+    resumes once its work is done, not at the next sweep."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "HEALTH_S", 3600.0)  # its sweeps while waits are watched
+    backend: Any = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    for _ in range(5):
+        ais.delay(3600.0 if FAKE is not None else 0.05, stream=s)  # ends when the test says
+        finished: list[bool] = []
+
+        async def wait(finished: list[bool] = finished) -> None:
+            await s.synchronize(strategy=strategy)
+            finished.append(True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            with anyio.fail_after(10):  # until the watcher has the wait (hybrid: after 1 ms)
+                while not backend.held(0)["watched"] and not finished:
+                    await anyio.sleep(0.001)
+            hurry()  # the work ends now (on a GPU, in its time)
+            with anyio.fail_after(10):  # a wait left to the sweep would take an hour
+                while not finished:
+                    await anyio.sleep(0.001)
+        assert s.query()
+    if FAKE is not None:
+        assert FAKE.fake_cuda_host_calls() - calls == 5
+
+
 async def test_the_global_strategy_applies_to_waits(anyio_backend: object) -> None:
     ais.set_wait_strategy("thread")
     s = ais.Stream(DEV)
@@ -262,19 +384,37 @@ async def test_the_global_strategy_applies_to_waits(anyio_backend: object) -> No
 
 
 async def test_waits_on_many_streams_complete_in_any_order(anyio_backend: object) -> None:
-    streams = [ais.Stream(DEV) for _ in range(4)]
+    """Waits begun in one order end in the order their work completes, none held by another:
+    the first wait's work does not end while the test runs (the stand-in's kernel ends when the
+    test says; a GPU's in 2 s), and the others', chained by events so that the last stream's
+    work completes first, each with its own strategy, end meanwhile."""
+    streams = [ais.Stream(DEV) for _ in range(5)]
+    ais.delay(3600.0 if FAKE is not None else 2.0, stream=streams[0])
+    after = None
+    for i in (4, 3, 2, 1):  # 4's work, then 3's after it, ...: the order is the device's
+        if after is not None:
+            streams[i].wait_event(after)
+        ais.delay(0.005, stream=streams[i])
+        after = streams[i].record_event()
     done: list[int] = []
 
     async def one(i: int, strategy: str) -> None:
-        ais.delay(0.05 * (4 - i), stream=streams[i])  # 50 ms apart: ordering, not speed
-        await streams[i].record_event().synchronize(strategy=strategy)
+        await streams[i].synchronize(strategy=strategy)
         done.append(i)
 
-    async with anyio.create_task_group() as tg:
-        for i, strategy in enumerate(("thread", "hybrid", "poll", "thread")):
-            tg.start_soon(one, i, strategy)
-    assert sorted(done) == [0, 1, 2, 3]
-    assert done[0] == 3  # the shortest work finished first: no wait blocked another
+    try:
+        async with anyio.create_task_group() as tg:
+            for i, strategy in enumerate(("hybrid", *ais._waiting.STRATEGIES)):
+                tg.start_soon(one, i, strategy)
+            with anyio.fail_after(10):
+                while len(done) < 4:
+                    await anyio.sleep(0.001)
+            assert sorted(done) == [1, 2, 3, 4]  # no wait blocked another
+            assert not streams[0].query()  # all while the first one's work still runs
+            hurry()  # its work ends now (on a GPU it ends by itself)
+    finally:
+        hurry()
+    assert done[4] == 0 and streams[0].query()
 
 
 @pytest.mark.parametrize("strategy", ["thread", "hybrid"])

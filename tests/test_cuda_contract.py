@@ -27,16 +27,17 @@ from aiostream import _backends
 from .conftest import run_python
 from .stand_in import (
     FAKE,
+    NO_CUDA,
     OK,
     PINNED,
-    REASON,
     assert_no_violations,
+    hurry,
     needs_stand_in,
     take_violations,
     touch,
 )
 
-pytestmark = pytest.mark.skipif(not OK, reason=f"needs a CUDA device: {REASON}")
+pytestmark = pytest.mark.skipif(not OK, reason=NO_CUDA)
 
 DEV = "cuda:0"
 N = 4096
@@ -224,6 +225,58 @@ def test_pinned_memory_dropped_in_another_thread_is_freed() -> None:
     assert FAKE.fake_cuda_live(PINNED) == pinned - 3
 
 
+@needs_stand_in
+async def test_pinned_memory_is_freed_after_the_copies_that_use_it(anyio_backend: object) -> None:
+    """A HostBuffer dropped while copies on a busy stream will still read or write it is freed
+    (``cuMemFreeHost``) only once they have completed, also when an allocation in between
+    collects the frees that are due: the copies move the right bytes, and the stand-in sees
+    no free of memory that pending copies use."""
+    s = ais.Stream(DEV)
+    with ais.use_stream(s):
+        dev = ais.DeviceBuffer(N, DEV)
+    up, down = ais.HostBuffer(N, device=DEV), ais.HostBuffer(N, device=DEV)
+    kept = ais.HostBuffer(N, device=DEV)
+    up.numpy()[:] = 6
+    ais.delay(3600.0, stream=s)  # the copies run after this, once the test ends it
+    ais.copy_async(dev, up, stream=s)  # read from up, written to down: both dropped
+    ais.copy_async(down, dev, stream=s)
+    ais.copy_async(kept, dev, stream=s)
+    view = kept.numpy()
+    del up, down
+    gc.collect()
+    ais.HostBuffer(64, device=DEV)  # an allocation frees what is due, and only that
+    assert not s.query()
+    hurry()
+    await s.synchronize()
+    assert (view == 6).all()
+
+
+@needs_stand_in
+async def test_device_memory_is_freed_after_copies_on_other_streams(
+    anyio_backend: object,
+) -> None:
+    """A DeviceBuffer that copies used on a stream other than its allocation stream is freed
+    (``cuMemFreeAsync``) after them: the free is ordered after a marker on that stream."""
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    with ais.use_stream(s):
+        dev = ais.DeviceBuffer(N, DEV)
+    up, down = ais.HostBuffer(N, device=DEV), ais.HostBuffer(N, device=DEV)
+    with ais.use_stream(s):
+        written = ais.DeviceBuffer(N, DEV)  # only written on t
+    up.numpy()[:] = 8
+    ais.delay(3600.0, stream=t)  # the copies on t run after this, once the test ends it
+    ais.copy_async(written, up, stream=t)
+    ais.copy_async(dev, up, stream=t)
+    ais.copy_async(down, dev, stream=t)
+    del dev, written
+    gc.collect()
+    assert not t.query()
+    hurry()
+    await t.synchronize()
+    assert (down.numpy() == 8).all()
+    await s.synchronize()
+
+
 def test_a_host_view_keeps_its_buffer_alive() -> None:
     view = ais.HostBuffer(1 << 20, device=DEV).numpy(np.float32)
     gc.collect()
@@ -359,6 +412,82 @@ async def test_the_default_streams_of_two_devices_are_told_apart(anyio_backend: 
     assert len(keys) == 2
 
 
+# ---------------------------------------------------------------------- every result checked
+
+
+def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
+    """Public calls, each making the driver call its name starts with (first, if more)."""
+
+    def marked_alloc(o: dict[str, Any]) -> object:
+        with ais.use_stream(o["s"]):  # recorded after the allocation: its marker
+            return ais.DeviceBuffer(N, DEV)
+
+    def busy_wait(o: dict[str, Any]) -> object:
+        ais.delay(0.01, stream=o["s"])
+        return o["s"].synchronize_blocking()
+
+    def timing(o: dict[str, Any]) -> object:
+        o["t0"].record(o["s"])
+        o["t1"].record(o["s"])
+        o["t1"].synchronize_blocking()
+        return o["t0"].elapsed_time(o["t1"])
+
+    return {
+        "cuStreamCreateWithPriority": lambda o: ais.Stream(DEV, priority=-1),
+        "cuEventCreate": lambda o: ais.Event(DEV).record(o["s"]),
+        "cuEventRecord": lambda o: o["e"].record(o["s"]),
+        "cuEventRecord (the marker of a stream-ordered allocation)": marked_alloc,
+        "cuEventQuery": lambda o: o["e"].query(),
+        "cuStreamQuery": lambda o: o["s"].query(),
+        "cuStreamWaitEvent": lambda o: o["s"].wait_event(o["e"]),
+        "cuLaunchKernel": lambda o: ais.delay(0.001, stream=o["s"]),
+        "cuMemHostAlloc": lambda o: ais.HostBuffer(N, device=DEV),
+        "cuMemAllocAsync": lambda o: ais.DeviceBuffer(N, DEV),
+        "cuMemcpyHtoDAsync": lambda o: ais.copy_async(o["d"], o["h"], stream=o["s"]),
+        "cuMemcpyDtoHAsync": lambda o: ais.copy_async(o["h"], o["d"], stream=o["s"]),
+        "cuMemcpyDtoDAsync": lambda o: ais.copy_async(o["d2"], o["d"], stream=o["s"]),
+        "cuStreamWriteValue32 (a stream's capture)": busy_wait,
+        "cuEventElapsedTime": timing,
+        "cuStreamGetPriority": lambda o: ais.ExternalStream(o["s"].stream_id, DEV),
+        "cuIpcGetEventHandle": lambda o: o["ipc"].ipc_handle(),
+        "cuCtxPushCurrent": lambda o: o["s"].query(),
+    }
+
+
+@needs_stand_in
+@pytest.mark.parametrize("what", list(_submissions()))
+def test_every_driver_result_is_checked(what: str) -> None:
+    """A driver call that fails raises a CudaError naming the call and its code, where the call
+    was made, and leaves the device usable (the failure was not a sticky one)."""
+    s = ais.Stream(DEV)
+    with ais.use_stream(s):
+        objects = {
+            "s": s,
+            "e": s.record_event(),
+            "h": ais.HostBuffer(N, device=DEV),
+            "d": ais.DeviceBuffer(N, DEV),
+            "d2": ais.DeviceBuffer(N, DEV),
+            "ipc": ais.Event(DEV, interprocess=True),
+            "t0": ais.Event(DEV, enable_timing=True),
+            "t1": ais.Event(DEV, enable_timing=True),
+        }
+    objects["ipc"].record(s)
+    s.synchronize_blocking()
+    gc.collect()  # no finalizer makes a driver call of its own meanwhile
+    call = what.split(" ", 1)[0]
+    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
+    try:
+        with pytest.raises(ais.CudaError) as info:
+            _submissions()[what](objects)
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert info.value.code == 999 and info.value.name == "CUDA_ERROR_UNKNOWN", info.value
+    assert f"{call} failed on {DEV}" in str(info.value)
+    ais.delay(0.001, stream=s)  # and the device works on
+    s.synchronize_blocking()
+    assert s.query()
+
+
 # ---------------------------------------------------------------------- in programs of their own
 
 
@@ -445,6 +574,65 @@ anyio.run(main)
 def test_devices_without_memory_pools_allocate_and_free_in_order() -> None:
     proc = program(NO_POOLS, FAKE_CUDA_NO_POOLS="1")
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+NO_MEMOPS = """
+import ctypes, anyio, aiostream as ais
+from aiostream import _backends
+from aiostream._backends.cuda.devices import MARKER_POOL
+lib = ctypes.CDLL("libcuda.so.1")
+lib.fake_cuda_fail_call.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int]
+assert lib.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # CUDA_ERROR_NOT_SUPPORTED
+
+async def main():
+    s, t = ais.Stream("cuda:0"), ais.Stream("cuda:0")
+    t.__cuda_stream__()  # handed out: its event waits get no host function
+    for strategy in ("hybrid", "poll", "thread", "callback"):
+        for stream in (s, t):
+            ais.delay(0.005, stream=stream)
+            e = stream.record_event()
+            ais.delay(0.005, stream=stream)
+            with anyio.fail_after(5):
+                await e.synchronize(strategy=strategy)
+                assert e.query()
+                await stream.synchronize(strategy=strategy)
+            assert stream.query()
+    held = _backends.get("cuda").held(0)
+    assert held["slots"] == 0 and held["watched"] == 0, held  # no flag written: markers
+    assert held["events"] <= MARKER_POOL + 1, held  # given back to the pool
+    print("ok", flush=True)
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+def test_devices_that_write_no_values_wait_on_marker_events() -> None:
+    """Where ``cuStreamWriteValue32`` is not supported, marks are internal events, waits of
+    every strategy still end with their work, and the markers go back to their pool."""
+    proc = program(NO_MEMOPS)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+@needs_stand_in
+def test_freeing_never_waits_on_the_host() -> None:
+    """Dropping buffers whose streams have work pending returns at once: their frees are
+    ordered on the device, or wait in a list for markers, never in a host wait."""
+    s = ais.Stream(DEV)
+    ais.delay(20.0, stream=s)  # work that outlasts the test, were it waited for
+    with ais.use_stream(s):
+        dev = ais.DeviceBuffer(N, DEV)
+    host = ais.HostBuffer(N, device=DEV)
+    ais.copy_async(dev, host, stream=s)
+    ais.copy_async(host, dev, stream=s)
+    start = time.monotonic()
+    del dev, host
+    gc.collect()
+    ais.HostBuffer(64, device=DEV)  # collects the frees that are due: none is
+    assert time.monotonic() - start < 10.0
+    assert not s.query()
+    hurry()
+    s.synchronize_blocking()
 
 
 CANCELLED_AT_EXIT = """

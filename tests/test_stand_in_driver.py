@@ -292,6 +292,38 @@ def test_a_chosen_call_fails_on_its_nth_call(ctx0: Context) -> None:
         ok(cu.cuEventRecord(event, stream))
         ok(cu.cuEventDestroy(event))
         ok(cu.cuStreamDestroy(stream))
+    # entry points that touch no object fail the same way, and only the one asked for
+    assert FAKE.fake_cuda_fail_call(b"cuCtxPushCurrent", 1, 999)
+    assert FAKE.fake_cuda_fail_call(b"cuDeviceGet", 2, 2)
+    assert code(cu.cuCtxPushCurrent(ctx0.ctx)) == 999
+    assert int(ok(cu.cuCtxGetCurrent())) == 0  # it did nothing
+    ok(cu.cuDeviceGet(0))
+    assert code(cu.cuDeviceGet(0)) == 2
+    ok(cu.cuDeviceGet(0))
+    with ctx0:  # pushed now
+        assert int(ok(cu.cuCtxGetCurrent())) == int(ctx0.ctx)
+    assert take_violations()[0] == 0
+
+
+def test_a_failed_call_has_no_effect(ctx0: Context) -> None:
+    """A call made to fail returns its code before it does anything: no stream is made, no
+    operation is submitted, and the sticky error of the context is untouched."""
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        live = FAKE.fake_cuda_live(0)
+        assert FAKE.fake_cuda_fail_call(b"cuStreamCreateWithPriority", 1, 2)
+        assert code(cu.cuStreamCreateWithPriority(1, 0)) == 2  # CUDA_ERROR_OUT_OF_MEMORY
+        assert FAKE.fake_cuda_live(0) == live
+        start = time.perf_counter()
+        ctx0.sleep(stream, 0.01)
+        assert FAKE.fake_cuda_fail_call(b"cuLaunchKernel", 1, 999)
+        fn = ok(cu.cuModuleGetFunction(ctx0.module, b"aiostream_sleep"))
+        args = ((60 * 10**9,), (ctypes.c_uint64,))  # a minute's sleep, were it launched
+        assert code(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, 0)) == 999
+        ok(cu.cuStreamSynchronize(stream))
+        assert time.perf_counter() - start < 30
+        ok(cu.cuStreamDestroy(stream))
+    assert take_violations()[0] == 0
 
 
 def test_priorities_are_recorded(ctx0: Context) -> None:
@@ -300,6 +332,26 @@ def test_priorities_are_recorded(ctx0: Context) -> None:
         assert FAKE.fake_cuda_stream_priority(int(stream)) == -3
         assert ok(cu.cuStreamGetPriority(stream)) == -3
         ok(cu.cuStreamDestroy(stream))
+        # outside the range (-5 greatest, 0 least): clamped, as the driver documents
+        least, greatest = ok(cu.cuCtxGetStreamPriorityRange())
+        assert (least, greatest) == (0, -5)
+        for asked, kept in ((-9, -5), (4, 0)):
+            stream = ok(cu.cuStreamCreateWithPriority(1, asked))
+            assert FAKE.fake_cuda_stream_priority(int(stream)) == kept
+            assert ok(cu.cuStreamGetPriority(stream)) == kept
+            ok(cu.cuStreamDestroy(stream))
+    assert FAKE.fake_cuda_stream_priority(None) == -100
+
+
+def test_event_flags_are_recorded(ctx0: Context) -> None:
+    with ctx0:
+        for flags in (0, 1, 2, 3, 6, 7):  # BLOCKING_SYNC 1, DISABLE_TIMING 2, INTERPROCESS 4
+            event = ok(cu.cuEventCreate(flags))
+            assert FAKE.fake_cuda_event_flags(int(event)) == flags
+            ok(cu.cuEventDestroy(event))
+        # interprocess needs timing disabled, as the driver documents
+        assert code(cu.cuEventCreate(4)) == INVALID_VALUE
+    assert FAKE.fake_cuda_event_flags(None) == -1
 
 
 # ---------------------------------------------------------------------- in a process of its own

@@ -132,6 +132,36 @@ class Backend(Protocol[S, E, M, T]):
     def copy(self, stream: S, dst: M, src: M, nbytes: int, kind: str) -> None:
         """Enqueue a copy of ``nbytes`` on ``stream``; ``kind`` is ``h2d``, ``d2h`` or ``d2d``."""
 
+    # sharing memory: DLPack exports and other processes
+    def dlpack_device(self, index: int) -> tuple[int, int]:
+        """The DLPack device ``(type, id)`` that device memory of ``index`` is exported as:
+        ``(kDLCUDA, index)`` on CUDA; ``(kDLCPU, 0)`` on the simulator, whose device memory is
+        host memory."""
+
+    def memory_export(self, mem: M) -> int:
+        """The address at which a DLPack consumer reads ``mem``, handed out now (the
+        simulator records a race if a copy into it is in flight, as for a host view)."""
+
+    def memory_wait(self, mem: M, stream: S) -> None:
+        """Make later work on ``stream`` wait, on the device, for the work submitted so far to
+        every stream that used ``mem``; never a host wait. ``stream`` does not become a user
+        (its work does not hold the memory)."""
+
+    def device_alloc_interprocess(self, index: int, nbytes: int, stream: S | None) -> M:
+        """Device memory that :meth:`memory_ipc_handle` can share with other processes (on
+        CUDA ``cuMemAlloc``'s: memory of a stream-ordered pool cannot be shared that way)."""
+
+    def memory_ipc_handle(self, mem: M) -> bytes:
+        """A handle that :meth:`memory_from_ipc_handle` opens in another process (the
+        simulator: in this process only, as its events)."""
+
+    def memory_from_ipc_handle(
+        self, index: int, data: bytes, event: bytes, nbytes: int, stream: S
+    ) -> M:
+        """Open the memory behind ``data`` on device ``index``, not owned (freeing it closes
+        it): ``stream`` waits on the device for the exporter's event (``event``, an event IPC
+        handle), then holds it as its allocation stream (other streams' first use waits)."""
+
     # waiting
     def wake_hint(self, index: int) -> float | None:
         """Seconds after which pending work on device ``index`` may have made progress.
@@ -172,6 +202,11 @@ class Interop(Protocol[S, E_co]):
 
     def event_wrap(self, index: int, handle: int) -> E_co:
         """An event made elsewhere, not owned."""
+
+    def memory_wrap(self, index: int, ptr: int, nbytes: int, release: Callable[[], object]) -> Any:
+        """Device memory allocated elsewhere (a DLPack producer's), not owned: ``release()``
+        runs in place of a free, once the work of every stream that used it has completed
+        (it must not raise)."""
 
 
 class TimelineRecord(Protocol):

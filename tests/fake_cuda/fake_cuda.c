@@ -34,6 +34,14 @@
  *   device) or copied before the call returns (device to host), as the driver does.
  * - Stream memory operations: cuStreamWriteValue32 writes its value when the stream reaches
  *   it, into device memory or pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP.
+ * - IPC. Events and cuMemAlloc's memory are shared across processes through memfd mappings
+ *   (the other process maps /proc/<pid>/fd/<fd>). cuIpcGetMemHandle takes the base of a
+ *   cuMemAlloc allocation only (not a pool's); cuIpcOpenMemHandle takes
+ *   CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, opens in another process only (in the exporting one it
+ *   is a violation, CUDA_ERROR_INVALID_CONTEXT), counts a second open in one context, and its
+ *   memory is closed with cuIpcCloseMemHandle, not cuMemFree. A stream waiting for an event
+ *   of another process has the calling thread wait until that process completed the record
+ *   (this driver's processes share no device).
  * - Host functions must be C functions: one that is not a named symbol of a loaded library
  *   (dladdr), such as a ctypes closure that would run Python on this driver thread, is a
  *   violation (rule "python-host-fn").
@@ -52,7 +60,9 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +77,7 @@ typedef int CUdevice;
 typedef unsigned long long CUdeviceptr;
 typedef void (*CUhostFn)(void *);
 typedef struct { char reserved[64]; } CUipcEventHandle;
+typedef struct { char reserved[64]; } CUipcMemHandle;
 
 enum {
     OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, STUB_LIBRARY = 34,
@@ -124,6 +135,10 @@ typedef struct Event {
     uint64_t time;         /* completion time of the last completed record */
     int blockers;          /* threads inside cuEventSynchronize on it */
     struct Event *peer;    /* an IPC-opened event follows its source */
+    struct IpcEventState *ipc;           /* an interprocess event's state, shared (memfd) */
+    int ipc_fd;
+    const struct IpcEventState *remote;  /* opened from another process: its state */
+    pid_t remote_pid;
 } Event;
 
 typedef struct Module { Obj h; } Module;
@@ -138,6 +153,11 @@ typedef struct Block {
     int freed, free_submitted;
     long pending;          /* operations submitted and not completed that use it */
     Stream *alloc_stream;
+    int shared, fd;        /* cuMemAlloc's memory: a memfd mapping other processes can map */
+    int imported;          /* opened from another process (cuIpcOpenMemHandle) */
+    long opens;            /* its cuIpcOpenMemHandle references */
+    uint64_t serial;       /* which export: the handle of a new allocation differs */
+    pid_t exporter;        /* imported: the process that exported it */
 } Block;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -153,6 +173,82 @@ static long violations, leaks, host_calls, host_calls_python;
 static uint64_t host_fn_ns;  /* how late each host function runs after the work before it */
 static char vlog[16][240];
 static const char ipc_magic[8] = "AIOSFAKE";
+static const char ipc_mem_magic[8] = "AIOSFMEM";
+static uint64_t ipc_serial;
+
+/* Sharing across processes. This driver's processes share no device, so what they share
+ * lives in memfd mappings the other process maps through /proc/<pid>/fd/<fd>: the memory of
+ * cuMemAlloc (cuIpcGetMemHandle), and the progress of an interprocess event. */
+typedef struct IpcEventState { uint64_t recs, done, due; } IpcEventState;
+
+/* A new shared mapping of ``size`` bytes (zeroed), and its fd in ``*fd``; NULL on failure. */
+static void *shared_map(size_t size, int *fd) {
+    *fd = memfd_create("fake_cuda", MFD_CLOEXEC);
+    if (*fd < 0) return NULL;
+    void *p = MAP_FAILED;
+    if (ftruncate(*fd, (off_t)size) == 0) {
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    }
+    if (p == MAP_FAILED) {
+        close(*fd);
+        return NULL;
+    }
+    return p;
+}
+
+/* Map another process's shared fd (NULL if it is gone). */
+static void *map_remote(pid_t pid, int fd, size_t size, int prot) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)pid, fd);
+    int local = open(path, (prot & PROT_WRITE) ? O_RDWR : O_RDONLY);
+    if (local < 0) return NULL;
+    void *p = mmap(NULL, size, prot, MAP_SHARED, local, 0);
+    close(local);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* cuMemAlloc's memory in a memfd mapping, which another process can map; left as it is if
+ * that fails (cuIpcGetMemHandle then says CUDA_ERROR_MAP_FAILED). */
+static void share_block(Block *b) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t mapped = (b->size + page - 1) / page * page;
+    int fd;
+    void *p = shared_map(mapped, &fd);
+    if (p == NULL) return;
+    free(b->base);
+    b->base = p;
+    b->mapped = mapped;
+    b->shared = 1;
+    b->fd = fd;
+}
+
+/* An interprocess event's progress, published for the processes that opened it. */
+static void ipc_publish(Event *e) {
+    if (e->ipc == NULL) return;
+    __atomic_store_n(&e->ipc->due, e->due, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->ipc->recs, e->recs, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->ipc->done, e->done, __ATOMIC_RELEASE);
+}
+
+/* Whether the record of a remote event captured by ``target`` has completed (or its process
+ * is gone, with its work). */
+static int remote_done(const Event *e, uint64_t target) {
+    if (__atomic_load_n(&e->remote->done, __ATOMIC_ACQUIRE) >= target) return 1;
+    return kill(e->remote_pid, 0) != 0 && errno == ESRCH;
+}
+
+/* A stream or thread that waits for an event of another process: this driver cannot order
+ * its own device after another process's, so the calling thread waits (lock released) until
+ * the other process's driver has completed the record captured now. The stream's later work
+ * is then ordered after it, as a device-side wait orders it on a GPU. */
+static void remote_wait(const Event *e) {
+    uint64_t target = __atomic_load_n(&e->remote->recs, __ATOMIC_ACQUIRE);
+    while (!remote_done(e, target)) {
+        pthread_mutex_unlock(&lock);
+        usleep(200);
+        pthread_mutex_lock(&lock);
+    }
+}
 
 /* Every object ever made (never freed, so a stale handle is always recognised), and the
  * memory blocks among them. */
@@ -231,6 +327,9 @@ static CUresult failpoint(const char *name) {
 #define ENTER() pthread_mutex_lock(&lock); do { CUresult fp_ = failpoint(__func__); \
     if (fp_ != OK) { pthread_mutex_unlock(&lock); return fp_; } } while (0)
 #define LEAVE(r) do { CUresult r_ = (r); pthread_mutex_unlock(&lock); return r_; } while (0)
+/* The same failure point, for entry points that take the lock for nothing else. */
+#define FAIL_IF_ASKED() do { pthread_mutex_lock(&lock); CUresult fp_ = failpoint(__func__); \
+    pthread_mutex_unlock(&lock); if (fp_ != OK) return fp_; } while (0)
 
 /* ------------------------------------------------------------------ contexts */
 
@@ -343,6 +442,7 @@ static int valid_ctx(void *h) {
 }
 
 static CUresult cuCtxSetCurrent(void *h) {
+    FAIL_IF_ASKED();
     if (h != NULL && !valid_ctx(h)) return INVALID_CONTEXT;
     if (ctx_depth == 0) {
         if (h == NULL) return OK;
@@ -354,11 +454,13 @@ static CUresult cuCtxSetCurrent(void *h) {
 }
 
 static CUresult cuCtxGetCurrent(void **out) {
+    FAIL_IF_ASKED();
     *out = current();
     return OK;
 }
 
 static CUresult cuCtxPushCurrent(void *h) {
+    FAIL_IF_ASKED();
     if (!valid_ctx(h)) return INVALID_CONTEXT;
     if (ctx_depth >= 32) return INVALID_VALUE;
     ctx_stack[ctx_depth++] = h;
@@ -366,6 +468,7 @@ static CUresult cuCtxPushCurrent(void *h) {
 }
 
 static CUresult cuCtxPopCurrent(void **out) {
+    FAIL_IF_ASKED();
     if (ctx_depth == 0) return INVALID_CONTEXT;
     Ctx *c = ctx_stack[--ctx_depth];
     if (out) *out = c;
@@ -459,6 +562,7 @@ static int usable(Block *b, Stream *s, const char *what) {
 static void release_block(Block *b) {
     if (b->freed) return;
     b->freed = 1;
+    if (b->shared) close(b->fd);
     if (b->mapped) munmap(b->base, b->mapped);
     else free(b->base);
 }
@@ -474,6 +578,7 @@ static void complete(Op *op) {
     case OP_RECORD:
         if (!dropped) op->e->time = op->due;
         if (op->e->done < op->rec) op->e->done = op->rec;
+        ipc_publish(op->e);
         break;
     case OP_COPY:
         if (!dropped && usable(op->bdst, s, "a copy") && usable(op->bsrc, s, "a copy")) {
@@ -637,12 +742,14 @@ static CUresult cuInit(unsigned flags) {
 static CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
 
 static CUresult cuDeviceGetCount(int *count) {
+    FAIL_IF_ASKED();
     if (!initialized) return NOT_INITIALIZED;
     *count = ndevices;
     return OK;
 }
 
 static CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    FAIL_IF_ASKED();
     if (!initialized) return NOT_INITIALIZED;
     if (ordinal < 0 || ordinal >= ndevices) return INVALID_DEVICE;
     *dev = ordinal;
@@ -650,12 +757,14 @@ static CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
 }
 
 static CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    FAIL_IF_ASKED();
     if (dev < 0 || dev >= ndevices) return INVALID_DEVICE;
     snprintf(name, (size_t)len, "aiostream fake GPU %d", dev);
     return OK;
 }
 
 static CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
+    FAIL_IF_ASKED();
     if (dev < 0 || dev >= ndevices) return INVALID_DEVICE;
     *value = attribute == ATTR_MEMORY_POOLS_SUPPORTED ? !no_pools : 0;
     return OK;
@@ -775,6 +884,10 @@ static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
     Event *e = (Event *)lookup(he, KIND_EVENT, "cuStreamWaitEvent", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuStreamWaitEvent", &s->h)) != OK) LEAVE(r);
+    if (e->remote) {
+        remote_wait(e);
+        LEAVE(OK);
+    }
     Event *src = source_of(e);
     if (src->recs) s->tail = max_u64(s->tail, src->due);
     LEAVE(OK);
@@ -789,6 +902,13 @@ static CUresult cuEventCreate(void **out, unsigned flags) {
     if ((flags & EV_INTERPROCESS) && !(flags & EV_DISABLE_TIMING)) LEAVE(INVALID_VALUE);
     Event *e = new_object(sizeof *e, KIND_EVENT, current());
     e->flags = flags;
+    if (flags & EV_INTERPROCESS) {
+        e->ipc = shared_map(sizeof *e->ipc, &e->ipc_fd);
+        if (e->ipc == NULL) {
+            e->h.dead = 1;
+            LEAVE(OUT_OF_MEMORY);
+        }
+    }
     *out = e;
     LEAVE(OK);
 }
@@ -805,6 +925,7 @@ static CUresult cuEventDestroy(void *h) {
                   "cuEventSynchronize", e->blockers);
     }
     e->h.dead = 1;
+    if (e->ipc) close(e->ipc_fd);  /* no process opens it from now on; openers keep theirs */
     LEAVE(r);
 }
 
@@ -816,6 +937,11 @@ static CUresult cuEventRecord(void *he, void *hs) {
     Stream *s = stream_of(hs, "cuEventRecord", &r);
     if (s == NULL) LEAVE(r);
     if ((r = need_context("cuEventRecord", &s->h)) != OK) LEAVE(r);
+    if (e->remote) {
+        violation("cuEventRecord of an event opened from another process: this stand-in "
+                  "does not record them (the exporter records, the opener waits)");
+        LEAVE(NOT_SUPPORTED);
+    }
     if (e->h.ctx != s->h.ctx) {
         violation("cuEventRecord of an event of cuda:%d on a stream of cuda:%d",
                   e->h.ctx->dev, s->h.ctx->dev);
@@ -825,6 +951,7 @@ static CUresult cuEventRecord(void *he, void *hs) {
     op->e = e;
     op->rec = ++e->recs;
     e->due = op->due;
+    ipc_publish(e);
     LEAVE(OK);
 }
 
@@ -834,6 +961,8 @@ static CUresult cuEventQuery(void *h) {
     Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventQuery", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuEventQuery", &e->h)) != OK) LEAVE(r);
+    if (e->remote) LEAVE(remote_done(e, __atomic_load_n(&e->remote->recs, __ATOMIC_ACQUIRE))
+                         ? OK : NOT_READY);
     Event *src = source_of(e);
     LEAVE(src->done < src->recs ? NOT_READY : OK);
 }
@@ -844,6 +973,10 @@ static CUresult cuEventSynchronize(void *h) {
     Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventSynchronize", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuEventSynchronize", &e->h)) != OK) LEAVE(r);
+    if (e->remote) {
+        remote_wait(e);
+        LEAVE(OK);
+    }
     Event *src = source_of(e);
     e->blockers++;
     r = wait_for(&src->done, src->recs, e->h.ctx, e->h.gen);
@@ -878,6 +1011,7 @@ static CUresult cuIpcGetEventHandle(CUipcEventHandle *out, void *h) {
     pid_t pid = getpid();
     memcpy(out->reserved + 8, &pid, sizeof pid);
     memcpy(out->reserved + 16, &e, sizeof e);
+    memcpy(out->reserved + 24, &e->ipc_fd, sizeof e->ipc_fd);
     LEAVE(OK);
 }
 
@@ -889,7 +1023,20 @@ static CUresult cuIpcOpenEventHandle(void **out, CUipcEventHandle handle) {
     pid_t pid;
     memcpy(&pid, handle.reserved + 8, sizeof pid);
     memcpy(&src, handle.reserved + 16, sizeof src);
-    /* this stand-in shares events within one process only */
+    if (memcmp(handle.reserved, ipc_magic, 8) == 0 && pid != getpid()) {
+        /* another process's event: follow its published progress */
+        int fd;
+        memcpy(&fd, handle.reserved + 24, sizeof fd);
+        const IpcEventState *state = map_remote(pid, fd, sizeof *state, PROT_READ);
+        if (state == NULL) LEAVE(INVALID_VALUE);  /* its process or the event is gone */
+        Event *e = new_object(sizeof *e, KIND_EVENT, current());
+        e->flags = EV_INTERPROCESS | EV_DISABLE_TIMING;
+        e->remote = state;
+        e->remote_pid = pid;
+        *out = e;
+        LEAVE(OK);
+    }
+    /* an event of this process: the opened one follows it */
     if (memcmp(handle.reserved, ipc_magic, 8) != 0 || pid != getpid() || !known(src) ||
         ((Obj *)src)->kind != KIND_EVENT || !is_live(&src->h)) {
         LEAVE(INVALID_VALUE);
@@ -1115,6 +1262,7 @@ static CUresult cuMemAlloc(CUdeviceptr *out, size_t n) {
     Block *b = new_block(n, 0, current());
     if (b == NULL) LEAVE(OUT_OF_MEMORY);
     b->ready = 1;
+    share_block(b);
     *out = (CUdeviceptr)(uintptr_t)b->base;
     LEAVE(OK);
 }
@@ -1127,8 +1275,119 @@ static CUresult cuMemFree(CUdeviceptr p) {
     r = need_context("cuMemFree", &b->h);
     if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
     if (b->pooled) violation("cuMemFree of memory from cuMemAllocAsync (use cuMemFreeAsync)");
+    if (b->imported) {
+        violation("cuMemFree of memory from cuIpcOpenMemHandle (use cuIpcCloseMemHandle)");
+    }
     if (b->pending > 0) {
         violation("cuMemFree of device memory that %ld pending operations still use",
+                  b->pending);
+    }
+    b->h.dead = 1;
+    release_block(b);
+    LEAVE(OK);
+}
+
+/* IPC of device memory. Only cuMemAlloc's memory is exported (its documentation names no
+ * other; a stream-ordered pool's is shared through the pool's own IPC), from the base of the
+ * allocation; a handle opens in another process only ("one context per device per other
+ * process"), with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, the flag its documentation asks for;
+ * opened again in one context it is the same mapping, counted; cuIpcCloseMemHandle closes it. */
+enum { IPC_LAZY_ENABLE_PEER_ACCESS = 1, MAP_FAILED_ERR = 205 };
+
+static CUresult cuIpcGetMemHandle(CUipcMemHandle *out, CUdeviceptr p) {
+    ENTER();
+    CUresult r;
+    Block *b = block_of_ptr(p, "cuIpcGetMemHandle", &r);
+    if (b == NULL) LEAVE(r);
+    if ((r = need_context("cuIpcGetMemHandle", &b->h)) != OK) LEAVE(r);
+    if (b->pooled || b->imported) {
+        violation("cuIpcGetMemHandle of memory from %s: only cuMemAlloc's is exported",
+                  b->pooled ? "cuMemAllocAsync" : "cuIpcOpenMemHandle");
+        LEAVE(INVALID_VALUE);
+    }
+    if ((char *)(uintptr_t)p != b->base) {
+        violation("cuIpcGetMemHandle of %#llx, inside an allocation: it takes the base", p);
+        LEAVE(INVALID_VALUE);
+    }
+    if (!b->shared) LEAVE(MAP_FAILED_ERR);
+    if (!b->serial) b->serial = ++ipc_serial;
+    pid_t pid = getpid();
+    uint64_t size = b->size;
+    memset(out, 0, sizeof *out);
+    memcpy(out->reserved, ipc_mem_magic, 8);
+    memcpy(out->reserved + 8, &pid, sizeof pid);
+    memcpy(out->reserved + 12, &b->fd, sizeof b->fd);
+    memcpy(out->reserved + 16, &size, sizeof size);
+    memcpy(out->reserved + 24, &b->serial, sizeof b->serial);
+    LEAVE(OK);
+}
+
+static CUresult cuIpcOpenMemHandle(CUdeviceptr *out, CUipcMemHandle handle, unsigned flags) {
+    ENTER();
+    CUresult r = need_context("cuIpcOpenMemHandle", NULL);
+    if (r != OK) LEAVE(r);
+    if (flags != IPC_LAZY_ENABLE_PEER_ACCESS) {
+        violation("cuIpcOpenMemHandle with flags %#x: it takes "
+                  "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS", flags);
+        LEAVE(INVALID_VALUE);
+    }
+    if (memcmp(handle.reserved, ipc_mem_magic, 8) != 0) LEAVE(INVALID_VALUE);
+    pid_t pid;
+    int fd;
+    uint64_t size, serial;
+    memcpy(&pid, handle.reserved + 8, sizeof pid);
+    memcpy(&fd, handle.reserved + 12, sizeof fd);
+    memcpy(&size, handle.reserved + 16, sizeof size);
+    memcpy(&serial, handle.reserved + 24, sizeof serial);
+    if (pid == getpid()) {
+        violation("cuIpcOpenMemHandle in the process that exported the memory: a handle "
+                  "opens in other processes only");
+        LEAVE(INVALID_CONTEXT);
+    }
+    Ctx *c = current();
+    for (size_t i = nblocks; i-- > 0;) {  /* opened before in this context: one mapping */
+        Block *b = blocks[i];
+        if (b->imported && b->exporter == pid && b->serial == serial && b->h.ctx == c &&
+            is_live(&b->h)) {
+            b->opens++;
+            *out = (CUdeviceptr)(uintptr_t)b->base;
+            LEAVE(OK);
+        }
+    }
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t mapped = ((size_t)size + page - 1) / page * page;
+    void *p = map_remote(pid, fd, mapped, PROT_READ | PROT_WRITE);
+    if (p == NULL) LEAVE(MAP_FAILED_ERR);  /* its process or the allocation is gone */
+    Block *b = new_block((size_t)size, 0, c);
+    if (b == NULL) {
+        munmap(p, mapped);
+        LEAVE(OUT_OF_MEMORY);
+    }
+    free(b->base);
+    b->base = p;
+    b->mapped = mapped;
+    b->ready = 1;
+    b->imported = 1;
+    b->opens = 1;
+    b->exporter = pid;
+    b->serial = serial;
+    *out = (CUdeviceptr)(uintptr_t)p;
+    LEAVE(OK);
+}
+
+static CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    ENTER();
+    CUresult r;
+    Block *b = block_of_ptr(p, "cuIpcCloseMemHandle", &r);
+    if (b == NULL) LEAVE(r);
+    if ((r = need_context("cuIpcCloseMemHandle", &b->h)) != OK) LEAVE(r);
+    if (!b->imported || (char *)(uintptr_t)p != b->base) {
+        violation("cuIpcCloseMemHandle of %#llx, which cuIpcOpenMemHandle did not return", p);
+        LEAVE(INVALID_VALUE);
+    }
+    if (--b->opens > 0) LEAVE(OK);
+    if (b->pending > 0) {
+        violation("cuIpcCloseMemHandle of memory that %ld pending operations still use",
                   b->pending);
     }
     b->h.dead = 1;
@@ -1264,7 +1523,9 @@ void fake_cuda_fail_next_launch(int code) {
     pthread_mutex_unlock(&lock);
 }
 
-/* The ``nth`` next call of the entry point ``name`` returns ``code`` (at most 8 at once). */
+/* The ``nth`` next call of the entry point ``name``, from any thread, returns ``code`` and
+ * does nothing else (at most 8 at once). Every entry point but cuInit, cuDriverGetVersion,
+ * cuGetErrorName, cuGetErrorString and cuGetProcAddress can be made to fail. */
 int fake_cuda_fail_call(const char *name, long nth, int code) {
     pthread_mutex_lock(&lock);
     int slot = -1;
@@ -1410,6 +1671,15 @@ int fake_cuda_stream_priority(void *hs) {
     return p;
 }
 
+/* The flags an event was created with (CU_EVENT_*; -1 for a bad handle). */
+int fake_cuda_event_flags(void *he) {
+    pthread_mutex_lock(&lock);
+    int f = -1;
+    if (known(he) && ((Obj *)he)->kind == KIND_EVENT) f = (int)((Event *)he)->flags;
+    pthread_mutex_unlock(&lock);
+    return f;
+}
+
 /* Operations submitted and not completed yet. */
 long fake_cuda_pending(void) {
     pthread_mutex_lock(&lock);
@@ -1529,6 +1799,9 @@ static const EntryPoint entries[] = {
     {"cuEventElapsedTime", 12080, (void *)cuEventElapsedTime},
     {"cuIpcGetEventHandle", 4010, (void *)cuIpcGetEventHandle},
     {"cuIpcOpenEventHandle", 4010, (void *)cuIpcOpenEventHandle},
+    {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle},
+    {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle},
+    {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
     {"cuModuleLoadData", 2000, (void *)cuModuleLoadData},
     {"cuModuleUnload", 2000, (void *)cuModuleUnload},
     {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction},

@@ -26,9 +26,12 @@ from .driver import (
 )
 from .handles import Event, Memory, Stream
 from .memory import Memories
+from .sharing import Sharing
 from .waits import Target, Waits
 
 __all__ = ["CudaBackend"]
+
+_DLPACK_CUDA = 2  # DLPack's kDLCUDA
 
 
 class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]):
@@ -44,6 +47,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         self._devices = Devices(drv, int(cu.cuDeviceGetCount()[1]))
         self._waits = Waits(drv, self._devices)
         self._memory = Memories(drv, self._devices)
+        self._sharing = Sharing(drv, self._devices, self._memory)
         atexit.register(self.close)
         _hooks.enable_nvtx()  # record_function's ranges reach Nsight Systems too
 
@@ -91,6 +95,10 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
             priority = self._drv.check(
                 self._cu.cuStreamGetPriority(ptr), index, "cuStreamGetPriority"
             )
+        with self._devices.lock:
+            for own in dev.streams:
+                if own.id == handle:  # one of ours: work may come through the wrapper now
+                    own.private = False
         return Stream(ptr, dev.index, owned=False), int(priority)
 
     def stream_native(self, stream: Stream) -> int:
@@ -249,6 +257,34 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
         self._memory.copy(stream, dst, src, nbytes, kind)
+
+    # ------------------------------------------------------------------ sharing memory
+
+    def dlpack_device(self, index: int) -> tuple[int, int]:
+        return (_DLPACK_CUDA, index)
+
+    def memory_export(self, mem: Memory) -> int:
+        return mem.ptr
+
+    def memory_wait(self, mem: Memory, stream: Stream) -> None:
+        self._sharing.order(mem, stream)
+
+    def memory_wrap(
+        self, index: int, ptr: int, nbytes: int, release: Callable[[], object]
+    ) -> Memory:
+        return self._sharing.wrap(index, ptr, nbytes, release)
+
+    def device_alloc_interprocess(self, index: int, nbytes: int, stream: Stream | None) -> Memory:
+        s = stream if stream is not None else self.stream_default(index)
+        return self._memory.device_alloc(index, nbytes, s, pooled=False)
+
+    def memory_ipc_handle(self, mem: Memory) -> bytes:
+        return self._sharing.ipc_handle(mem)
+
+    def memory_from_ipc_handle(
+        self, index: int, data: bytes, event: bytes, nbytes: int, stream: Stream
+    ) -> Memory:
+        return self._sharing.ipc_open(index, data, event, nbytes, stream)
 
     # ------------------------------------------------------------------ waiting
 

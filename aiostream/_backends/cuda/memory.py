@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 
 from ..._errors import CudaError, DeviceError
 from .devices import Device, Devices
@@ -39,6 +40,9 @@ class Memories:
     def __init__(self, drv: Driver, devices: Devices) -> None:
         self.drv = drv
         self.devices = devices
+        #: memory aiostream did not allocate (a DLPack producer's, another process's), by id:
+        #: what releases it in place of cuMemFree, once its users' work has completed
+        self.releasers: dict[int, Callable[[Memory], None]] = {}
 
     # ------------------------------------------------------------------ allocation
 
@@ -75,14 +79,16 @@ class Memories:
             return memoryview(bytearray())
         return memoryview((ctypes.c_char * host.nbytes).from_address(host.ptr)).cast("B")
 
-    def device_alloc(self, index: int, nbytes: int, stream: Stream) -> Memory:
+    def device_alloc(
+        self, index: int, nbytes: int, stream: Stream, *, pooled: bool = True
+    ) -> Memory:
         dev = self.devices.get(index)
         cu = self.drv.cu
         with self.devices.lock:
             self._reap(dev)
             with dev.pushed:
                 mem = None
-                if dev.pools:
+                if dev.pools and pooled:
                     result = cu.cuMemAllocAsync(max(nbytes, 1), stream.ptr)
                     if result[0] == NOT_SUPPORTED:  # no memory pools on this device
                         logger.debug("cuda:%d has no memory pools: using cuMemAlloc", index)
@@ -239,6 +245,10 @@ class Memories:
 
     def _free_now(self, dev: Device, mem: Memory) -> None:
         """Free host memory, or device memory without a pool, whose users are done."""
+        releaser = self.releasers.pop(id(mem), None)
+        if releaser is not None:  # not allocated here: released by its owner's rule
+            releaser(mem)
+            return
         cu = self.drv.cu
         with dev.pushed:
             if mem.device:

@@ -29,6 +29,7 @@ from .model import (
     VirtualStats,
 )
 from .options import VirtualOptions
+from .sharing import Sharing
 from .simulation import Simulation, Target
 
 __all__ = ["POISON", "Isolation", "Target", "VirtualBackend"]
@@ -57,7 +58,7 @@ class Isolation:
         self.races += backend.races()
 
 
-class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline):
+class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
     """The simulated device runtime behind ``virtual:N`` devices."""
 
     kind: ClassVar[str] = "virtual"

@@ -3,6 +3,7 @@ simulated time on the copy engines, and the race detector."""
 
 from __future__ import annotations
 
+import ctypes
 import traceback
 
 import numpy as np
@@ -29,6 +30,8 @@ class Memories:
         self.latency = latency
         self.live: set[Memory] = set()
         self.races: list[Race] = []
+        #: device memory shared through IPC handles, by key, until it is freed
+        self.shared: dict[int, Memory] = {}
 
     def host_alloc(self, index: int, nbytes: int) -> Memory:
         with self.sim.lock:
@@ -98,6 +101,60 @@ class Memories:
             if mem in self.live:
                 mem.device.allocated -= len(mem.data)
             self.live.discard(mem)
+            self.shared.pop(id(mem), None)
+
+    # ------------------------------------------------------------------ sharing
+
+    def export(self, mem: Memory) -> int:
+        """The address of ``mem``'s bytes, handed to a DLPack consumer as host memory: a copy
+        into it in flight is a race, as for a host view (the bytes hold POISON until it
+        lands)."""
+        self.sim.check_open()
+        self.host_access(mem)
+        if not mem.data:
+            return 0
+        return ctypes.addressof(ctypes.c_char.from_buffer(mem.data))
+
+    def wait_for_writers(self, mem: Memory, stream: Stream) -> None:
+        """Later work on ``stream`` waits for the copies into ``mem`` in flight."""
+        with self.sim.lock:
+            self.sim.check_device(stream.device)
+            for item in list(mem.writers):
+                self.sim.sched.wait_event(stream, item)
+
+    def share(self, mem: Memory) -> int:
+        """``mem``'s key for IPC handles; it stays openable until it is freed."""
+        with self.sim.lock:
+            self.sim.check_open()
+            if mem not in self.live:
+                raise ValueError("the buffer was freed: it can no longer be shared")
+            self.shared[id(mem)] = mem
+            return id(mem)
+
+    def opened(self, key: int, device: Device, nbytes: int) -> Memory:
+        """The memory shared as ``key``, seen from ``device``: the same bytes and copies in
+        flight, without allocation of its own (freeing it frees nothing)."""
+        source = self.shared.get(key)
+        if source is None:
+            raise ValueError(
+                "the buffer behind this IPC handle no longer exists: keep the exported "
+                "DeviceBuffer alive until the other side has opened it and is done with it"
+            )
+        if len(source.data) != nbytes:
+            raise ValueError(
+                f"the IPC handle says {nbytes} bytes, but the buffer behind it has "
+                f"{len(source.data)}: pass the handle unchanged"
+            )
+        alias = Memory.__new__(Memory)
+        alias.data, alias.device, alias.host, alias.writers = (
+            source.data,
+            device,
+            False,
+            source.writers,
+        )
+        return alias
+
+    # ------------------------------------------------------------------ copies
 
     def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
         engine = _COPY_ENGINES[kind]

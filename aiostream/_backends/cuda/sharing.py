@@ -1,0 +1,162 @@
+"""Device memory shared with other libraries and other processes, on the CUDA backend.
+
+- Ordering a consumer: a DLPack consumer's stream is made to wait, on the device, for the
+  work that every stream that used the memory was given so far (a marker recorded on each,
+  and ``cuStreamWaitEvent``); it does not become a user of the memory.
+- Memory of another library (``from_dlpack``): not owned; freeing it runs its owner's release
+  (the DLPack deleter) in place of ``cuMemFree``, once the work of every stream that used it
+  has completed, by :class:`.memory.Memories`' rules.
+- Memory of another process: ``cuIpcGetMemHandle`` of ``cuMemAlloc``'s memory (the driver
+  shares no pool's that way), with this process's id, as the driver opens a handle in other
+  processes only; ``cuIpcOpenMemHandle`` in the other process, whose stream waits for the
+  exporter's interprocess event and then holds the memory as its allocation stream (another
+  stream's first use waits for a marker after it); freeing it is ``cuIpcCloseMemHandle``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import struct
+from collections.abc import Callable
+
+from ..._errors import CudaError
+from .devices import Devices
+from .driver import INVALID_VALUE, SUCCESS, Driver
+from .handles import Memory, Stream
+from .memory import Memories
+
+__all__ = ["Sharing"]
+
+logger = logging.getLogger("aiostream")
+
+#: cuIpcOpenMemHandle's one flag, which its documentation asks for
+_IPC_LAZY_ENABLE_PEER_ACCESS = 0x1
+_PID = struct.Struct("<I")
+_DRIVER_HANDLE = 64
+
+
+class Sharing:
+    """DLPack consumers' streams, foreign memory and IPC, over one backend's memory."""
+
+    def __init__(self, drv: Driver, devices: Devices, memories: Memories) -> None:
+        self.drv = drv
+        self.devices = devices
+        self.memories = memories
+
+    def order(self, mem: Memory, stream: Stream) -> None:
+        """Make later work on ``stream`` wait, on the device, for the work that every other
+        stream that used ``mem`` was given so far; never a host wait."""
+        cu = self.drv.cu
+        with self.devices.lock:
+            others = [s for s in mem.streams.values() if s.alive and s.key != stream.key]
+            marks = []
+            try:
+                for other in others:
+                    dev = self.devices[other.index]
+                    marks.append((dev, dev.record_marker(other)))
+                with self.devices[stream.index].pushed:
+                    for _, marker in marks:
+                        self.drv.check(
+                            cu.cuStreamWaitEvent(stream.ptr, marker, 0),
+                            stream.index,
+                            "cuStreamWaitEvent",
+                        )
+                if marks:
+                    stream.ops += 1
+            finally:
+                for dev, marker in marks:  # the waits captured them: they may be reused
+                    dev.give_back(marker)
+
+    def wrap(self, index: int, ptr: int, nbytes: int, release: Callable[[], object]) -> Memory:
+        """Device memory allocated elsewhere: freeing it calls ``release()`` once the work of
+        every stream that used it has completed."""
+        dev = self.devices.get(index)
+        mem = Memory(index, nbytes, ptr, device=True)
+
+        def releaser(_: Memory) -> None:
+            try:
+                release()
+            except Exception as exc:  # noqa: BLE001 - a free never raises
+                logger.warning("releasing memory of another library failed: %r", exc)
+
+        with self.devices.lock:
+            dev.memory.add(mem)
+            self.memories.releasers[id(mem)] = releaser
+        return mem
+
+    def ipc_handle(self, mem: Memory) -> bytes:
+        """This process's id and the driver's 64-byte handle of ``mem``."""
+        if mem.pooled or not mem.device or id(mem) in self.memories.releasers:
+            raise ValueError(
+                "this memory cannot be shared with other processes: the driver shares memory "
+                "of cuMemAlloc only; create the buffer with DeviceBuffer(nbytes, device, "
+                "interprocess=True)"
+            )
+        cu = self.drv.cu
+        with self.devices[mem.index].pushed:
+            result = cu.cuIpcGetMemHandle(cu.CUdeviceptr(mem.ptr))
+        handle = self.drv.check(result, mem.index, "cuIpcGetMemHandle")
+        return _PID.pack(os.getpid()) + ctypes.string_at(handle.getPtr(), _DRIVER_HANDLE)
+
+    def ipc_open(
+        self, index: int, data: bytes, event: bytes, nbytes: int, stream: Stream
+    ) -> Memory:
+        """Open memory another process shared (``data`` from :meth:`ipc_handle`): ``stream``
+        waits for the exporter's event (``event``), then holds it as its allocation stream."""
+        if len(data) != _PID.size + _DRIVER_HANDLE or len(event) != _DRIVER_HANDLE:
+            raise ValueError(
+                "not an IPC handle of CUDA device memory: pass the bytes that "
+                "DeviceBuffer.ipc_handle() returned in the exporting process"
+            )
+        (pid,) = _PID.unpack_from(data)
+        if pid == os.getpid():
+            raise ValueError(
+                "this IPC handle was made in this process, and the driver opens shared memory "
+                "in other processes only: use the exported DeviceBuffer itself here"
+            )
+        cu = self.drv.cu
+        mem_handle, event_handle = cu.CUipcMemHandle(), cu.CUipcEventHandle()
+        ctypes.memmove(mem_handle.getPtr(), data[_PID.size :], _DRIVER_HANDLE)
+        ctypes.memmove(event_handle.getPtr(), event, _DRIVER_HANDLE)
+        dev = self.devices.get(index)
+        with self.devices.lock, dev.pushed:
+            after = self.drv.check(
+                cu.cuIpcOpenEventHandle(event_handle), index, "cuIpcOpenEventHandle"
+            )
+            try:
+                err, ptr = cu.cuIpcOpenMemHandle(mem_handle, _IPC_LAZY_ENABLE_PEER_ACCESS)
+                if err == INVALID_VALUE:
+                    raise ValueError(
+                        "the driver cannot open this memory IPC handle "
+                        "(CUDA_ERROR_INVALID_VALUE): pass the bytes that "
+                        "DeviceBuffer.ipc_handle() returned in another process, while the "
+                        "exported buffer is alive"
+                    ) from self.drv.error(err, index, "cuIpcOpenMemHandle")
+                if err != SUCCESS:
+                    raise self.drv.error(err, index, "cuIpcOpenMemHandle")
+                mem = Memory(index, nbytes, int(ptr), device=True)
+                dev.memory.add(mem)
+                self.memories.releasers[id(mem)] = self._close
+                self.memories.use(mem, stream)  # its allocation stream: freeing waits for it
+                try:
+                    self.drv.check(
+                        cu.cuStreamWaitEvent(stream.ptr, after, 0), index, "cuStreamWaitEvent"
+                    )
+                    stream.ops += 1
+                    mem.ordered.add(stream.key)
+                    mem.alloc_marker = dev.record_marker(stream)  # other streams wait for it
+                except CudaError:
+                    self.memories.device_free(mem)
+                    raise
+            finally:
+                dev.release(cu.cuEventDestroy, after)  # the wait captured it
+        return mem
+
+    def _close(self, mem: Memory) -> None:
+        cu = self.drv.cu
+        with self.devices[mem.index].pushed:
+            self.drv.released(
+                cu.cuIpcCloseMemHandle(cu.CUdeviceptr(mem.ptr)), mem.index, "cuIpcCloseMemHandle"
+            )

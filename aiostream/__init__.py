@@ -7,24 +7,30 @@ real GPUs (``cuda:N``) and on the deterministic simulated device (``virtual:N``)
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from . import virtual
-from ._diagnostics import PendingWait, pending_waits, set_debug, set_watchdog
-from ._errors import (
-    AiostreamError,
-    BackendUnavailableError,
-    CudaError,
-    DeviceError,
-    NotReadyError,
-    StaleHandleError,
-)
-from ._waiting import get_wait_strategy, set_wait_strategy
-from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
-from .device import Device, device, device_count, is_available
-from .event import Event
-from .interop import as_event, as_stream
-from .loader import Batch, DataLoader, LoaderStats
-from .profiler import Profiler, Span, Summary, profile, record_function
-from .stream import ExternalStream, Stream, current_stream, default_stream, delay, use_stream
+try:
+    from . import virtual
+    from ._diagnostics import PendingWait, pending_waits, set_debug, set_watchdog
+    from ._errors import (
+        AiostreamError,
+        BackendUnavailableError,
+        CudaError,
+        DeviceError,
+        NotReadyError,
+        StaleHandleError,
+    )
+    from ._waiting import get_wait_strategy, set_wait_strategy
+    from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
+    from .device import Device, device, device_count, is_available
+    from .event import Event
+    from .interop import as_event, as_stream
+    from .loader import Batch, DataLoader, LoaderStats
+    from .profiler import Profiler, Span, Summary, profile, record_function
+    from .stream import ExternalStream, Stream, current_stream, default_stream, delay, use_stream
+except ImportError as _error:  # another distribution's files in this folder?
+    from ._clash import explain as _explain
+
+    _explain(_error)
+    raise
 
 try:
     __version__ = _version("aiostream-cuda")

@@ -9,12 +9,13 @@ import platform
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import anyio
 
 import aiostream as ais
 
-from . import _backends, _demo
+from . import _backends, _clash, _demo
 from ._bench import suite
 
 LOOPS = ("asyncio", "uvloop", "trio")
@@ -51,6 +52,9 @@ def info() -> str:
         lines.append(f"default device: {ais.device()}")
     except (ValueError, ais.AiostreamError) as exc:
         lines.append(f"default device: none ({exc})")
+    other = _clash.other_distribution()
+    if other is not None:
+        lines.append(f"CONFLICT: {_clash.advice(other)}")
     return "\n".join(lines)
 
 
@@ -146,8 +150,9 @@ def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> s
             f"stages per item (measured in the sequential run): {stages}",
             f"event loop CPU per batch (pipelined run): {pipe.loop_cpu_s * 1000:.2f} ms",
             f"bottleneck: {slowest}, {per_batch * 1000:.2f} ms per batch",
-            f"overlap efficiency: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = {seq.batches} "
-            f"batches x {per_batch * 1000:.2f} ms, over the measured {pipe.seconds:.3f} s)",
+            f"efficiency against the bound: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = "
+            f"{seq.batches} batches x {per_batch * 1000:.2f} ms, over the measured "
+            f"{pipe.seconds:.3f} s)",
             f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
             f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
         ]
@@ -234,7 +239,7 @@ def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     sections = _names(parser, "--sections", args.sections, suite.SECTIONS)
     report = suite.run(loops, sections, args.quick)
     print(json.dumps(report) if args.json else suite.table(report))
-    return 0
+    return 1 if suite.missed(report) else 0
 
 
 def _positive(kind: type, name: str):  # type: ignore[no-untyped-def]
@@ -250,10 +255,35 @@ def _positive(kind: type, name: str):  # type: ignore[no-untyped-def]
     return parse
 
 
+def _prog() -> str:
+    """How the user ran the CLI: the ``aiostream`` console script, or ``python -m``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "aiostream" if name in ("aiostream", "aiostream.exe") else "python -m aiostream"
+
+
+def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
+    """The device a ``--device`` names. A virtual device past the simulator's count is made:
+    the CLI's simulator has as many devices as the command asks for."""
+    if spec is not None and spec.strip().startswith("virtual:"):
+        index = spec.strip().partition(":")[2]
+        if index.isdigit() and int(index) >= ais.device_count("virtual"):
+            ais.virtual.reset(devices=int(index) + 1)
+    try:
+        return ais.device(spec)
+    except (ValueError, TypeError, ais.AiostreamError) as exc:
+        parser.error(f"--device {spec}: {exc}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m aiostream",
+        prog=_prog(),
         description="aiostream's command line: what this machine has, and demos to run on it.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"aiostream {ais.__version__} (distribution aiostream-cuda)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
@@ -262,10 +292,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="The backends, devices and versions on this machine.",
     )
     p_demo = sub.add_parser(
-        "demo", help="the end-to-end pipeline: host transform, copies, compute, results checked"
+        "demo",
+        help="the end-to-end pipeline: host transform, copies, compute, results checked",
+        description=(
+            "The end-to-end data pipeline on one device: a host transform, host-to-device "
+            "copies, compute, device-to-host copies, the results checked against the host; "
+            "then the same work sequentially. Exit status 0 when both runs' results check out."
+        ),
     )
-    p_demo.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
-    p_demo.add_argument("--batches", type=_positive(int, "--batches"), default=100)
+    p_demo.add_argument(
+        "--device",
+        default=None,
+        help="device, e.g. virtual:0 or cuda:1 (default: $AIOSTREAM_DEVICE, else cuda:0 where "
+        "CUDA works, else virtual:0)",
+    )
+    p_demo.add_argument(
+        "--batches",
+        type=_positive(int, "--batches"),
+        default=100,
+        help="batches to run (default 100)",
+    )
     p_demo.add_argument(
         "--batch-kb",
         type=_positive(int, "--batch-kb"),
@@ -296,19 +342,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=2,
         help="host transforms at once (default 2)",
     )
-    p_demo.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
+    p_demo.add_argument(
+        "--loop", choices=LOOPS, default="asyncio", help="event loop (default asyncio)"
+    )
     p_demo.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
     p_demo.add_argument("--svg", metavar="PATH", help="draw the timeline as an SVG picture")
-    p_streams = sub.add_parser("streams", help="tasks awaiting device work on their own streams")
-    p_streams.add_argument("--device", default=None, help="device, e.g. virtual:0 (default: auto)")
-    p_streams.add_argument("--tasks", type=_positive(int, "--tasks"), default=4)
+    p_streams = sub.add_parser(
+        "streams",
+        help="tasks awaiting device work on their own streams",
+        description=(
+            "Tasks that each record work on their own stream and await it; prints when each "
+            "resumes and the device timeline."
+        ),
+    )
+    p_streams.add_argument(
+        "--device", default=None, help="device, e.g. virtual:0 (default: as for demo)"
+    )
+    p_streams.add_argument(
+        "--tasks", type=_positive(int, "--tasks"), default=4, help="tasks (default 4)"
+    )
     p_streams.add_argument(
         "--duration-ms",
         type=_positive(float, "--duration-ms"),
         default=40.0,
         help="work per task unit, ms (default 40)",
     )
-    p_streams.add_argument("--loop", choices=LOOPS, default="asyncio", help="event loop")
+    p_streams.add_argument(
+        "--loop", choices=LOOPS, default="asyncio", help="event loop (default asyncio)"
+    )
     p_bench = sub.add_parser(
         "bench",
         help="what aiostream costs on this machine: one table of ratios, in a few minutes",
@@ -317,10 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "100,000 streams, the data loader, and CUDA waits where a GPU works), each against "
             "a baseline measured in the same run, and print one table of ratios with the "
             "machine and versions. All figures are real time. benchmarks/ in the source tree "
-            "has the full scripts."
+            "has the full scripts. Exit status: 0 when every row with a goal meets it, 1 when "
+            "one misses it (marked MISS in the table), 2 on a usage error."
         ),
     )
-    p_bench.add_argument("--quick", action="store_true", help="smaller sizes: about a minute")
+    p_bench.add_argument("--quick", action="store_true", help="smaller sizes: about 20 s")
     p_bench.add_argument(
         "--loops",
         default=None,
@@ -338,16 +400,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(info())
         return 0
     if args.command == "bench":
-        return _run_bench(parser, args)
-    try:
-        device = ais.device(args.device)
-    except (ValueError, TypeError, ais.AiostreamError) as exc:
-        parser.error(str(exc))
+        return _run_bench(p_bench, args)
+    command = p_demo if args.command == "demo" else p_streams
+    device = _device(command, args.device)
     if args.loop != "asyncio" and _dist_version(args.loop) is None:
-        parser.error(f"--loop {args.loop} needs the {args.loop!r} package: pip install {args.loop}")
+        command.error(
+            f"--loop {args.loop} needs the {args.loop!r} package: pip install {args.loop} "
+            f'(or pip install "aiostream-cuda[{args.loop}]")'
+        )
     if args.command == "demo":
         if args.prefetch is not None and args.prefetch < args.workers:
-            parser.error(
+            p_demo.error(
                 f"--prefetch {args.prefetch} must be >= --workers {args.workers}: each worker "
                 "transforms an item ahead of the consumer"
             )

@@ -8,6 +8,7 @@ computation done on the host.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -101,7 +102,8 @@ async def run_pipeline(
 ) -> PipelineResult:
     """The overlapped pipeline: DataLoader, compute, and results copied back and checked."""
     device = ais.device(cfg.device)
-    compute, download = ais.Stream(device), ais.Stream(device)
+    compute = ais.Stream(device, name="compute")
+    download = ais.Stream(device, name="d2h copies")
 
     async def transform(a: np.ndarray) -> np.ndarray:
         return await _transform(cfg, a)
@@ -215,6 +217,13 @@ async def run_sequential(cfg: PipelineConfig) -> PipelineResult:
     )
 
 
+def redraw(line: str) -> str:
+    """``line`` redrawn over the terminal's current line: cut to the terminal's width (a line
+    that wrapped could not be drawn over) and the rest of the old line erased."""
+    columns = shutil.get_terminal_size().columns
+    return f"\r{line[: max(1, columns - 1)]}\x1b[K"
+
+
 def progress_bar(total: int, out: Callable[[str], None], *, live: bool) -> Callable[[int], None]:
     """A text progress bar: redrawn in place on a terminal, every quarter otherwise."""
     width = 30
@@ -226,6 +235,6 @@ def progress_bar(total: int, out: Callable[[str], None], *, live: bool) -> Calla
         filled = round(width * done / total)
         rate = done / max(1e-9, time.perf_counter() - started)
         line = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} batches, {rate:6.1f}/s"
-        out(("\r" + line) if live else (line + "\n"))
+        out(redraw(line) if live else (line + "\n"))
 
     return show

@@ -7,6 +7,7 @@ Tracebacks are captured only in debug mode (``aiostream.set_debug(True)`` or
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import os
@@ -32,6 +33,29 @@ logger = logging.getLogger("aiostream")
 Origin = tuple[tuple[str, int, str], ...]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Where the event loops' and their helpers' code lives: frames there are machinery
+    (asyncio's task steps, anyio's task groups, trio's runner), not the user's code. Found by
+    name, without importing any of them."""
+    dirs = [_PACKAGE_DIR]
+    for name in ("asyncio", "anyio", "trio", "sniffio", "uvloop", "concurrent", "outcome"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(os.path.abspath(d) for d in spec.submodule_search_locations)
+    for name in ("contextlib", "threading", "runpy"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            dirs.append(os.path.abspath(spec.origin))
+    return tuple(dirs)
+
+
+#: what a capture leaves out: aiostream itself and the loops' machinery
+_SKIPPED = _library_dirs()
 #: debug captures on (``set_debug``, ``AIOSTREAM_DEBUG=1``); hot paths read it as a global
 debug = os.environ.get("AIOSTREAM_DEBUG", "") not in ("", "0")
 _watchdog: float | None = None
@@ -63,14 +87,15 @@ def watchdog_threshold() -> float | None:
 
 
 def capture(skip: int = 1) -> Origin | None:
-    """The caller's stack outside aiostream (innermost last), if debug mode is on."""
+    """The caller's own frames (innermost last), if debug mode is on: neither aiostream's nor
+    the event loops' machinery (asyncio, anyio, trio), so a listing shows the user's code."""
     if not debug:
         return None
     frame: FrameType | None = sys._getframe(skip + 1)  # noqa: SLF001 (the stdlib's API)
     frames: list[tuple[str, int, str]] = []
     while frame is not None and len(frames) < 12:
         code = frame.f_code
-        if not code.co_filename.startswith(_PACKAGE_DIR):
+        if not code.co_filename.startswith(_SKIPPED) and not code.co_filename.startswith("<"):
             frames.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
     return tuple(reversed(frames))

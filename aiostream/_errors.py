@@ -86,3 +86,17 @@ class NotReadyError(AiostreamError):
 
 class StaleHandleError(AiostreamError):
     """The object belongs to a backend that was replaced (``aiostream.virtual.reset()``)."""
+
+
+# Tracebacks and reprs name them as users import them: aiostream.DeviceError, not
+# aiostream._errors.DeviceError (pickling still finds them: aiostream exports each one).
+for _error in (
+    AiostreamError,
+    DeviceError,
+    CudaError,
+    BackendUnavailableError,
+    NotReadyError,
+    StaleHandleError,
+):
+    _error.__module__ = "aiostream"
+del _error

@@ -15,7 +15,7 @@ path that costs one checkpoint when the work is already complete, else a capture
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from . import _diagnostics, _hooks, _waiting
@@ -130,6 +130,11 @@ class Awaitable(DeviceObject):
         await _waiting.wait(
             self._backend, self._device.index, target, self._subject(), self._origin, strategy
         )
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        """``await x`` is ``await x.synchronize()``, with the default wait strategy."""
+        # a generator: the coroutine is made only when awaited, never left unawaited
+        return (yield from self.synchronize().__await__())
 
     def synchronize_blocking(self) -> None:
         """Block the calling thread until the work completes.

@@ -226,7 +226,7 @@ class _Staging:
         self.plan = plan
         self.device = plan.device
         self.limiter = limiter
-        self.copy_stream = Stream(self.device)
+        self.copy_stream = Stream(self.device, name="DataLoader h2d copies")
         self.pool = plan.prefetch + 2  # slots made as needed, up to this many
         self.slots: list[_Slot] = []
         self.free: deque[_Slot] = deque()

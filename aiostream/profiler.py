@@ -33,7 +33,7 @@ from ._errors import AiostreamError
 from .device import Device
 from .device import device as _resolve_device
 from .event import Event
-from .stream import Stream
+from .stream import Stream, stream_name
 
 __all__ = ["Profiler", "Span", "Summary", "profile", "record_function"]
 
@@ -194,19 +194,22 @@ class Summary:
             _check_seconds(busy, f"engine_busy[{key!r}]")
 
     def __str__(self) -> str:
-        lines = [f"{'span':32} {'count':>7} {'total ms':>11} {'mean ms':>10}"]
+        w = 40  # the name column; the figures line up under their headings below it
+        lines = [f"{'span':{w}} {'count':>7} {'total ms':>11} {'mean ms':>10}"]
         for name, (count, total) in sorted(self.spans.items(), key=lambda kv: -kv[1][1]):
-            lines.append(
-                f"{name[:32]:32} {count:7d} {total * 1e3:11.3f} "
-                f"{(total / count if count else 0.0) * 1e3:10.3f}"
-            )
+            mean = (total / count if count else 0.0) * 1e3
+            lines.append(f"{name[:w]:{w}} {count:7d} {total * 1e3:11.3f} {mean:10.3f}")
         lines.append("")
-        for engine, busy in sorted(self.engine_busy.items()):
-            lines.append(f"device busy, {engine:24} {busy * 1e3:11.3f} ms")
-        lines.append(f"device busy, any engine{'':9} {self.device_busy * 1e3:11.3f} ms")
-        lines.append(f"host busy{'':23} {self.host_busy * 1e3:11.3f} ms")
-        lines.append(f"wall{'':28} {self.wall * 1e3:11.3f} ms")
-        lines.append(f"overlap (host and device busy / device busy): {self.overlap:.3f}")
+        rows = [(f"device busy: {e}", busy) for e, busy in sorted(self.engine_busy.items())]
+        rows += [
+            ("device busy: any engine", self.device_busy),
+            ("host busy (in host ranges, less awaits)", self.host_busy),
+            ("wall", self.wall),
+        ]
+        lines += [f"{label[:w]:{w}} {'':7} {sec * 1e3:11.3f}" for label, sec in rows]
+        lines.append(
+            f"host/device overlap: {self.overlap:.3f} (time both were busy / device busy time)"
+        )
         return "\n".join(lines)
 
 
@@ -238,6 +241,7 @@ class Profiler:
         self._spans: list[Span] = []
         self._ranges: list[tuple[str, Stream, Event, Event, dict[str, Any], bool]] = []
         self._refs: dict[Device, tuple[Event, float]] = {}
+        self._names: dict[str, str] = {}  # stream track -> the stream's name
         self.start: float | None = None
         self.end: float | None = None
         self.unfinished = 0
@@ -281,8 +285,13 @@ class Profiler:
         return self.start
 
     def native_timeline(self, stream: Stream) -> bool:
-        """Whether ``stream``'s backend shows its device work itself (no timing events)."""
+        """Whether ``stream``'s backend shows its device work itself (no timing events).
+
+        Asked of each stream work is submitted to while the profile runs: the profiler also
+        notes the stream's name then, for streams that are gone when the profile ends."""
         _check_stream(stream)
+        if stream.name is not None:
+            self._names[f"{stream.device} stream {stream.stream_id}"] = stream.name
         backend = _objects.backend(stream)
         native = self._native.get(backend)
         if native is None:  # an isinstance() on a Protocol costs microseconds: once per backend
@@ -365,6 +374,9 @@ class Profiler:
             for r in self._timeline.timeline():
                 if r.submitted >= start:
                     track = f"{self.device.type}:{r.device} stream {r.stream}"
+                    name = stream_name(Device(self.device.type, r.device), r.stream)
+                    if name is not None:
+                        self._names[track] = name
                     args = {"error": r.error} if r.error else {}
                     spans.append(Span("device", r.name, track, r.start, r.end, r.engine, args))
         for name, stream, ev0, ev1, args, op in self._ranges:
@@ -379,6 +391,8 @@ class Profiler:
                 self.unfinished += 1  # the device's error is the user's to see, at their awaits
                 continue
             track = f"{stream.device} stream {stream.stream_id}"
+            if stream.name is not None:
+                self._names[track] = stream.name
             spans.append(Span("device" if op else "range", name, track, a, b, None, args))
         with self._lock:
             self._spans.extend(spans)
@@ -426,7 +440,7 @@ class Profiler:
         """
         path = _check_path(path)
         t0 = self._check_ran()
-        events = _trace_events(self.spans, t0)
+        events = _trace_events(self.spans, t0, self._names)
         doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": "aiostream"}}
         text = json.dumps(doc, indent=0, allow_nan=False)  # before the file is opened
         with open(path, "w", encoding="utf-8") as f:
@@ -453,7 +467,7 @@ class Profiler:
             AiostreamError: the profile has not run.
         """
         t0 = self._check_ran()
-        return _svg(self.spans, t0, self.end)
+        return _svg(self.spans, t0, self.end, self._names)
 
 
 def _summarize(spans: list[Span], start: float, end: float) -> Summary:
@@ -465,6 +479,8 @@ def _summarize(spans: list[Span], start: float, end: float) -> Summary:
     for s in spans:
         if s.kind in ("host", "device"):
             per_name[s.name].append(s.duration)
+        elif s.kind == "range":  # record_function(..., stream=s): its work's time on the device
+            per_name[f"{s.name} (device)"].append(s.duration)
         if s.kind == "device" and s.engine is not None:
             device = s.track.split(" ")[0]
             per_engine[f"{device} {s.engine}"].append((s.start, s.end))
@@ -499,7 +515,22 @@ def _tracks(spans: list[Span]) -> tuple[list[str], list[str]]:
     return tasks, streams
 
 
-def _trace_events(spans: list[Span], t0: float) -> list[dict[str, Any]]:
+def task_label(task: str) -> str:
+    """A task's name as a person reads it: anyio names a task by its function's qualified
+    name, ``__main__._run_demo.<locals>.run``, shown as ``_run_demo.run`` (the last two
+    parts, without ``<locals>``); other names as they are."""
+    parts = [p for p in task.split(".") if p != "<locals>"]
+    return ".".join(parts[-2:]) if len(parts) > 2 else ".".join(parts)
+
+
+def _stream_label(track: str, names: dict[str, str]) -> str:
+    name = names.get(track)
+    return track if name is None else f"{track} ({name})"
+
+
+def _trace_events(
+    spans: list[Span], t0: float, stream_names: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The Chrome trace's events: a process per device (the host tasks' first), a thread per
     task or stream, and one more where spans of one track overlap without nesting."""
     tasks, streams = _tracks(spans)
@@ -520,7 +551,7 @@ def _trace_events(spans: list[Span], t0: float) -> list[dict[str, Any]]:
         for n, track in enumerate(names):
             for lane, lane_spans in enumerate(_nested_lanes(by_track[track])):
                 tid = (n + 1) * 100 + lane
-                label = track if pid > 1 else f"task {track}"
+                label = _stream_label(track, stream_names or {}) if pid > 1 else task_label(track)
                 events.append(
                     {
                         "name": "thread_name",
@@ -534,7 +565,9 @@ def _trace_events(spans: list[Span], t0: float) -> list[dict[str, Any]]:
     return events
 
 
-def _svg(spans: list[Span], t0: float, end: float | None) -> str:
+def _svg(
+    spans: list[Span], t0: float, end: float | None, names: dict[str, str] | None = None
+) -> str:
     """The timeline as SVG: tasks and streams as lanes, spans as bars, awaits hatched."""
     t1 = max([end or t0] + [s.end for s in spans])
     span = max(t1 - t0, 1e-9)
@@ -576,7 +609,7 @@ def _svg(spans: list[Span], t0: float, end: float | None) -> str:
         by_track[s.track].append(s)
     for row, (kind, track) in enumerate(lanes):
         y = top + row * row_h
-        label = f"task {track}" if kind == "task" else track
+        label = task_label(track) if kind == "task" else _stream_label(track, names or {})
         out.append(f'<g class="lane" data-kind="{kind}" data-track="{escape(track)}">')
         out.append(
             f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{row_h - 4}" fill="#f4f4f4"/>'

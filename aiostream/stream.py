@@ -31,6 +31,8 @@ class Stream(_objects.Awaitable):
         device: where the stream lives (see :func:`aiostream.device`); None for the default.
         priority: lower numbers are higher priorities, as in CUDA; 0 (the lowest) by default.
             The valid range depends on the device (``-5`` to ``0`` on virtual devices).
+        name: what the stream is for (``"compute"``, ``"h2d copies"``), shown in its repr
+            and in profiles' traces and timelines; None for none.
 
     Example:
         >>> s = Stream("virtual:0")
@@ -41,13 +43,18 @@ class Stream(_objects.Awaitable):
         Wraps ``cuStreamCreateWithPriority`` on CUDA.
     """
 
-    __slots__ = ("_id", "_priority")
+    __slots__ = ("_id", "_name", "_priority")
 
     _what = "stream"
     _id: int
     _priority: int
+    _name: str | None
 
-    def __init__(self, device: Device | str | None = None, *, priority: int = 0) -> None:
+    def __init__(
+        self, device: Device | str | None = None, *, priority: int = 0, name: str | None = None
+    ) -> None:
+        if name is not None and type(name) is not str:
+            raise TypeError(f"name must be a str or None, got {name!r}")
         dev = _resolve_device(device)
         backend = _backends.get(dev.type)
         priority = _check.integer(priority, "priority")
@@ -61,6 +68,9 @@ class Stream(_objects.Awaitable):
         self._bind(dev, backend, handle, backend.stream_destroy)
         self._priority = priority
         self._id = backend.stream_id(handle)
+        self._name = name
+        if name is not None:
+            _named[dev, self._id] = self
 
     @classmethod
     def _unowned(cls, backend: AnyBackend, dev: Device, handle: Any, priority: int = 0) -> Stream:
@@ -68,6 +78,7 @@ class Stream(_objects.Awaitable):
         self = _objects.unowned(cls, dev, backend, handle)
         self._priority = priority
         self._id = backend.stream_id(handle)
+        self._name = None
         return self
 
     # ------------------------------------------------------------------ properties
@@ -91,6 +102,11 @@ class Stream(_objects.Awaitable):
     def priority(self) -> int:
         """The stream's priority (lower is higher)."""
         return self._priority
+
+    @property
+    def name(self) -> str | None:
+        """What the stream is for, as given when it was made; None if not named."""
+        return self._name
 
     # ------------------------------------------------------------------ work
 
@@ -170,7 +186,11 @@ class Stream(_objects.Awaitable):
         return hash((self._device, self._id))
 
     def __repr__(self) -> str:
-        return f"<aiostream.Stream device={self._device} id={self._id} priority={self._priority}>"
+        named = "" if self._name is None else f" name={self._name!r}"
+        return (
+            f"<aiostream.Stream device={self._device} id={self._id} priority={self._priority}"
+            f"{named}>"
+        )
 
 
 class ExternalStream(Stream):
@@ -202,6 +222,16 @@ class ExternalStream(Stream):
 
     def __repr__(self) -> str:
         return f"<aiostream.ExternalStream device={self._device} handle={self._id:#x}>"
+
+
+#: the live streams that have a name, by device and id (ids are unique among live streams)
+_named: weakref.WeakValueDictionary[tuple[Device, int], Stream] = weakref.WeakValueDictionary()
+
+
+def stream_name(device: Device, stream_id: int) -> str | None:
+    """The name of the live stream ``stream_id`` of ``device``; None if it has none."""
+    stream = _named.get((device, stream_id))
+    return None if stream is None else stream.name
 
 
 # ---------------------------------------------------------------------- default and current

@@ -179,7 +179,7 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.summary = last
         step.notes = [line for line in lines if ": failed," in line or ": skipped," in line]
     elif step.name.startswith("demo-"):
-        keep = ("overlap efficiency", "speed-up", "bottleneck")
+        keep = ("efficiency against the bound", "speed-up", "bottleneck")
         step.summary = "; ".join(line for line in lines if line.startswith(keep))
     else:
         step.summary = last

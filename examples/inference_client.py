@@ -185,10 +185,13 @@ def measure(url: str, *, clients: int, seconds: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
-    parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--clients", type=int, default=64, help="concurrent clients")
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long to send requests")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--load-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -27,9 +27,11 @@ async def main() -> None:
                 image = batch.data["image"]  # a DeviceBuffer, float32 (64, 64)
                 ais.delay(0.002)  # stand-in for the model; it runs after the copy landed
         await model.synchronize()
+    stats = loader.stats
     print(
-        f"{loader.stats.batches} batches, {loader.stats.allocations} device buffers "
-        f"allocated, at most {loader.stats.peak_in_use} in use; last: {image}"
+        f"{stats.batches} batches; at most {stats.peak_in_use} of the loader's "
+        f"{stats.pool_size} slots in use, whose {stats.allocations} device buffers (an image "
+        f"and a label per slot) were each allocated once; last: {image}"
     )
 
 

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any
@@ -124,7 +125,20 @@ def start_actors(n: int, gpus: bool) -> list[Any]:
     return [DeviceActor.remote(f"virtual:{i}") for i in range(n)]
 
 
-def main() -> None:
+def missing_gpus(actors: int) -> str | None:
+    """Why the Ray cluster cannot give ``--gpus`` actors a GPU each, or None: Ray would
+    otherwise wait for them forever, repeating that no node can fulfil the request."""
+    have = int(ray.cluster_resources().get("GPU", 0))
+    if have >= actors:
+        return None
+    fewer = f"give --actors {have} or fewer, " if have else ""
+    return (
+        f"--gpus --actors {actors} needs {actors} GPUs (one per actor), and this Ray cluster "
+        f"has {have}: {fewer}or leave out --gpus (each actor then simulates a virtual device)"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--jobs", type=int, default=8)
@@ -133,11 +147,15 @@ def main() -> None:
     parser.add_argument("--gpus", action="store_true", help="an actor per GPU, on cuda:0 each")
     parser.add_argument("--address", default=None, help="a Ray cluster ('auto'); else local")
     parser.add_argument("--trace", default="ray_trace.json", help="where the merged trace goes")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.address:
         ray.init(address=args.address)
     else:
         ray.init(num_cpus=max(2, args.actors), include_dashboard=False)
+    why = missing_gpus(args.actors) if args.gpus else None
+    if why is not None:
+        ray.shutdown()
+        sys.exit(why)
     try:
         actors = start_actors(args.actors, args.gpus)
         ray.get([a.ready.remote() for a in actors])  # the workers have started

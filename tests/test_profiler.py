@@ -72,8 +72,8 @@ async def test_overlap_ratio_equals_the_hand_computed_value(virtual_time: Virtua
     assert summary.spans["prep"] == (3, pytest.approx(0.006))
     assert summary.spans["delay"] == (3, pytest.approx(0.009))
     table = str(prof)
-    assert "overlap (host and device busy / device busy): 0.444" in table
-    assert "device busy, virtual:0 compute" in table
+    assert "host/device overlap: 0.444 (time both were busy / device busy time)" in table
+    assert "device busy: virtual:0 compute" in table
 
 
 async def test_host_busy_excludes_time_suspended_in_awaits(virtual_time: VirtualTime) -> None:
@@ -148,7 +148,7 @@ async def test_trace_follows_the_trace_event_format(
     assert max(ev.get("ts", 0) for ev in events) == pytest.approx(11_000)
     stream = ais.virtual.timeline()[0].stream
     assert sorted(names.values()) == sorted(
-        ["task " + prof.spans[0].track, f"virtual:0 stream {stream}"]
+        [profiler.task_label(prof.spans[0].track), f"virtual:0 stream {stream}"]
     )
 
 

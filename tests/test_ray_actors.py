@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import ROOT, import_example
+from .conftest import ROOT, import_example, run_python
 
 ray = pytest.importorskip("ray", reason='the Ray example needs pip install -e ".[ray]"')
 
@@ -61,3 +61,20 @@ def test_an_actor_on_a_device_that_does_not_exist_says_so(example: ModuleType) -
     # the actor's constructor failed: its error, whole, is the reason every call gets
     with pytest.raises(ray.exceptions.RayActorError, match=r"'cuda' backend is unavailable|cuda:7"):
         ray.get(actor.ready.remote(), timeout=60)
+
+
+def test_gpus_the_cluster_lacks_are_said_at_once(example: ModuleType) -> None:
+    have = int(ray.cluster_resources().get("GPU", 0))
+    assert example.missing_gpus(have) is None
+    assert example.missing_gpus(have + 1) == (
+        f"--gpus --actors {have + 1} needs {have + 1} GPUs (one per actor), and this Ray "
+        f"cluster has {have}: "
+        + (f"give --actors {have} or fewer, " if have else "")
+        + "or leave out --gpus (each actor then simulates a virtual device)"
+    )
+
+
+def test_the_command_exits_instead_of_waiting_for_gpus() -> None:
+    proc = run_python("examples/ray_actors.py", "--gpus", "--actors", "64", timeout=180)
+    assert proc.returncode == 1
+    assert "--gpus --actors 64 needs 64 GPUs (one per actor)" in proc.stderr

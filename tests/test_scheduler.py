@@ -1,6 +1,6 @@
 """The virtual device's scheduler, alone: against a small reference on random programs.
 
-The reference below follows DESIGN.md section 5 as literally as it can, scanning everything at
+The reference below follows docs/design.md section 5 as literally as it can, scanning everything at
 every step; the scheduler does the same with dependency counting, ready queues and one
 completion heap. Hypothesis generates programs of streams (with priorities), operations on
 engines with slots, event records and waits, stalls, faults and clock advances, and every item's

@@ -77,8 +77,15 @@ class VirtualTime:
         """``"asyncio"`` or ``"trio"`` once the test runs."""
 
     def now(self) -> float:
-        """Seconds of virtual time since the test body started."""
-        return self._read() if self._read is not None else self._frozen
+        """Seconds of virtual time since the test body started: whole nanoseconds, as the
+        virtual device reads them (``0.3`` after three waits of ``0.1``, where the loop's own
+        float clock says ``0.30000000000000004``)."""
+        return self.now_ns() / 1e9
+
+    def now_ns(self) -> int:
+        """Nanoseconds of virtual time since the test body started."""
+        seconds = self._read() if self._read is not None else self._frozen
+        return round(seconds * 1_000_000_000)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,10 @@ __all__ = ["aiostream_device", "virtual_device", "virtual_time"]
 _OPTIONS = (*VirtualOptions.names(), "check_leaks", "check_races")
 _TIME_KEY = pytest.StashKey[VirtualTime]()
 _REPORT_KEY = pytest.StashKey[pytest.TestReport]()
+_NO_CUDA_KEY = pytest.StashKey[str]()
+#: the skip reason of a cuda:0 parameter where CUDA does not work; why it does not is said
+#: once, in the terminal summary, not in every skip line
+_NO_CUDA = 'needs a CUDA GPU (why none works here: the "aiostream:" line above)'
 
 
 # ---------------------------------------------------------------------- hooks
@@ -85,14 +89,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "aiostream_device" not in metafunc.fixturenames:
         return
     ok, reason = _backends.probe("cuda")
+    if not ok:
+        metafunc.config.stash[_NO_CUDA_KEY] = reason
     cuda = pytest.param(
-        "cuda:0",
-        id="cuda:0",
-        marks=() if ok else pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}"),
+        "cuda:0", id="cuda:0", marks=() if ok else pytest.mark.skip(reason=_NO_CUDA)
     )
     metafunc.parametrize(
         "aiostream_device", [pytest.param("virtual:0", id="virtual:0"), cuda], indirect=True
     )
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    reason = config.stash.get(_NO_CUDA_KEY, None)
+    if reason is not None:
+        terminalreporter.write_line(f"aiostream: the cuda:0 tests skipped: {reason}")
 
 
 @pytest.hookimpl(wrapper=True)

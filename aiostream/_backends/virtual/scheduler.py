@@ -3,7 +3,7 @@
 A pure core: no lock, no clock, no handles. The caller says what time it is (``advance``) and
 what is submitted (``submit``); the scheduler keeps every item's state and the timeline.
 
-The rules (DESIGN.md, section 5):
+The rules (docs/design.md, section 5):
 
 - An item becomes ready when everything it waits for has completed: the previous item of its
   stream and the events its stream waits on. Completions count their dependents down, so

@@ -1,0 +1,54 @@
+"""The unrelated PyPI project ``aiostream`` uses this package's import name.
+
+Installed into one environment, pip lays both distributions' files into one ``aiostream/``
+folder without a word: imports inside the package then fail in ways that name neither
+distribution (``cannot import name 'Stream' from 'aiostream.stream'``, where the other
+project's ``aiostream/stream/`` package shadows ``stream.py``). This module finds the other
+distribution and says what to do. It imports nothing of the package, so it works however mixed
+the folder is.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+
+#: this project's distribution
+OURS = "aiostream-cuda"
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def other_distribution() -> str | None:
+    """``"aiostream 0.6.4 (in /site-packages)"`` when the other project is installed, else
+    None."""
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if _normal(name) == "aiostream":
+            where = dist.locate_file("")
+            return f"{name} {dist.version} (in {where})"
+    return None
+
+
+def advice(other: str) -> str:
+    """What to do about the other distribution."""
+    return (
+        f"The distribution {other} is installed here too: it is an unrelated project that "
+        f"uses the same import name, 'aiostream', and pip has mixed its files with this "
+        f"project's ({OURS}). They cannot share an environment. Fix it with\n"
+        f"    python -m pip uninstall -y aiostream {OURS}\n"
+        f"then reinstall this project: python -m pip install {OURS} (or, from a checkout, "
+        f"python -m pip install .). Uninstalling only the other one leaves this one "
+        f"broken, since the two share files. To use both, give each its own virtual "
+        f"environment."
+    )
+
+
+def explain(error: ImportError) -> None:
+    """Raise an ImportError that names the other distribution and the fix, when it is the
+    cause of ``error``; else return (the caller re-raises ``error``)."""
+    other = other_distribution()
+    if other is not None:
+        raise ImportError(f"aiostream could not be imported ({error}). {advice(other)}") from error

@@ -1,0 +1,40 @@
+"""Virtual time is exact: the fixture's clock and the virtual device read the same integer
+nanoseconds, however the loop's float clock rounds."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import aiostream as ais
+from aiostream.testing import VirtualTime, run_in_virtual_time
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_three_device_waits_of_a_tenth_make_three_tenths(virtual_time: VirtualTime) -> None:
+    s = ais.Stream()
+    for _ in range(3):
+        ais.delay(0.1, stream=s)
+        await s
+    assert virtual_time.now() == 0.3 == ais.virtual.now()
+    assert virtual_time.now_ns() == 300_000_000
+
+
+async def test_three_loop_sleeps_of_a_tenth_make_three_tenths(virtual_time: VirtualTime) -> None:
+    for _ in range(3):
+        await anyio.sleep(0.1)  # the loop's clock sums floats: 0.30000000000000004
+    assert virtual_time.now() == 0.3
+    assert virtual_time.now_ns() == 300_000_000
+
+
+def test_run_in_virtual_time_is_exact_too() -> None:
+    async def tenths() -> float:
+        for _ in range(3):
+            await anyio.sleep(0.1)
+        ais.delay(0.1)
+        await ais.current_stream()
+        return ais.virtual.now()
+
+    assert run_in_virtual_time(tenths) == 0.4
+    assert run_in_virtual_time(tenths, backend="trio") == 0.4

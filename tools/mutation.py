@@ -1,0 +1,529 @@
+#!/usr/bin/env python3
+"""Mutation testing of the core modules, with mutmut: how many small changes to the code the
+tests catch, per module, and the list of those they miss.
+
+    python tools/mutation.py                      # every module below, in this order
+    python tools/mutation.py event stream         # some of them
+    python tools/mutation.py aiostream/_backends/cuda/waits.py   # one file, its module's tests
+    python tools/mutation.py loader --mutant 'aiostream.loader.xǁDataLoaderǁ*'   # some mutants
+    python tools/mutation.py --sample 60 --report build/mutation   # 60 per module, at random
+
+Each module runs in a scratch copy of the checkout (``--workdir``, the checkout is never
+touched): mutmut copies ``aiostream/`` with every mutant compiled in beside the original,
+runs the module's test files once to learn which tests call each function, then runs each
+mutant against those tests only (a function only one test called gets every test that
+called the module: code run once per process is called by the first test only), stopping at
+the first failure. A mutant is *killed* when a
+test fails (or the run times out, or crashes); it *survives* when they all pass, and has *no
+tests* when none calls its function. The score is killed / all mutants.
+
+Every module runs with the stand-in CUDA driver (tests/fake_cuda/fake_cuda.c, built here
+with the C compiler) as ``libcuda.so.1``, one device: the CUDA test files and the
+conformance suite's ``cuda:0`` runs take part, as in CI's fake-driver run, and a session
+that leaves a contract violation counted on the stand-in fails (its exit check, which the
+mutants' test runs never reach). Without a C compiler only the CUDA module is refused.
+
+Needs mutmut 3 (``pip install 'mutmut>=3.8,<4'``; not a dependency of the package). Run it
+niced on a shared machine. It prints the score of each module and the survivors, and with
+``--report DIR`` writes them to ``DIR/<module>.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import fnmatch
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Module:
+    """What to mutate (globs under the checkout) and the test files that can catch it."""
+
+    mutate: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+# The test files of each module: the ones written for it, the conformance suite (every
+# backend keeps the semantics), and the CUDA files where its code has a CUDA side. Each must
+# pass as it is; slow suites that reach a module only through the public surface
+# (test_bad_input, test_testing, test_fake_driver's subprocess runs) are left out.
+MODULES: dict[str, Module] = {
+    "_objects": Module(
+        ("aiostream/_objects.py",),
+        (
+            "tests/test_stream.py",
+            "tests/test_event.py",
+            "tests/test_device.py",
+            "tests/test_buffers.py",
+            "tests/test_conformance.py",
+            "tests/test_outside_contracts.py",
+            "tests/test_faults.py",
+            "tests/test_profiler.py",
+            "tests/test_cuda.py",
+        ),
+    ),
+    "event": Module(
+        ("aiostream/event.py",),
+        (
+            "tests/test_event.py",
+            "tests/test_stream.py",
+            "tests/test_conformance.py",
+            "tests/test_outside_contracts.py",
+            "tests/test_faults.py",
+            "tests/test_profiler.py",
+            "tests/test_cuda.py",
+            "tests/test_cuda_contract.py",
+        ),
+    ),
+    "stream": Module(
+        ("aiostream/stream.py",),
+        (
+            "tests/test_stream.py",
+            "tests/test_event.py",
+            "tests/test_conformance.py",
+            "tests/test_outside_contracts.py",
+            "tests/test_faults.py",
+            "tests/test_profiler.py",
+            "tests/test_cuda.py",
+            "tests/test_cuda_contract.py",
+        ),
+    ),
+    "buffers": Module(
+        ("aiostream/buffers.py",),
+        (
+            "tests/test_buffers.py",
+            "tests/test_conformance.py",
+            "tests/test_outside_contracts.py",
+            "tests/test_profiler.py",
+            "tests/test_loader.py",
+            "tests/test_cuda.py",
+            "tests/test_cuda_contract.py",
+        ),
+    ),
+    "_waiting": Module(
+        ("aiostream/_waiting.py",),
+        (
+            "tests/test_waiting.py",
+            "tests/test_conformance.py",
+            "tests/test_outside_contracts.py",
+            "tests/test_faults.py",
+            "tests/test_profiler.py",
+            "tests/test_storm.py",
+            "tests/test_cuda.py",
+        ),
+    ),
+    "loader": Module(("aiostream/loader.py",), ("tests/test_loader.py",)),
+    "virtual": Module(
+        ("aiostream/_backends/virtual/*.py",),
+        (
+            "tests/test_virtual.py",
+            "tests/test_scheduler.py",
+            "tests/test_faults.py",
+            "tests/test_conformance.py",
+            "tests/test_backend_protocol.py",
+            "tests/test_stream.py",
+            "tests/test_event.py",
+            "tests/test_buffers.py",
+            "tests/test_waiting.py",
+            "tests/test_outside_contracts.py",
+        ),
+    ),
+    "cuda": Module(
+        ("aiostream/_backends/cuda/*.py",),
+        (
+            "tests/test_cuda.py",
+            "tests/test_cuda_contract.py",
+            "tests/test_cuda_waits.py",
+            "tests/test_conformance.py",
+            "tests/test_backend_protocol.py",
+        ),
+    ),
+}
+
+# Tests whose verdict depends on the machine's load, not on the code: a mutant must not be
+# "killed" by them, and the runs that must pass (mutmut's first, instrumented one and the
+# clean one) must not fail by them.
+DESELECT: tuple[str, ...] = (
+    # 5 ms differences in real time
+    "tests/test_cuda.py::test_waits_on_many_streams_complete_in_any_order",
+    # fails about one run in two when run alone (all loops), whatever the load
+    "tests/test_cuda.py::test_awaiting_an_external_stream",
+    # 5000 waits within 10 s of real time: not under mutmut's instrumentation on a busy machine
+    "tests/test_cuda_waits.py::test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle",
+)
+
+# Imported once by mutmut's fork server, before it forks a process per mutant. Nothing here
+# may start a thread or load the driver (each test session does that, in its own process),
+# nor be or import a pytest plugin (anyio, hypothesis, aiostream: pytest could no longer
+# rewrite their asserts, and its warning is an error here).
+PRELOAD = ("pytest", "trio", "uvloop", "numpy")
+
+# A pytest plugin for the mutants' test runs: the stand-in driver fails its process at exit
+# on a contract violation or a leak, but mutmut ends each run with os._exit, so the session
+# checks the same counts itself.
+CHECK_PLUGIN = '''\
+"""Fail the session on contract violations the stand-in driver counted (see tools/mutation.py)."""
+
+import ctypes
+import os
+
+import pytest
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return  # the driver was never loaded
+    if not hasattr(lib, "fake_cuda_violations"):
+        return
+    lib.fake_cuda_violations.restype = ctypes.c_long
+    lib.fake_cuda_take_leaks.restype = ctypes.c_long
+    if lib.fake_cuda_violations() or lib.fake_cuda_take_leaks():
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+'''
+
+# mutmut, run with one change: a function that only one test called while mutmut learned
+# which tests call what is then given every test that called the module. Code that runs
+# once per process (the CUDA backend, its devices and watchers are made on first use and
+# kept) is called by the first test to use it only, and that test alone could not kill it.
+MUTMUT = """
+import sys
+
+import mutmut.__main__ as main
+from mutmut.state import state
+
+collect = main.run_stats_collection
+
+
+def run_stats_collection(runner, tests=None):
+    collect(runner, tests)
+    by_function = state().tests_by_mangled_function_name
+    everyone = set().union(*by_function.values())
+    for name, tests_of in by_function.items():
+        if len(tests_of) == 1:
+            by_function[name] = set(everyone)
+    main.save_stats()
+
+
+main.run_stats_collection = run_stats_collection
+sys.argv[0] = "mutmut"
+main.cli()
+"""
+
+KILLED = {"killed", "timeout", "segfault", "caught by type check"}
+
+
+def module_of(arg: str) -> tuple[str, Module]:
+    """The module named ``arg``, or the module that owns the file ``arg`` (only it mutated)."""
+    if arg in MODULES:
+        return arg, MODULES[arg]
+    path = Path(arg).resolve()
+    rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else arg
+    for name, module in MODULES.items():
+        if any(fnmatch.fnmatch(rel, pattern) for pattern in module.mutate):
+            return f"{name}:{Path(rel).stem}", Module((rel,), module.tests)
+    raise SystemExit(f"{arg}: neither a module ({', '.join(MODULES)}) nor a file of one")
+
+
+def toml_list(items: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(json.dumps(item) for item in items) + "]"
+
+
+def build_stand_in(workdir: Path) -> Path | None:
+    """Build the stand-in driver into ``workdir``; None (and why, on stderr) if it fails."""
+    folder = workdir / "fake_cuda"
+    folder.mkdir(parents=True, exist_ok=True)
+    cc = os.environ.get("CC", "gcc")
+    cmd = [cc, "-shared", "-fPIC", "-O1", "-o", str(folder / "libcuda.so.1")]
+    cmd += [str(ROOT / "tests/fake_cuda/fake_cuda.c"), "-lpthread", "-ldl"]
+    try:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"the stand-in driver did not build ({exc}); CUDA tests will skip", file=sys.stderr)
+        return None
+    return folder
+
+
+def prepare(workdir: Path, module: Module, args: argparse.Namespace) -> None:
+    """A fresh scratch copy of the checkout, configured for ``module``."""
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
+    shutil.copytree(ROOT / "aiostream", workdir / "aiostream", ignore=ignore)
+    shutil.copytree(ROOT / "tests", workdir / "tests", ignore=ignore)
+    (workdir / "mutation_checks.py").write_text(CHECK_PLUGIN)
+    (workdir / "preload.txt").write_text("\n".join(PRELOAD) + "\n")
+    # a hang fails its test after --test-timeout seconds (mutmut's own limit, on the whole
+    # run, comes later)
+    pytest_args = ["-p", "no:cacheprovider", "-p", "mutation_checks"]
+    pytest_args += [f"--timeout={args.test_timeout:g}"]
+    for test in DESELECT:
+        pytest_args += ["--deselect", test]
+    config = (ROOT / "pyproject.toml").read_text()
+    config += f"""
+[tool.mutmut]
+source_paths = ["aiostream"]
+only_mutate = {toml_list(module.mutate)}
+also_copy = ["mutation_checks.py"]
+pytest_add_cli_args_test_selection = {toml_list(module.tests)}
+pytest_add_cli_args = {toml_list(pytest_args)}
+timeout_multiplier = {args.timeout_multiplier}
+timeout_constant = {args.timeout_constant}
+process_isolation = "forkserver"
+forkserver_warmup = "import"
+preload_modules_file = "preload.txt"
+use_git_change_detection = false
+"""
+    (workdir / "pyproject.toml").write_text(config)
+
+
+def line_of(source: str, function: str, cls: str | None) -> int:
+    """The first line (decorators included) of ``cls.function`` or ``function`` in ``source``."""
+    tree = ast.parse(source)
+    scope: list[ast.stmt] = tree.body
+    if cls is not None:
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                scope = node.body
+                break
+    for node in scope:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function:
+            return min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return 0
+
+
+def survivors(workdir: Path, files: list[Path]) -> tuple[dict[str, int], list[str]]:
+    """Counts per status, and a description of each mutant not killed, from mutmut's data."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+    from mutmut.utils.format_utils import orig_function_and_class_names_from_key
+
+    counts: dict[str, int] = {}
+    lines: list[str] = []
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    reset_config()
+    try:
+        for path in files:
+            meta = Path("mutants") / f"{path}.meta"
+            if not meta.exists():
+                continue
+            source = path.read_text()
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            for name, code in codes.items():
+                # mutmut reads a test run that raised (exit status -1) as a timeout: here it is
+                # an error of the set-up, never a kill
+                status = "error" if code in (-1, 255) else status_by_exit_code[code]
+                counts[status] = counts.get(status, 0) + 1
+                if status in KILLED or status == "not checked":
+                    continue
+                function, cls = orig_function_and_class_names_from_key(name)
+                start = line_of(source, function, cls)
+                diff = get_diff_for_mutant(name, path=path).splitlines()
+                offset, line = 0, start
+                for text in diff:
+                    if text.startswith("@@"):
+                        offset = int(text.split()[1].lstrip("-").split(",")[0])
+                    elif text.startswith(("-", "+")) and not text.startswith(("---", "+++")):
+                        line = start + offset - 1
+                        break
+                    elif offset:
+                        offset += 1
+                changed = [t for t in diff if t[:1] in "-+" and t[:3] not in ("---", "+++")]
+                lines.append(f"{status:<9} {path}:{line}  {name}")
+                lines += [f"    {t}" for t in changed]
+    finally:
+        os.chdir(cwd)
+        reset_config()
+    return counts, lines
+
+
+def mutated_files(workdir: Path, module: Module) -> list[Path]:
+    """The files of ``module`` (relative to ``workdir``) that mutmut mutates."""
+    return sorted(
+        p.relative_to(workdir)
+        for pattern in module.mutate
+        for p in workdir.glob(pattern)
+        if p.is_file()
+    )
+
+
+def sample(workdir: Path, files: list[Path], size: int, seed: int) -> list[str]:
+    """``size`` of the mutants of ``files``, drawn at random (the same for the same code and
+    seed), by mutmut's names."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.file_mutation import mutate_file_contents
+    from mutmut.utils.format_utils import get_mutant_name
+
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    reset_config()
+    try:
+        names = [
+            get_mutant_name(path, mutant)
+            for path in files
+            for mutant in mutate_file_contents(str(path), path.read_text()).mutant_names
+        ]
+    finally:
+        os.chdir(cwd)
+        reset_config()
+    if size >= len(names):
+        return names
+    return sorted(random.Random(seed).sample(names, size))
+
+
+def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path | None) -> dict:
+    workdir = args.workdir / name.replace(":", "-")
+    prepare(workdir, module, args)
+    env = dict(os.environ)
+    env.pop("AIOSTREAM_DEVICE", None)
+    env.pop("PYTHONPATH", None)
+    if driver is not None:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [str(driver), *filter(None, [env.get("LD_LIBRARY_PATH")])]
+        )
+        env["FAKE_CUDA_DEVICES"] = "1"
+    files = mutated_files(workdir, module)
+    chosen = list(args.mutant)
+    if args.sample and not chosen:
+        chosen = sample(workdir, files, args.sample, args.seed)
+    cmd = [sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.jobs), *chosen]
+    print(f"== {name}: mutating {', '.join(module.mutate)}", flush=True)
+    print(f"   tests: {' '.join(Path(t).name for t in module.tests)}", flush=True)
+    start = time.monotonic()
+    with open(workdir / "mutmut.log", "w") as log:
+        rc = subprocess.run(
+            cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT
+        ).returncode
+    seconds = time.monotonic() - start
+    counts, lines = survivors(workdir, files)
+    total = sum(n for status, n in counts.items() if status != "not checked")
+    killed = sum(n for status, n in counts.items() if status in KILLED)
+    if counts.get("error"):
+        rc = rc or 1  # a test run that raised: the set-up is broken, the score means nothing
+    if rc != 0 or total == 0:
+        tail = (workdir / "mutmut.log").read_text().replace("\r", "\n").splitlines()[-30:]
+        print("\n".join(tail))
+        print(f"   mutmut failed (exit status {rc}); its log: {workdir / 'mutmut.log'}")
+    score = 100.0 * killed / total if total else 0.0
+    detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    summary = f"{name}: {killed}/{total} killed ({score:.1f}%) in {seconds / 60:.1f} min [{detail}]"
+    print(f"   {summary}")
+    for text in lines:
+        print(f"   {text}")
+    if args.report is not None:
+        args.report.mkdir(parents=True, exist_ok=True)
+        header = [
+            f"# {summary}",
+            f"# mutated: {', '.join(module.mutate)}",
+            f"# tests: {' '.join(module.tests)}",
+            "# each mutant not killed: status, file:line, mutmut's name, the change",
+            "",
+        ]
+        report = args.report / f"{name.replace(':', '-')}.txt"
+        report.write_text("\n".join(header + lines) + "\n")
+    return {
+        "module": name,
+        "killed": killed,
+        "total": total,
+        "score": score,
+        "seconds": seconds,
+        "ok": rc == 0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help=f"modules ({', '.join(MODULES)}) or files")
+    parser.add_argument(
+        "--mutant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only these mutants (mutmut names, * allowed); repeatable",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(os.environ.get("TMPDIR", "/tmp")) / "aiostream-mutation",
+        help="scratch copies, one per module (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="DIR",
+        help="write each module's score and survivors to DIR/<module>.txt",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N mutants of each module drawn at random, not all of them",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the draw's seed (0)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="mutants run at once (1)")
+    parser.add_argument(
+        "--timeout-multiplier",
+        type=float,
+        default=3.0,
+        help="a mutant's time limit: (its tests' time + constant) x this (3)",
+    )
+    parser.add_argument(
+        "--timeout-constant",
+        type=float,
+        default=10.0,
+        help="seconds added to a mutant's tests' time before that (10)",
+    )
+    parser.add_argument(
+        "--test-timeout",
+        type=float,
+        default=30.0,
+        help="seconds one test may take before it fails (30; the slowest here take ~5)",
+    )
+    parser.add_argument(
+        "--with-tests",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a test file to add to each module's (to see a survivor killed elsewhere)",
+    )
+    args = parser.parse_args(argv)
+    args.workdir = args.workdir.resolve()
+    if args.report is not None:
+        args.report = args.report.resolve()
+    chosen = [module_of(arg) for arg in args.modules] or list(MODULES.items())
+    if args.with_tests:
+        more = tuple(args.with_tests)
+        chosen = [(name, Module(m.mutate, m.tests + more)) for name, m in chosen]
+    driver = build_stand_in(args.workdir)
+    if driver is None and any(name.startswith("cuda") for name, _ in chosen):
+        print("the CUDA module needs the stand-in driver", file=sys.stderr)
+        return 2
+    results = [run_module(name, module, args, driver) for name, module in chosen]
+    print("\nmodule                          killed/total      score   minutes")
+    for r in results:
+        flag = "" if r["ok"] else "   (mutmut failed: see above)"
+        print(
+            f"{r['module']:<30}  {r['killed']:>5}/{r['total']:<5}  {r['score']:>7.1f}%  "
+            f"{r['seconds'] / 60:>7.1f}{flag}"
+        )
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -273,6 +273,11 @@ async def test_a_long_wait_does_not_keep_the_finished_ones_alive(clock: VirtualC
     holds on to a bounded number of them, not to every wait since the long one began."""
     import gc
 
+    def entries() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is _waiting._Entry)
+
+    before = entries()  # earlier tests' loops may still hold theirs, uncollected
     long, short = ais.Stream(), ais.Stream()
     ais.delay(1000.0, stream=long)
     async with anyio.create_task_group() as tg:
@@ -289,8 +294,7 @@ async def test_a_long_wait_does_not_keep_the_finished_ones_alive(clock: VirtualC
             await settle(2)
             clock.advance(0.001)
             await settle(1)
-        gc.collect()
-        alive = sum(1 for o in gc.get_objects() if type(o) is _waiting._Entry)
+        alive = entries() - before
         assert ais.virtual.stats().waits == 1
         assert alive <= 2 * 1 + _waiting._COMPACT_MIN + 1, alive  # 300 without compaction
         tg.cancel_scope.cancel()

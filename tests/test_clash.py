@@ -27,17 +27,22 @@ def _mixed_install(site: Path) -> None:
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: aiostream\nVersion: 0.6.4\n")
 
 
-def test_an_import_broken_by_the_other_project_names_it_and_the_fix(tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    _mixed_install(site)
-    proc = subprocess.run(
+def _import_from(site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``import aiostream`` in a fresh interpreter that finds the package in ``site`` only."""
+    return subprocess.run(
         [sys.executable, "-c", "import aiostream"],
         capture_output=True,
         text=True,
-        cwd=tmp_path,
+        cwd=cwd,
         env={"PYTHONPATH": str(site), "PATH": ""},
         timeout=60,
     )
+
+
+def test_an_import_broken_by_the_other_project_names_it_and_the_fix(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    _mixed_install(site)
+    proc = _import_from(site, tmp_path)
     assert proc.returncode == 1
     error, fix, then = proc.stderr.strip().splitlines()[-3:]
     assert error.startswith("ImportError: aiostream could not be imported (cannot import name")
@@ -50,14 +55,7 @@ def test_an_import_error_of_another_cause_is_left_as_it_is(tmp_path: Path) -> No
     site = tmp_path / "site"
     shutil.copytree(ROOT / "aiostream", site / "aiostream")
     (site / "aiostream" / "stream.py").write_text("raise ImportError('a cause of its own')\n")
-    proc = subprocess.run(
-        [sys.executable, "-c", "import aiostream"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(site), "PATH": ""},
-        timeout=60,
-    )
+    proc = _import_from(site, tmp_path)
     assert proc.stderr.strip().splitlines()[-1] == "ImportError: a cause of its own"
 
 

@@ -158,10 +158,12 @@ def _task_name_of(task: object) -> str:
 async def observed(subject: str, device: str) -> None:
     """The fast path's checkpoint, reported to the observer as a zero-wait await."""
     obs = _hooks.observer
-    start = _hooks.now(obs) if obs is not None else 0.0
+    if obs is None:
+        await checkpoint()
+        return
+    start = _hooks.now(obs)
     await checkpoint()
-    if obs is not None:
-        _hooks.on_await(obs, task_name(), subject, device, start)
+    _hooks.on_await(obs, task_name(), subject, device, start)
 
 
 class _Entry:
@@ -407,7 +409,7 @@ class _Waiter:
             self.wakes += 1
             delay = self._sweep()
             if not self._pending:
-                break
+                return
             due = self._watchdog()
             if due is not None:
                 delay = due if delay is None else min(delay, due)

@@ -64,6 +64,22 @@ def test_each_device_keeps_to_its_own_work() -> None:
     assert ais.default_stream("cuda:1") != ais.default_stream(DEV)
 
 
+def test_objects_of_two_backends_are_never_mixed() -> None:
+    """A handle means something only to its own backend: a CUDA stream cannot wait for a
+    virtual event, nor a virtual stream for a CUDA one."""
+    cuda, virtual = ais.Stream(DEV), ais.Stream("virtual:0")
+    with pytest.raises(ValueError) as caught:
+        cuda.wait_event(virtual.record_event())
+    assert (
+        str(caught.value) == "Stream on cuda:0 and Event on virtual:0 belong to different backends"
+    )
+    with pytest.raises(ValueError) as caught:
+        virtual.wait_stream(cuda)
+    assert (
+        str(caught.value) == "Stream on virtual:0 and Stream on cuda:0 belong to different backends"
+    )
+
+
 def test_priorities_are_checked_against_the_drivers_range() -> None:
     lowest, highest = _backends.get("cuda").priority_range(0)
     s = ais.Stream(DEV, priority=highest)
@@ -103,6 +119,15 @@ def test_cuda_stream_protocol_and_external_streams() -> None:
         ais.ExternalStream("0x1234")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="device must be cuda:N"):
         ais.ExternalStream(handle, "virtual:0")
+
+
+def test_an_external_stream_with_no_device_is_on_cuda_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the default device is: an ExternalStream wraps a CUDA stream."""
+    monkeypatch.setenv("AIOSTREAM_DEVICE", "virtual:0")
+    assert ais.device() == ais.Device("virtual", 0)
+    s = ais.Stream(DEV)
+    ext = ais.ExternalStream(s.stream_id)
+    assert ext.device == ais.Device("cuda", 0) and ext == s
 
 
 class _Proto:
@@ -482,6 +507,8 @@ async def test_copies_round_trip_through_device_memory(anyio_backend: object) ->
     with ais.use_stream(s):  # allocated in order with the stream's work
         dev = ais.DeviceBuffer(data.nbytes, DEV)
     assert dev.__cuda_array_interface__["data"][0] != 0
+    assert dev.__cuda_array_interface__["stream"] == s.stream_id  # the allocation's stream
+    assert ais.DeviceBuffer(8, DEV).__cuda_array_interface__["stream"] == 1  # legacy default
     ais.copy_async(dev, up, stream=s)
     ais.delay(0.005, stream=s)
     ais.copy_async(down, dev, stream=s)

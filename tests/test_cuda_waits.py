@@ -385,6 +385,43 @@ async def test_a_wait_on_another_librarys_event_follows_its_latest_record(
 
 
 @needs_stand_in
+@pytest.mark.parametrize("strategy", ais._waiting.STRATEGIES)
+async def test_the_default_strategy_is_the_one_set(anyio_backend: object, strategy: str) -> None:
+    """A wait with no ``strategy`` of its own takes the one ``set_wait_strategy`` chose, the
+    capture included: a host function announces it under ``callback`` and nothing else
+    (``hybrid`` adds one only when the loop hands the wait over, after its first
+    millisecond: here the work lasts an hour, which a test then ends)."""
+    ais.set_wait_strategy(strategy)
+    s = ais.Stream(DEV)
+    ais.delay(3600.0, stream=s)
+    calls = FAKE.fake_cuda_host_calls()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.synchronize)
+        with anyio.fail_after(5):
+            while held()["watched"] != (strategy != "poll") or not ais.pending_waits():
+                await anyio.sleep(0.001)
+        await anyio.sleep(0.01 if strategy == "hybrid" else 0)
+        assert FAKE.fake_cuda_host_calls() - calls == (strategy in ais._waiting.WAKE)
+        hurry()
+    assert s.query()
+
+
+@needs_stand_in
+def test_a_blocking_wait_is_announced_by_a_host_function() -> None:
+    """``synchronize_blocking()`` waits in its thread for the watcher's word, and the watcher
+    hears of the wait from a host function after its mark (as with ``callback``), not at its
+    next health check, 50 ms later."""
+    s = ais.Stream(DEV)
+    for what in ("stream", "event"):
+        ais.delay(0.005, stream=s)
+        awaited = s if what == "stream" else s.record_event()
+        calls = FAKE.fake_cuda_host_calls()
+        awaited.synchronize_blocking()
+        assert FAKE.fake_cuda_host_calls() - calls == 1, what
+        assert s.query()
+
+
+@needs_stand_in
 async def test_short_hybrid_waits_add_no_host_function(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

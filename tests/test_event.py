@@ -31,13 +31,21 @@ def test_elapsed_time_errors_say_what_to_do(clock: ais.virtual.VirtualClock) -> 
     timed, untimed = ais.Event(enable_timing=True), ais.Event()
     timed.record(s)
     untimed.record(s)
-    with pytest.raises(ValueError, match=r"Event\(enable_timing=True\)"):
-        timed.elapsed_time(untimed)
-    with pytest.raises(ValueError, match=r"Event\(enable_timing=True\)"):
-        untimed.elapsed_time(timed)
+    for start, end, which in ((timed, untimed, "end"), (untimed, timed, "start")):
+        with pytest.raises(ValueError) as caught:
+            start.elapsed_time(end)
+        assert str(caught.value) == (
+            f"elapsed_time() needs timing on both events, but the {which} event was created "
+            "without it; create it with Event(enable_timing=True)"
+        )
     never = ais.Event(enable_timing=True)
-    with pytest.raises(ValueError, match="never recorded"):
-        timed.elapsed_time(never)
+    for start, end, which in ((timed, never, "end"), (never, timed, "start")):
+        with pytest.raises(ValueError) as caught:
+            start.elapsed_time(end)
+        assert str(caught.value) == (
+            f"elapsed_time() needs two recorded events, but the {which} event was never "
+            "recorded; call record() on it first"
+        )
     ais.delay(1.0, stream=s)
     later = s.record_event(ais.Event(enable_timing=True))
     with pytest.raises(ais.NotReadyError, match="complete"):
@@ -74,7 +82,9 @@ def test_recording_on_another_devices_stream_names_both() -> None:
         e.wait(0)  # type: ignore[arg-type]
 
 
-def test_record_and_wait_default_to_the_current_stream(clock: ais.virtual.VirtualClock) -> None:
+def test_record_and_wait_default_to_the_current_stream() -> None:
+    clock = ais.virtual.VirtualClock()
+    ais.virtual.reset(clock=clock, compute_slots=2)  # t's work never waits for a slot
     s, t = ais.Stream(), ais.Stream()
     ais.delay(1.0, stream=s)
     e = ais.Event()
@@ -86,6 +96,21 @@ def test_record_and_wait_default_to_the_current_stream(clock: ais.virtual.Virtua
     clock.advance(0.5)
     assert not t.query()
     clock.advance(0.5)
+    assert t.query()
+
+
+def test_wait_defaults_to_the_current_stream_of_the_events_own_device() -> None:
+    clk = ais.virtual.VirtualClock()
+    ais.virtual.reset(devices=2, clock=clk, compute_slots=2)  # t's work never waits for a slot
+    s, t = ais.Stream("virtual:1"), ais.Stream("virtual:1")
+    ais.delay(1.0, stream=s)
+    e = s.record_event()
+    with ais.use_stream(t):
+        e.wait()  # t waits, not virtual:0's current stream
+    ais.delay(0.0, stream=t)
+    clk.advance(0.5)
+    assert not t.query()
+    clk.advance(0.5)
     assert t.query()
 
 
@@ -115,6 +140,11 @@ async def test_ipc_round_trip_within_one_process(clock: ais.virtual.VirtualClock
     handle = e.ipc_handle()
     assert isinstance(handle, bytes) and len(handle) == 64
     opened = ais.Event.from_ipc_handle("virtual:0", handle)
+    assert opened.ipc_handle() == handle  # interprocess too, as it was made
+    assert (
+        repr(opened)
+        == f"<aiostream.Event device=virtual:0 id={e.event_id} timing=False interprocess=True>"
+    )
     assert opened.device == e.device
     assert opened.event_id == e.event_id
     assert not opened.query()
@@ -149,8 +179,11 @@ def test_an_event_made_on_the_device_but_never_recorded_reports_the_device_s_sta
 
 
 def test_ipc_bad_input() -> None:
-    with pytest.raises(ValueError, match=r"Event\(interprocess=True\)"):
+    with pytest.raises(ValueError) as caught:
         ais.Event().ipc_handle()
+    assert str(caught.value) == (
+        "ipc_handle() needs an interprocess event; create it with Event(interprocess=True)"
+    )
     with pytest.raises(TypeError, match="handle must be bytes"):
         ais.Event.from_ipc_handle("virtual:0", "x" * 64)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="64 bytes, got 3"):

@@ -193,6 +193,19 @@ async def test_record_stream_protects_batches_read_on_another_stream(
         batch.record_stream("side")  # type: ignore[arg-type]
 
 
+def test_record_stream_refuses_a_stream_of_another_device() -> None:
+    ais.virtual.reset(devices=2)
+
+    async def main() -> None:
+        async with ais.DataLoader(arrays(1)) as loader:
+            async for batch in loader:
+                with pytest.raises(ValueError) as caught:
+                    batch.record_stream(ais.Stream("virtual:1"))
+                assert str(caught.value) == "the batch is on virtual:0, the stream on virtual:1"
+
+    anyio.run(main)
+
+
 async def test_throughput_overlaps_the_stages(virtual_time: VirtualTime) -> None:
     """host 2 ms, copy ~4 ms, compute 3 ms: the pipeline runs at the slowest stage."""
     n, nbytes = 40, 4000
@@ -231,6 +244,53 @@ async def test_plain_break_stops_production_and_aclose_drains(virtual_time: Virt
         break
     assert source.pulled == 2 and batch.index == 0
     await loader.aclose()
+    quiet()
+
+
+class Restarting:
+    """An iterator that, against the protocol, yields again after it said it was done: the
+    loader must take the first end as the end, and ask nothing more of it."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    def __iter__(self) -> Restarting:
+        return self
+
+    def __next__(self) -> np.ndarray:
+        self.calls += 1
+        if self.calls == self.n + 1 or self.calls > 2 * self.n:
+            raise StopIteration
+        return np.full(4, self.calls, np.float32)
+
+
+@pytest.mark.parametrize("to_thread", [False, True])
+async def test_a_plain_loop_transforms_where_to_thread_says_and_stops_at_the_end(
+    virtual_time: VirtualTime, to_thread: bool
+) -> None:
+    """Without ``async with`` the loader fills its batches in the consumer's task, the
+    transform in a worker thread with ``to_thread=True``; it reads the source up to its first
+    end and no further."""
+    import threading
+
+    threads: set[int] = set()
+
+    def transform(a: np.ndarray) -> np.ndarray:
+        threads.add(threading.get_ident())
+        return a * 10
+
+    s = ais.current_stream()
+    source = Restarting(3)
+    loader = ais.DataLoader(source, transform=transform, prefetch=2, to_thread=to_thread)
+    batches = aiter(loader)
+    seen = [(batch.index, (await fetch(batch.data, s)).tolist()) async for batch in batches]
+    assert seen == [(i, [10.0 * (i + 1)] * 4) for i in range(3)]
+    assert source.calls == 4  # three items and one end
+    with pytest.raises(StopAsyncIteration):  # a finished pass stays finished
+        await anext(batches)
+    assert source.calls == 4
+    assert (threading.get_ident() in threads) is not to_thread and len(threads) == 1
     quiet()
 
 
@@ -323,6 +383,48 @@ async def test_to_thread_defaults_to_true_with_more_than_one_worker(
             pass
     assert ran_in and (loop_thread not in ran_in) == in_a_thread
     quiet()
+
+
+@pytest.mark.parametrize(("workers", "in_async_with"), [(1, False), (2, True)])
+async def test_the_loaders_threads_are_its_own_not_the_default_limiters(
+    virtual_device: ais.Device, workers: int, in_async_with: bool
+) -> None:
+    """The worker threads count against the loader's own limit (one per worker), never against
+    anyio's default thread limiter, which the program may have used up."""
+    default = anyio.to_thread.current_default_thread_limiter()
+    total = default.total_tokens
+    default.total_tokens = 1
+    s = ais.current_stream()
+    try:
+        async with default:  # every default thread token is held
+            with anyio.fail_after(10):
+                loader = ais.DataLoader(
+                    arrays(4), transform=lambda a: a + 1, workers=workers, to_thread=True
+                )
+                if in_async_with:
+                    async with loader:
+                        got = [float((await fetch(b.data, s))[0]) async for b in loader]
+                else:
+                    got = [float((await fetch(b.data, s))[0]) async for b in loader]
+    finally:
+        default.total_tokens = total
+    assert got == [1.0, 2.0, 3.0, 4.0]
+    quiet()
+
+
+async def test_the_loaders_tasks_are_named(virtual_device: ais.Device) -> None:
+    """Its producer and workers carry names that say whose they are (debuggers, task dumps)."""
+    names: set[str] = set()
+    outside = {task.name for task in anyio.get_running_tasks()}
+    for to_thread in (True, False):
+        async with ais.DataLoader(arrays(4), workers=2, to_thread=to_thread) as loader:
+            async for _ in loader:
+                names |= {task.name for task in anyio.get_running_tasks()}
+    assert names - outside == {
+        "aiostream.DataLoader producer on virtual:0",
+        "aiostream.DataLoader worker 0",
+        "aiostream.DataLoader worker 1",
+    }
 
 
 @pytest.mark.timeout(60)
@@ -642,8 +744,12 @@ def test_bad_workers(virtual_device: ais.Device) -> None:
         ais.DataLoader([], workers=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="workers must be >= 1"):
         ais.DataLoader([], workers=0)
-    with pytest.raises(ValueError, match=r"prefetch \(2\) must be >= workers \(3\)"):
+    with pytest.raises(ValueError) as caught:
         ais.DataLoader([], workers=3, prefetch=2)
+    assert str(caught.value) == (
+        "prefetch (2) must be >= workers (3): each worker transforms an item ahead of the "
+        "consumer; raise prefetch or leave it None"
+    )
     assert ais.DataLoader([], workers=5).prefetch == 10
     assert ais.DataLoader([]).prefetch == 2
 
@@ -894,5 +1000,10 @@ async def test_leaving_the_block_from_another_task_says_what_to_write(
     async with anyio.create_task_group() as tg:
         tg.start_soon(close_elsewhere)
     assert len(raised) == 1 and isinstance(raised[0], RuntimeError), raised
-    assert "contextlib.aclosing" in str(raised[0])
+    assert str(raised[0]) == (
+        "this DataLoader's 'async with' block is being left from another task than the one "
+        "that entered it: an async generator holding it was not closed where it ran. Wrap the "
+        "generator in 'contextlib.aclosing(...)' (and iterate it in an 'async with' of that), "
+        "or iterate the loader with a plain 'async for' (no 'async with') inside the generator"
+    )
     await ais.current_stream().synchronize()

@@ -292,8 +292,17 @@ async def test_objects_from_before_a_reset_raise_clearly() -> None:
     for use in (s.query, e.query, lambda: ais.delay(0.1, stream=s), lambda: e.record(s)):
         with pytest.raises(ais.StaleHandleError, match="reset"):
             use()
-    with pytest.raises(ais.StaleHandleError):
-        ais.Stream().wait_event(e)
+    new = ais.Stream()
+    replaced = (
+        "come from two instances of one backend: it was replaced between them (for the "
+        "virtual backend, aiostream.virtual.reset() ran); create them again after it"
+    )
+    with pytest.raises(ais.StaleHandleError) as caught:
+        new.wait_event(e)
+    assert str(caught.value) == f"Stream on virtual:0 and Event on virtual:0 {replaced}"
+    with pytest.raises(ais.StaleHandleError) as caught:
+        new.wait_stream(s)
+    assert str(caught.value) == f"Stream on virtual:0 and Stream on virtual:0 {replaced}"
     with pytest.raises(ais.StaleHandleError):
         await s.synchronize()
 

@@ -71,6 +71,11 @@ MODULES: dict[str, Module] = {
             "tests/test_faults.py",
             "tests/test_profiler.py",
             "tests/test_cuda.py",
+            "tests/test_await.py",
+            "tests/test_documented.py",
+            "tests/test_exact_time.py",
+            "tests/test_virtual.py",
+            "tests/test_cuda_waits.py",
         ),
     ),
     "event": Module(
@@ -84,6 +89,10 @@ MODULES: dict[str, Module] = {
             "tests/test_profiler.py",
             "tests/test_cuda.py",
             "tests/test_cuda_contract.py",
+            "tests/test_await.py",
+            "tests/test_documented.py",
+            "tests/test_interop_peers.py",
+            "tests/test_stand_in_driver.py",
         ),
     ),
     "stream": Module(
@@ -97,6 +106,9 @@ MODULES: dict[str, Module] = {
             "tests/test_profiler.py",
             "tests/test_cuda.py",
             "tests/test_cuda_contract.py",
+            "tests/test_await.py",
+            "tests/test_documented.py",
+            "tests/test_interop_peers.py",
         ),
     ),
     "buffers": Module(
@@ -109,6 +121,8 @@ MODULES: dict[str, Module] = {
             "tests/test_loader.py",
             "tests/test_cuda.py",
             "tests/test_cuda_contract.py",
+            "tests/test_documented.py",
+            "tests/test_dlpack.py",
         ),
     ),
     "_waiting": Module(
@@ -121,9 +135,17 @@ MODULES: dict[str, Module] = {
             "tests/test_profiler.py",
             "tests/test_storm.py",
             "tests/test_cuda.py",
+            "tests/test_await.py",
+            "tests/test_documented.py",
+            "tests/test_exact_time.py",
+            "tests/test_cuda_waits.py",
+            "tests/test_loader.py",
         ),
     ),
-    "loader": Module(("aiostream/loader.py",), ("tests/test_loader.py",)),
+    "loader": Module(
+        ("aiostream/loader.py",),
+        ("tests/test_loader.py", "tests/test_profiler_output.py"),
+    ),
     "virtual": Module(
         ("aiostream/_backends/virtual/*.py",),
         (
@@ -137,6 +159,9 @@ MODULES: dict[str, Module] = {
             "tests/test_buffers.py",
             "tests/test_waiting.py",
             "tests/test_outside_contracts.py",
+            "tests/test_documented.py",
+            "tests/test_exact_time.py",
+            "tests/test_profiler.py",
         ),
     ),
     "cuda": Module(
@@ -147,6 +172,10 @@ MODULES: dict[str, Module] = {
             "tests/test_cuda_waits.py",
             "tests/test_conformance.py",
             "tests/test_backend_protocol.py",
+            "tests/test_stand_in_driver.py",
+            "tests/test_dlpack.py",
+            "tests/test_interop_peers.py",
+            "tests/test_fake_driver.py",
         ),
     ),
 }

@@ -200,7 +200,10 @@ async def test_reading_before_the_copy_lands_sees_poison(virtual_time: VirtualTi
     assert (out.numpy() == 7).all()  # with the wait: the data
     races = ais.virtual.races(clear=True)
     assert len(races) == 1 and "'copy d2h'" in races[0].copy
-    assert "test_reading_before_the_copy_lands_sees_poison" in races[0].where
+    frames = races[0].where.split('  File "')[1:]  # the 8 innermost, up to the read
+    assert len(frames) == 8, races[0].where
+    assert "in test_reading_before_the_copy_lands_sees_poison" in frames[-1]
+    assert "early = out.numpy().copy()" in frames[-1]
 
 
 @pytest.mark.aiostream(bandwidth=8.0)  # 8 bytes take a second

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 from typing import Any
@@ -190,10 +191,36 @@ def test_ipc_bad_input() -> None:
         ais.Event.from_ipc_handle("virtual:0", b"abc")
     with pytest.raises(ValueError, match="not an IPC handle of a virtual event"):
         ais.Event.from_ipc_handle("virtual:0", bytes(64))
+    gone = ais.Event(interprocess=True)
+    handle = gone.ipc_handle()
+    del gone
+    gc.collect()
+    with pytest.raises(ValueError) as caught:
+        ais.Event.from_ipc_handle("virtual:0", handle)
+    assert str(caught.value) == "the event behind this IPC handle no longer exists"
     handle = ais.Event(interprocess=True).ipc_handle()
     ais.virtual.reset()
-    with pytest.raises(ais.StaleHandleError, match=r"virtual.reset\(\) replaced"):
+    with pytest.raises(ais.StaleHandleError) as stale:
         ais.Event.from_ipc_handle("virtual:0", handle)
+    assert str(stale.value) == (
+        "the IPC handle comes from a virtual backend that aiostream.virtual.reset() replaced; "
+        "its events are gone with it"
+    )
+
+
+def test_an_event_opened_by_its_handle_is_live_until_dropped() -> None:
+    e = ais.Event(interprocess=True)
+    handle = e.ipc_handle()
+    assert ais.virtual.stats().events == 1
+    opened = ais.Event.from_ipc_handle("virtual:0", handle)
+    assert ais.virtual.stats().events == 2  # each handle holds the event
+    del e
+    gc.collect()
+    assert ais.virtual.stats().events == 1
+    assert opened.query()
+    del opened
+    gc.collect()
+    assert ais.virtual.stats().events == 0
 
 
 def _open_in_child(handle: bytes, out: Any) -> None:

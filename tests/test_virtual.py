@@ -605,3 +605,88 @@ async def test_a_host_function_raising_keyboard_interrupt_fails_the_device_then_
     assert isinstance(info.value.__cause__, KeyboardInterrupt)
     assert ais.virtual.stats().operations == 0
     assert [(r.name, r.end) for r in ais.virtual.timeline()] == [("callback", 1.0), ("after", 1.0)]
+
+
+async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> None:
+    """What the pytest plugin prints for a leak: each pending wait (with the work it waits
+    for), pending operation, live stream, event and buffer, one line each, in a stable order."""
+    from aiostream import _backends
+
+    backend: Any = _backends.get("virtual")
+    s = ais.Stream()
+    ais.delay(2.0, stream=s)
+    later, first = ais.Event(), ais.Event()
+    assert (later.event_id, first.event_id) == (0, 0)  # ids come with the first record
+    first.record(s)
+    clock.advance(0.5)
+    later.record(s)
+    buf = ais.DeviceBuffer(16)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(later.synchronize)
+        await anyio.wait_all_tasks_blocked()
+        assert backend.leaks() == [
+            "pending wait on virtual:0 stream 1 (for the work up to its 'record', submitted at "
+            "t=0.500000000s)",
+            "pending operation 'delay' on virtual:0 stream 1, engine compute, submitted at "
+            "t=0.000000000s, running until t=2.000000000s",
+            "live stream virtual:0 stream 1 (priority 0)",
+            "live event virtual:0 event 1",  # by id: the order they were made in
+            "live event virtual:0 event 2",
+            "live buffer of 16 bytes on virtual:0",
+        ]
+        tg.cancel_scope.cancel()
+    del buf
+
+
+def test_a_device_failing_spares_the_work_of_other_devices_waiting_on_one_event() -> None:
+    """Work of two devices waits for one event; one device fails meanwhile: its waiting work is
+    aborted, and the other device's still starts when the event completes."""
+    clk = VirtualClock()
+    ais.virtual.reset(devices=2, clock=clk)
+    s0, t0, s1 = ais.Stream("virtual:0"), ais.Stream("virtual:0"), ais.Stream("virtual:1")
+    ais.delay(1.0, stream=s0)
+    e = s0.record_event()
+    s1.wait_event(e)  # first in line behind the event: aborted by the failure
+    ais.delay(0.5, stream=s1)
+    t0.wait_event(e)
+    ais.virtual.submit(t0, 0.25, engine="h2d")  # (the compute slot is s0's until t=1.0)
+    ais.virtual.submit(ais.Stream("virtual:1"), 0.0, error="boom")
+    with pytest.raises(ais.DeviceError, match="boom"):
+        s1.query()
+    clk.advance(1.0)
+    assert e.query() and not t0.query()
+    clk.advance(0.25)
+    assert t0.query()
+
+
+def test_a_device_error_says_which_operation_failed_and_when(clock: VirtualClock) -> None:
+    s = ais.Stream()
+    ais.delay(0.25, stream=s)
+    ais.virtual.submit(s, 0.5, error="boom", name="step 7")
+    clock.advance(1.0)
+    with pytest.raises(ais.DeviceError) as caught:
+        s.query()
+    assert str(caught.value) == (
+        "virtual:0: operation 'step 7' on stream 1 failed at t=0.750000000s: boom"
+    )
+
+
+def test_a_host_function_that_asks_the_device_leaves_the_timeline_as_it_was() -> None:
+    """A host function runs while the device reaches the clock's now: what it asks (a query)
+    sees the instant the function runs at, and moves nothing; the work after it still runs."""
+    clk = VirtualClock()
+    ais.virtual.reset(clock=clk, compute_slots=2)
+    s, t = ais.Stream(), ais.Stream()
+    seen: list[bool] = []
+    ais.delay(1.0, stream=t)
+    ais.virtual.submit(s, 1.0, fn=lambda: seen.append(t.query()))
+    ais.delay(0.5, stream=s)
+    clk.advance(2.0)
+    assert s.query() and t.query()
+    assert seen == [False]  # t's work ends at the same instant, after s's in stream order
+    ran = [(r.name, r.stream, r.start, r.end) for r in ais.virtual.timeline()]
+    assert ran == [
+        ("compute", s.stream_id, 0.0, 1.0),
+        ("delay", t.stream_id, 0.0, 1.0),
+        ("delay", s.stream_id, 1.0, 1.5),
+    ]

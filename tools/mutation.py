@@ -8,14 +8,14 @@ tests catch, per module, and the list of those they miss.
     python tools/mutation.py loader --mutant 'aiostream.loader.xǁDataLoaderǁ*'   # some mutants
     python tools/mutation.py --sample 60 --report build/mutation   # 60 per module, at random
 
-Each module runs in a scratch copy of the checkout (``--workdir``, the checkout is never
-touched): mutmut copies ``aiostream/`` with every mutant compiled in beside the original,
-runs the module's test files once to learn which tests call each function, then runs each
-mutant against those tests only (a function only one test called gets every test that
-called the module: code run once per process is called by the first test only), stopping at
-the first failure. A mutant is *killed* when a
-test fails (or the run times out, or crashes); it *survives* when they all pass, and has *no
-tests* when none calls its function. The score is killed / all mutants.
+Each module runs in a scratch copy of the last commit (``--working-tree``: of the checkout as
+it is, edits included; either way the checkout is never touched): mutmut copies
+``aiostream/`` with every mutant compiled in beside the original, runs the module's test
+files once to learn which tests call each function, then runs each mutant against those
+tests only (a function only one test called gets every test that called the module: code
+run once per process is called by the first test only), stopping at the first failure. A
+mutant is *killed* when a test fails (or the run times out, or crashes); it *survives* when
+they all pass, and has *no tests* when none calls its function. The score is killed / all mutants.
 
 Every module runs with the stand-in CUDA driver (tests/fake_cuda/fake_cuda.c, built here
 with the C compiler) as ``libcuda.so.1``, one device: the CUDA test files and the
@@ -33,12 +33,14 @@ from __future__ import annotations
 import argparse
 import ast
 import fnmatch
+import io
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,9 +292,18 @@ def prepare(workdir: Path, module: Module, args: argparse.Namespace) -> None:
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
-    shutil.copytree(ROOT / "aiostream", workdir / "aiostream", ignore=ignore)
-    shutil.copytree(ROOT / "tests", workdir / "tests", ignore=ignore)
+    if args.working_tree:
+        ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.pyc")
+        shutil.copytree(ROOT / "aiostream", workdir / "aiostream", ignore=ignore)
+        shutil.copytree(ROOT / "tests", workdir / "tests", ignore=ignore)
+    else:  # the last commit: edits in progress in the checkout never reach the measurement
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD", "aiostream", "tests"],
+            check=True,
+            capture_output=True,
+        ).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(workdir, filter="data")
     (workdir / "mutation_checks.py").write_text(CHECK_PLUGIN)
     (workdir / "preload.txt").write_text("\n".join(PRELOAD) + "\n")
     # a hang fails its test after --test-timeout seconds (mutmut's own limit, on the whole
@@ -523,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=30.0,
         help="seconds one test may take before it fails (30; the slowest here take ~5)",
+    )
+    parser.add_argument(
+        "--working-tree",
+        action="store_true",
+        help="measure the checkout as it is, uncommitted edits included (default: HEAD)",
     )
     parser.add_argument(
         "--with-tests",

@@ -563,3 +563,74 @@ async def test_the_loader_delivers_every_batch_intact(anyio_backend: object) -> 
             seen.append(float(out.numpy(np.float32).mean()))
     assert seen == [float(i) for i in range(8)]
     assert loader.stats.peak_in_use <= 2 + 2
+
+
+# ---------------------------------------------------------------------- names, detection, copies
+
+
+def test_info_names_each_device_as_the_driver_does() -> None:
+    """``python -m aiostream info`` lists every device with the name the driver gives it: the
+    text before the NUL that ends it in the driver's buffer, nothing of what follows."""
+    from aiostream.__main__ import info
+
+    backend = _backends.get("cuda")
+    names = [backend.device_name(i) for i in range(ais.device_count("cuda"))]
+    for name in names:
+        assert name and name.isprintable() and name == name.strip(), repr(name)
+    if FAKE is not None:
+        assert names == [f"aiostream fake GPU {i}" for i in range(len(names))]
+    listed = ", ".join(f"cuda:{i} ({name})" for i, name in enumerate(names))
+    assert f"device{'s' if len(names) != 1 else ''}: {listed}\n" in info()
+
+
+@pytest.mark.parametrize(
+    ("init", "count", "reason"),
+    [
+        (100, 1, "the NVIDIA driver found no CUDA device"),  # CUDA_ERROR_NO_DEVICE
+        (0, 0, "the NVIDIA driver found no CUDA device"),  # cuInit works, but no device
+        (
+            34,  # CUDA_ERROR_STUB_LIBRARY
+            1,
+            "libcuda.so.1 is the CUDA toolkit's stub library, not a driver: put the real "
+            "driver's library first on the library path",
+        ),
+    ],
+    ids=["no-device", "no-device-counted", "stub"],
+)
+def test_why_the_driver_cannot_be_used_is_said_exactly(
+    monkeypatch: pytest.MonkeyPatch, init: int, count: int, reason: str
+) -> None:
+    """What cuInit and cuDeviceGetCount answer becomes the reason the backend gives, word for
+    word (the bindings' calls are replaced here, the driver itself is left as it is)."""
+    from cuda.bindings import driver
+
+    from aiostream._backends.cuda.driver import load_driver
+
+    monkeypatch.setattr(driver, "cuInit", lambda flags: (driver.CUresult(init),))
+    monkeypatch.setattr(driver, "cuDeviceGetCount", lambda: (driver.CUresult.CUDA_SUCCESS, count))
+    with pytest.raises(ais.BackendUnavailableError) as info:
+        load_driver()
+    assert info.value.kind == "cuda" and info.value.reason == reason
+    assert str(info.value) == f"the 'cuda' backend is unavailable: {reason}"
+
+
+async def test_pageable_host_buffers_and_device_to_device_copies_move_the_data(
+    anyio_backend: object,
+) -> None:
+    """A pageable HostBuffer (``pinned=False``) is the memory its copies read and write, and a
+    copy between two DeviceBuffers reads the source: host to device, device to device,
+    device to host, every byte."""
+    s = ais.Stream(DEV)
+    data = np.arange(4096, dtype=np.uint8) * 7
+    up = ais.HostBuffer(data.nbytes, pinned=False, device=DEV)
+    down = ais.HostBuffer(data.nbytes, pinned=False, device=DEV)
+    assert not up.pinned
+    up.numpy()[:] = data
+    with ais.use_stream(s):
+        first, second = ais.DeviceBuffer(data.nbytes, DEV), ais.DeviceBuffer(data.nbytes, DEV)
+    ais.copy_async(first, up, stream=s)
+    ais.copy_async(second, first, stream=s)
+    ais.copy_async(down, second, stream=s)
+    await s.synchronize()
+    np.testing.assert_array_equal(down.numpy(), data)
+    assert ais.HostBuffer(0, pinned=False, device=DEV).nbytes == 0

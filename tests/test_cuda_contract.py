@@ -30,6 +30,7 @@ from .stand_in import (
     NO_CUDA,
     OK,
     PINNED,
+    STREAMS,
     assert_no_violations,
     hurry,
     needs_stand_in,
@@ -725,3 +726,49 @@ def test_host_functions_pending_at_exit_run_no_python() -> None:
     proc = program(HELD_ELSEWHERE)
     assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
     assert "violation" not in proc.stderr, proc.stderr
+
+
+# ---------------------------------------------------------------------- streams held by memory
+
+
+@needs_stand_in
+def test_a_dropped_stream_lives_until_the_last_buffer_that_used_it_is_freed() -> None:
+    """A stream its owner dropped while buffers that it used are alive is destroyed once the
+    last of them is freed (their frees record on it), not before, and not never."""
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    ais.DeviceBuffer(N, DEV).record_stream(t)  # the device's free stream is made, if it uses one
+    gc.collect()
+    before = FAKE.fake_cuda_live(STREAMS)
+    with ais.use_stream(s):
+        first, second = ais.DeviceBuffer(N, DEV), ais.DeviceBuffer(N, DEV)
+    for buf in (first, second):
+        buf.record_stream(t)
+    ais.delay(0.005, stream=t)
+    del t, buf
+    gc.collect()
+    assert FAKE.fake_cuda_live(STREAMS) == before  # both buffers hold t
+    del first
+    gc.collect()
+    assert FAKE.fake_cuda_live(STREAMS) == before  # the second still does
+    del second
+    gc.collect()
+    assert FAKE.fake_cuda_live(STREAMS) == before - 1  # the last hold gone: t destroyed
+    s.synchronize_blocking()
+
+
+def test_frees_after_several_streams_go_through_one_internal_stream() -> None:
+    """Stream-ordered device memory used on two streams is freed on the device's own free
+    stream, made once, which the backend counts among what it holds (``held()``) and
+    releases at close as a stream."""
+    backend = _backends.get("cuda")
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    for _ in range(3):
+        with ais.use_stream(s):
+            buf = ais.DeviceBuffer(N, DEV)
+        buf.record_stream(t)
+        ais.delay(0.002, stream=t)
+        del buf
+        gc.collect()
+    pools = backend._devices.get(0).pools  # type: ignore[attr-defined]
+    assert backend.held(0)["streams"] == (1 if pools else 0)  # type: ignore[attr-defined]
+    t.synchronize_blocking()

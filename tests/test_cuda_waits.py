@@ -505,3 +505,75 @@ def test_synchronize_blocking_waits_through_the_watcher() -> None:
     assert e.query() and 0.04 <= time.monotonic() - start < 2.0
     assert held()["watched"] == 0
     assert FAKE.fake_cuda_host_calls_python() == python_calls
+
+
+# ---------------------------------------------------------------------- the watcher's parts
+
+
+async def test_a_polled_wait_is_not_held_behind_another_streams(anyio_backend: object) -> None:
+    """Polled waits are looked at per stream, the oldest of each first: a wait on a stream
+    whose work is done ends while a wait begun before it, on another stream, still waits for
+    work that does not end."""
+    slow, quick = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(3600.0 if FAKE is not None else 30.0, stream=slow)  # a kernel that does not end
+    ais.delay(0.005, stream=quick)
+    for _ in range(3):  # the quick stream's capture comes later in its order than the slow one's
+        quick.record_event()
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: slow.synchronize(strategy="poll"))
+            with anyio.fail_after(5):
+                while not ais.pending_waits():
+                    await anyio.sleep(0)
+                await quick.synchronize(strategy="poll")
+            assert not slow.query()
+            tg.cancel_scope.cancel()
+    finally:
+        hurry()
+
+
+def test_a_wait_already_complete_is_told_at_once() -> None:
+    """``Target.watch`` on a wait whose work has completed calls back before it returns, in the
+    calling thread, as the protocol says: whether the wait itself found it complete (a mark, or
+    another library's event it queries) or another wait on the same mark did."""
+    backend = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    ais.delay(0.001, stream=s)
+    e = s.record_event()
+    foreign = ais.as_event(e.event_id, DEV)  # recorded elsewhere, as far as aiostream knows
+    stream_wait = backend.stream_capture(s._handle, False)
+    first, second = (backend.event_capture(e._handle, False) for _ in range(2))
+    queried = backend.event_capture(foreign._handle, False)
+    targets = (stream_wait, first, queried, second)  # second: its mark is known complete
+    try:
+        deadline = time.monotonic() + 5
+        while not all(target.done() for target in targets[:3]):
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        for target in targets:
+            told: list[int] = []
+            target.watch(lambda told=told: told.append(threading.get_ident()))
+            assert told == [threading.get_ident()]
+    finally:
+        for target in targets:
+            target.release()
+
+
+def test_a_semaphore_that_cannot_be_made_says_why() -> None:
+    """The watcher's semaphore lives in memory from libc's malloc (size_t sizes): when there
+    is none, the OSError carries the C library's errno."""
+    import errno
+
+    from aiostream._backends.cuda import watcher
+
+    if watcher.semaphores is None:
+        pytest.skip("no POSIX semaphores here: the watcher polls")
+    sems = watcher.Semaphores()
+    sems.SIZE = (1 << 62) + 64  # more than any machine has (64 bytes, if cut to 32 bits)
+    with pytest.raises(OSError) as info:
+        sems.new()
+    assert info.value.errno == errno.ENOMEM and info.value.strerror == "sem_init failed"
+    sems.SIZE = watcher.Semaphores.SIZE
+    sem = sems.new()
+    sems.post(sem)
+    sems.wait(sem, 1.0)  # posted: returns at once

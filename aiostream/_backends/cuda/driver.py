@@ -18,7 +18,6 @@ INVALID_VALUE = 1
 NOT_SUPPORTED = 801
 _NO_DEVICE = 100
 _STUB_LIBRARY = 34
-_INSUFFICIENT_DRIVER = 35
 
 STREAM_NON_BLOCKING = 0x1
 EVENT_BLOCKING_SYNC = 0x1
@@ -58,12 +57,6 @@ def load_driver() -> Any:
             "cuda",
             "libcuda.so.1 is the CUDA toolkit's stub library, not a driver: put the real "
             "driver's library first on the library path",
-        )
-    if code == _INSUFFICIENT_DRIVER:
-        raise BackendUnavailableError(
-            "cuda",
-            "the NVIDIA driver is older than the CUDA version cuda-python was built for; "
-            "update the driver or install an older cuda-python",
         )
     if code != SUCCESS:
         raise BackendUnavailableError("cuda", f"cuInit failed: {describe(driver, code)}")

@@ -577,3 +577,50 @@ def test_a_semaphore_that_cannot_be_made_says_why() -> None:
     sem = sems.new()
     sems.post(sem)
     sems.wait(sem, 1.0)  # posted: returns at once
+
+
+async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_ones(
+    anyio_backend: object,
+) -> None:
+    """Polled waits cancelled behind a long one are not kept for the long one's lifetime: once
+    there are ``_COMPACT_MIN`` of them, and more than the waits still pending, the waiter
+    drops them all at once (a drop per cancel would cost O(n) each)."""
+    from aiostream import _waiting
+
+    least = _waiting._COMPACT_MIN
+    s = ais.Stream(DEV)
+    ais.delay(3600.0 if FAKE is not None else 2.0, stream=s)
+    head = s.record_event()  # the long wait's, first in its stream's lane
+    events = [s.record_event() for _ in range(least)]
+    scopes = [anyio.CancelScope() for _ in events]
+
+    async def wait(event: ais.Event, scope: anyio.CancelScope) -> None:
+        with scope:
+            await event.synchronize(strategy="poll")
+
+    async def pending(n: int) -> None:
+        with anyio.fail_after(5):
+            while len(ais.pending_waits()) != n:
+                await anyio.sleep(0.001)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait, head, anyio.CancelScope())
+        await pending(1)
+        waiter = _waiting._waiter(_backends.get("cuda"), 0)
+
+        def polled() -> int:
+            return sum(len(lane) for lane in waiter._lanes.values())  # type: ignore[attr-defined]
+
+        for event, scope in zip(events, scopes, strict=True):
+            tg.start_soon(wait, event, scope)
+        await pending(1 + least)
+        assert polled() == 1 + least
+        for scope in scopes[:-1]:
+            scope.cancel()
+        await pending(2)
+        assert polled() == 1 + least  # least - 1 cancelled: kept a while
+        scopes[-1].cancel()
+        await pending(1)
+        assert polled() == 1  # least cancelled, more than the one pending: all dropped
+        hurry()
+    assert s.query()

@@ -367,7 +367,9 @@ class _Waiter:
         try:
             done = entry.target.done()
         except AiostreamError as exc:  # the device failed, or the backend was reset
-            self._finish(entry, exc)
+            # raised again in the waiting task, from there: the frames of this look (which
+            # hold the waiter) are not the user's, and a kept error must not keep them
+            self._finish(entry, exc.with_traceback(None))
             return True
         if done:
             self._finish(entry, None)
@@ -613,8 +615,12 @@ async def wait(
         _diagnostics.unregister(key)
         if obs is not None:  # its own failure is logged, never raised over the wait's outcome
             _hooks.on_await(obs, _task_name_of(task), subject, device, start)
-    if entry.error is not None:
-        raise entry.error
+    error = entry.error
+    if error is not None:
+        # A program may keep the error: its traceback holds this frame, which must not hold
+        # the wait's entry (and through it the waiter and every wait it still lists).
+        del entry, waiter
+        raise error
 
 
 def in_loop_thread() -> bool:

@@ -708,3 +708,37 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
             tg.start_soon(drive)
             await _waiting.wait(backend, 0, work, "work", strategy="poll")  # type: ignore[arg-type]
     assert work.watched is None  # the loop alone looked
+
+
+async def test_a_kept_device_error_keeps_no_wait_alive() -> None:
+    """A program may keep the errors its waits raised (in a log, a list): each keeps its own
+    traceback, never the waiter's bookkeeping nor the other waits, finished long ago."""
+    import gc
+
+    clock = VirtualClock()
+    ais.virtual.reset(clock=clock, compute_slots=51)  # every stream's work at once
+
+    def entries() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o) is _waiting._Entry)
+
+    before = entries()
+    kept: list[ais.DeviceError] = []
+    good, bad = [ais.Stream() for _ in range(50)], ais.Stream()  # work of 0.5 s and a failure
+    for s in good:
+        ais.delay(0.5, stream=s)
+    ais.virtual.submit(bad, 1.0, error="boom")
+
+    async def wait(s: ais.Stream) -> None:
+        try:
+            await s.synchronize()
+        except ais.DeviceError as exc:
+            kept.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for s in [*good, bad]:
+            tg.start_soon(wait, s)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(1.0)  # every wait finishes in one look: the device failed
+    assert len(kept) == 51
+    assert entries() == before, entries() - before

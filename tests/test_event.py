@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 import aiostream as ais
+from aiostream.testing import VirtualTime
 
 pytestmark = pytest.mark.anyio
 
@@ -75,8 +76,12 @@ def test_elapsed_time_needs_one_device() -> None:
 def test_recording_on_another_devices_stream_names_both() -> None:
     ais.virtual.reset(devices=2)
     e = ais.Event("virtual:0")
-    with pytest.raises(ValueError, match="event of virtual:0 on a stream of virtual:1"):
+    with pytest.raises(ValueError) as caught:
         e.record(ais.Stream("virtual:1"))
+    assert str(caught.value) == (
+        "cannot record an event of virtual:0 on a stream of virtual:1; create the event on "
+        "the stream's device"
+    )
     with pytest.raises(TypeError, match="stream must be an aiostream.Stream or None"):
         e.record("virtual:0")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="stream must be an aiostream.Stream or None"):
@@ -122,8 +127,28 @@ def test_flags_must_be_bools(flag: str) -> None:
 
 
 def test_interprocess_events_cannot_time() -> None:
-    with pytest.raises(ValueError, match="enable_timing=False"):
+    with pytest.raises(ValueError) as caught:
         ais.Event(enable_timing=True, interprocess=True)
+    assert str(caught.value) == (
+        "an interprocess event cannot have timing: pass enable_timing=False with "
+        "interprocess=True (CUDA refuses the combination)"
+    )
+
+
+async def test_a_wait_names_the_event_and_the_stream_it_was_recorded_on(
+    virtual_time: VirtualTime,
+) -> None:
+    """The profiler (and the pending-wait listing) name an awaited event by its id and the
+    stream of its last record; an event never recorded has neither."""
+    never, s = ais.Event(), ais.Stream()
+    recorded = s.record_event()
+    with ais.profile() as prof:
+        await never.synchronize()
+        await recorded.synchronize()
+    assert [sp.name for sp in prof.spans if sp.kind == "await"] == [
+        "await event 0",
+        f"await event {recorded.event_id} on stream {s.stream_id}",
+    ]
 
 
 def test_repr_and_properties() -> None:

@@ -134,11 +134,16 @@ async def test_cuda_every_peer_event_is_awaited_without_being_owned(anyio_backen
     for name, peer in peers.items():
         wrapped = ais.as_event(peer)
         assert wrapped.event_id == handle and wrapped.device == ais.Device("cuda", 0), name
+        assert wrapped._subject() == f"event {handle}", name  # no record of aiostream's yet
         ais.delay(0.05, stream=s)
         wrapped.record(s)  # records the peer's own event
         assert not owner.query(), name
         await wrapped.synchronize()
         assert owner.query(), name
+        # its flags are unknown: not shareable, and named by its handle alone
+        assert repr(wrapped).endswith(f"id={handle} timing=True interprocess=False>"), name
+        with pytest.raises(ValueError, match="needs an interprocess event"):
+            wrapped.ipc_handle()
         del wrapped
     assert owner.query()  # alive: no wrapper destroyed it
 

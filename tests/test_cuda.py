@@ -115,8 +115,9 @@ def test_cuda_stream_protocol_and_external_streams() -> None:
     assert ais.ExternalStream(0, DEV) == ais.default_stream(DEV)
     with pytest.raises(TypeError, match="is not a CUDA stream"):
         ais.Stream("virtual:0").__cuda_stream__()
-    with pytest.raises(TypeError, match="stream_ptr must be an int"):
+    with pytest.raises(TypeError) as caught:
         ais.ExternalStream("0x1234")  # type: ignore[arg-type]
+    assert str(caught.value) == "stream_ptr must be an int (a CUstream handle), got '0x1234'"
     with pytest.raises(ValueError, match="device must be cuda:N"):
         ais.ExternalStream(handle, "virtual:0")
 

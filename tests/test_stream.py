@@ -47,6 +47,42 @@ def test_priority_must_be_an_int(priority: object) -> None:
         ais.Stream(priority=priority)  # type: ignore[arg-type]
 
 
+def test_a_named_stream_carries_its_name_where_it_is_shown() -> None:
+    from aiostream.stream import stream_name
+
+    s = ais.Stream(name="loader")
+    assert s.name == "loader"
+    assert (
+        repr(s) == f"<aiostream.Stream device=virtual:0 id={s.stream_id} priority=0 name='loader'>"
+    )
+    assert stream_name(s.device, s.stream_id) == "loader"  # what traces and timelines show
+    plain = ais.Stream()
+    assert plain.name is None and stream_name(plain.device, plain.stream_id) is None
+    assert repr(plain) == f"<aiostream.Stream device=virtual:0 id={plain.stream_id} priority=0>"
+    with pytest.raises(TypeError) as caught:
+        ais.Stream(name=1)  # type: ignore[arg-type]
+    assert str(caught.value) == "name must be a str or None, got 1"
+
+
+def test_the_default_stream_has_priority_0_and_no_name_on_each_device() -> None:
+    ais.virtual.reset(devices=2)
+    for index in (0, 1):
+        d = ais.default_stream(f"virtual:{index}")
+        assert d.device == ais.Device("virtual", index)
+        assert (d.stream_id, d.priority, d.name) == (0, 0, None)
+        assert repr(d) == f"<aiostream.Stream device=virtual:{index} id=0 priority=0>"
+        assert ais.default_stream(f"virtual:{index}") is d
+
+
+def test_delay_checks_its_seconds() -> None:
+    with pytest.raises(TypeError) as caught:
+        ais.delay("1")  # type: ignore[arg-type]
+    assert str(caught.value) == "seconds must be a number (int or float), got '1'"
+    with pytest.raises(ValueError) as wrong:
+        ais.delay(-1.0)
+    assert str(wrong.value) == "seconds must be a finite number >= 0, got -1.0"
+
+
 def test_default_and_current_stream() -> None:
     d = ais.default_stream()
     assert d.stream_id == 0

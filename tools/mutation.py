@@ -111,6 +111,7 @@ MODULES: dict[str, Module] = {
             "tests/test_await.py",
             "tests/test_documented.py",
             "tests/test_interop_peers.py",
+            "tests/test_profiler_output.py",
         ),
     ),
     "buffers": Module(

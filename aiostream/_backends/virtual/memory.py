@@ -4,6 +4,7 @@ simulated time on the copy engines, and the race detector."""
 from __future__ import annotations
 
 import ctypes
+import os
 import traceback
 
 import numpy as np
@@ -18,6 +19,18 @@ __all__ = ["POISON", "Memories"]
 #: The byte value that fills a copy's destination from the copy's start until it completes.
 POISON = 0xA5
 _COPY_ENGINES = {"h2d": "h2d", "d2h": "d2h", "d2d": "compute"}
+
+#: this package's folder: a race report's stack ends where the user's code made the read
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+def _user_stack(frames: int) -> str:
+    """The innermost ``frames`` frames of the calling stack above this package's own (the
+    read, ``HostBuffer.numpy()``, and its way here): where the user's code made the read."""
+    stack = traceback.extract_stack()
+    while stack and stack[-1].filename.startswith(_PACKAGE):
+        stack.pop()
+    return "".join(traceback.format_list(stack[-frames:]))
 
 
 class Memories:
@@ -59,7 +72,7 @@ class Memories:
                 f"{writer.name!r} on {writer.device.name} stream {writer.stream.id} "
                 f"(submitted at t={writer.submit / 1e9:.9f}s)"
             )
-            where = "".join(traceback.format_stack(limit=11)[:-3])  # up to the .numpy() call
+            where = _user_stack(8)
             self.races.append(Race(len(host.data), copy, where))
 
     def take_races(self, clear: bool) -> list[Race]:

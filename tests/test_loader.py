@@ -412,6 +412,46 @@ async def test_the_loaders_threads_are_its_own_not_the_default_limiters(
     quiet()
 
 
+class AsyncCallable:
+    """A transform object whose ``__call__`` is a coroutine function."""
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+
+    async def __call__(self, a: np.ndarray) -> np.ndarray:
+        import threading
+
+        self.threads.add(threading.get_ident())
+        await anyio.sleep(0)
+        return a + 1
+
+
+async def test_an_object_with_an_async_call_is_an_async_transform(
+    virtual_device: ais.Device,
+) -> None:
+    """Awaited on the loop, as an async function is, whatever ``workers`` says."""
+    import threading
+
+    transform = AsyncCallable()
+    s = ais.current_stream()
+    async with ais.DataLoader(arrays(3), transform=transform, workers=2) as loader:
+        got = [float((await fetch(b.data, s))[0]) async for b in loader]
+    assert got == [1.0, 2.0, 3.0]
+    assert transform.threads == {threading.get_ident()}
+    quiet()
+
+
+def test_more_than_one_worker_needs_async_with(virtual_device: ais.Device) -> None:
+    loader = ais.DataLoader(arrays(1), workers=2)
+    with pytest.raises(RuntimeError) as caught:
+        aiter(loader)
+    assert str(caught.value) == (
+        "workers=2 runs transforms in the loader's own tasks, which live in its 'async with' "
+        "block: write 'async with DataLoader(...) as loader: async for batch in loader: ...' "
+        "(or use workers=1)"
+    )
+
+
 async def test_the_loaders_tasks_are_named(virtual_device: ais.Device) -> None:
     """Its producer and workers carry names that say whose they are (debuggers, task dumps)."""
     names: set[str] = set()
@@ -499,8 +539,9 @@ def test_bad_input(virtual_device: ais.Device) -> None:
         ais.DataLoader([], transform=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="prefetch must be >= 1"):
         ais.DataLoader([], prefetch=0)
-    with pytest.raises(TypeError, match="prefetch must be an int"):
+    with pytest.raises(TypeError) as caught:
         ais.DataLoader([], prefetch=2.0)  # type: ignore[arg-type]
+    assert str(caught.value) == "prefetch must be an int or None, got 2.0"
     with pytest.raises(TypeError, match="to_thread must be True or False"):
         ais.DataLoader([], to_thread="yes")  # type: ignore[arg-type]
 

@@ -168,8 +168,15 @@ def test_from_dlpack_refuses_host_arrays_and_points_to_host_buffers() -> None:
         ais.from_dlpack(np.arange(4.0))
     with pytest.raises(ValueError, match="in host memory"):
         ais.from_dlpack(ais.DeviceBuffer(8, "virtual:0"))  # a virtual buffer is host memory
-    with pytest.raises(TypeError, match="needs an array that speaks DLPack"):
+    with pytest.raises(TypeError) as caught:
         ais.from_dlpack([1.0, 2.0])
+    assert str(caught.value) == (
+        "from_dlpack() needs an array that speaks DLPack (__dlpack__ and __dlpack_device__: "
+        "a PyTorch tensor, a CuPy or JAX array); got [1.0, 2.0] of type list"
+    )
+    with pytest.raises(ValueError) as negative:
+        ais.from_dlpack(_Producer(None, device=(2, -1)))
+    assert str(negative.value) == "the DLPack device id must be >= 0, got -1"
     with pytest.raises(ValueError, match="DLPack device type 13"):
         ais.from_dlpack(_Producer(None, device=(13, 0)))
     with pytest.raises(TypeError, match=r"must return \(device_type, device_id\)"):

@@ -126,6 +126,7 @@ MODULES: dict[str, Module] = {
             "tests/test_cuda_contract.py",
             "tests/test_documented.py",
             "tests/test_dlpack.py",
+            "tests/test_interop_peers.py",
         ),
     ),
     "_waiting": Module(

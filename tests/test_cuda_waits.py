@@ -593,6 +593,7 @@ async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_o
     head = s.record_event()  # the long wait's, first in its stream's lane
     events = [s.record_event() for _ in range(least)]
     scopes = [anyio.CancelScope() for _ in events]
+    later, later_scope = s.record_event(), anyio.CancelScope()
 
     async def wait(event: ais.Event, scope: anyio.CancelScope) -> None:
         with scope:
@@ -622,5 +623,10 @@ async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_o
         scopes[-1].cancel()
         await pending(1)
         assert polled() == 1  # least cancelled, more than the one pending: all dropped
+        tg.start_soon(wait, later, later_scope)  # and the count starts again
+        await pending(2)
+        later_scope.cancel()
+        await pending(1)
+        assert polled() == 2
         hurry()
     assert s.query()

@@ -295,6 +295,22 @@ async def test_watchdog_warns_once_about_a_long_wait(
     assert f"on stream {s.stream_id} (virtual:0)" in warnings[0].getMessage()
 
 
+async def test_watchdog_keeps_quiet_about_a_wait_shorter_than_its_threshold(
+    virtual_time: VirtualTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wait counts from its own start: one of 1 s, begun at t=5 s, stays under 2 s."""
+    ais.set_watchdog(2.0)
+    try:
+        await anyio.sleep(5.0)
+        s = ais.Stream()
+        ais.delay(1.0, stream=s)
+        with caplog.at_level(logging.WARNING, logger="aiostream"):
+            await s.synchronize()
+    finally:
+        ais.set_watchdog(None)
+    assert [r.getMessage() for r in caplog.records if r.name == "aiostream"] == []
+
+
 def test_diagnostics_bad_input() -> None:
     with pytest.raises(ValueError, match="finite number > 0"):
         ais.set_watchdog(0)

@@ -193,9 +193,10 @@ DESELECT: tuple[str, ...] = (
     "tests/test_cuda.py::test_awaiting_an_external_stream",
     # 5000 waits within 10 s of real time: not under mutmut's instrumentation on a busy machine
     "tests/test_cuda_waits.py::test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle",
-    # checks that a race report ends at the test's own line: mutmut's trampolines (a frame of
+    # check that a race report ends at the test's own line: mutmut's trampolines (a frame of
     # mutmut's between the package's) end it there instead
     "tests/test_buffers.py::test_reading_before_the_copy_lands_sees_poison",
+    "tests/test_buffers.py::test_assert_no_races_lists_where",
 )
 
 # Imported once by mutmut's fork server, before it forks a process per mutant. Nothing here

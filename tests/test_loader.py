@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 
 import anyio
@@ -401,10 +402,7 @@ async def test_the_loaders_threads_are_its_own_not_the_default_limiters(
                 loader = ais.DataLoader(
                     arrays(4), transform=lambda a: a + 1, workers=workers, to_thread=True
                 )
-                if in_async_with:
-                    async with loader:
-                        got = [float((await fetch(b.data, s))[0]) async for b in loader]
-                else:
+                async with loader if in_async_with else contextlib.nullcontext():
                     got = [float((await fetch(b.data, s))[0]) async for b in loader]
     finally:
         default.total_tokens = total

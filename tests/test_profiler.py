@@ -278,37 +278,36 @@ async def test_without_debug_no_tracebacks_are_taken(virtual_time: VirtualTime) 
         await anyio.sleep(1.0)
 
 
-async def test_watchdog_warns_once_about_a_long_wait(
-    virtual_time: VirtualTime, caplog: pytest.LogCaptureFixture
-) -> None:
+async def watched_wait(
+    s: ais.Stream, seconds: float, caplog: pytest.LogCaptureFixture
+) -> list[str]:
+    """Wait for ``seconds`` of work on ``s`` with the watchdog at 2 s; what it warned."""
     ais.set_watchdog(2.0)
     try:
-        s = ais.Stream()
-        ais.delay(10.0, stream=s)
+        ais.delay(seconds, stream=s)
         with caplog.at_level(logging.WARNING, logger="aiostream"):
             await s.synchronize()
     finally:
         ais.set_watchdog(None)
-    warnings = [r for r in caplog.records if r.name == "aiostream"]
+    return [r.getMessage() for r in caplog.records if r.name == "aiostream"]
+
+
+async def test_watchdog_warns_once_about_a_long_wait(
+    virtual_time: VirtualTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = ais.Stream()
+    warnings = await watched_wait(s, 10.0, caplog)
     assert len(warnings) == 1
-    assert "1 wait(s) pending for more than 2 s" in warnings[0].getMessage()
-    assert f"on stream {s.stream_id} (virtual:0)" in warnings[0].getMessage()
+    assert "1 wait(s) pending for more than 2 s" in warnings[0]
+    assert f"on stream {s.stream_id} (virtual:0)" in warnings[0]
 
 
 async def test_watchdog_keeps_quiet_about_a_wait_shorter_than_its_threshold(
     virtual_time: VirtualTime, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A wait counts from its own start: one of 1 s, begun at t=5 s, stays under 2 s."""
-    ais.set_watchdog(2.0)
-    try:
-        await anyio.sleep(5.0)
-        s = ais.Stream()
-        ais.delay(1.0, stream=s)
-        with caplog.at_level(logging.WARNING, logger="aiostream"):
-            await s.synchronize()
-    finally:
-        ais.set_watchdog(None)
-    assert [r.getMessage() for r in caplog.records if r.name == "aiostream"] == []
+    await anyio.sleep(5.0)
+    assert await watched_wait(ais.Stream(), 1.0, caplog) == []
 
 
 def test_diagnostics_bad_input() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from typing import Any
 
@@ -268,15 +269,15 @@ async def test_a_cancelled_waiter_fails_its_waits(clock: VirtualClock) -> None:
     assert ais.virtual.stats().waits == 0
 
 
+def entries() -> int:
+    """How many waits (``_waiting._Entry``) are alive in the process, after a collection."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is _waiting._Entry)
+
+
 async def test_a_long_wait_does_not_keep_the_finished_ones_alive(clock: VirtualClock) -> None:
     """One wait pending for the whole program while 300 others come and go: the waiter
     holds on to a bounded number of them, not to every wait since the long one began."""
-    import gc
-
-    def entries() -> int:
-        gc.collect()
-        return sum(1 for o in gc.get_objects() if type(o) is _waiting._Entry)
-
     before = entries()  # earlier tests' loops may still hold theirs, uncollected
     long, short = ais.Stream(), ais.Stream()
     ais.delay(1000.0, stream=long)
@@ -713,15 +714,8 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
 async def test_a_kept_device_error_keeps_no_wait_alive() -> None:
     """A program may keep the errors its waits raised (in a log, a list): each keeps its own
     traceback, never the waiter's bookkeeping nor the other waits, finished long ago."""
-    import gc
-
     clock = VirtualClock()
     ais.virtual.reset(clock=clock, compute_slots=51)  # every stream's work at once
-
-    def entries() -> int:
-        gc.collect()
-        return sum(1 for o in gc.get_objects() if type(o) is _waiting._Entry)
-
     before = entries()
     kept: list[ais.DeviceError] = []
     good, bad = [ais.Stream() for _ in range(50)], ais.Stream()  # work of 0.5 s and a failure

@@ -8,12 +8,14 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.util
+import multiprocessing
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -36,6 +38,19 @@ def run_python(*args: str, timeout: float = 120, **env: str) -> subprocess.Compl
         cwd=ROOT,
         env=environ,
     )
+
+
+def in_spawned_process(target: Callable[..., None], *args: object) -> tuple[int, Any]:
+    """Run ``target(*args, out)`` in a fresh (spawned) process; return its pid and what it put
+    on ``out`` (a queue), once."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=target, args=(*args, out))
+    child.start()
+    try:
+        return child.pid or 0, out.get(timeout=60)
+    finally:
+        child.join(timeout=60)
 
 
 def import_example(name: str) -> ModuleType:

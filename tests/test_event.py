@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import multiprocessing
 import os
 from typing import Any
 
@@ -12,6 +11,8 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+
+from .conftest import in_spawned_process
 
 pytestmark = pytest.mark.anyio
 
@@ -263,16 +264,9 @@ def test_ipc_handle_in_another_process_is_refused_with_the_reason() -> None:
     """A virtual device is one process's simulation: another process gets a clear error at
     once, never an event that would hang its waits."""
     handle = ais.Event(interprocess=True).ipc_handle()
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    child = ctx.Process(target=_open_in_child, args=(handle, out))
-    child.start()
-    try:
-        kind, message = out.get(timeout=60)
-    finally:
-        child.join(timeout=60)
+    pid, (kind, message) = in_spawned_process(_open_in_child, handle)
     assert kind == "StaleHandleError", message
-    assert f"process {os.getpid()}" in message and f"process {child.pid}" in message
+    assert f"process {os.getpid()}" in message and f"process {pid}" in message
     assert "within one process" in message and "CUDA" in message
 
 

@@ -10,7 +10,6 @@ process, as its events, and refuses another process with the reason.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import pytest
 import aiostream as ais
 from aiostream.testing import VirtualTime
 
-from .conftest import ROOT
+from .conftest import ROOT, in_spawned_process
 from .stand_in import FAKE, NO_CUDA, OK, hurry, needs_stand_in, take_violations
 
 needs_cuda = pytest.mark.skipif(not OK, reason=NO_CUDA)
@@ -293,14 +292,7 @@ def _open_in_child(handle: bytes, out: Any) -> None:
 def test_a_virtual_buffer_handle_in_another_process_is_refused_with_the_reason() -> None:
     buf = ais.DeviceBuffer(8, interprocess=True)
     handle = buf.ipc_handle()
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    child = ctx.Process(target=_open_in_child, args=(handle, out))
-    child.start()
-    try:
-        kind, message = out.get(timeout=60)
-    finally:
-        child.join(timeout=60)
+    _, (kind, message) = in_spawned_process(_open_in_child, handle)
     assert kind == "StaleHandleError", message
     assert f"process {os.getpid()}" in message and "within one process" in message
     assert "CUDA" in message

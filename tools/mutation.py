@@ -56,6 +56,19 @@ class Module:
     tests: tuple[str, ...]
 
 
+# the tests of streams and events beside their own files (event.py's and stream.py's)
+_STREAMS_AND_EVENTS = (
+    "tests/test_conformance.py",
+    "tests/test_outside_contracts.py",
+    "tests/test_faults.py",
+    "tests/test_profiler.py",
+    "tests/test_cuda.py",
+    "tests/test_cuda_contract.py",
+    "tests/test_await.py",
+    "tests/test_documented.py",
+    "tests/test_interop_peers.py",
+)
+
 # The test files of each module: the ones written for it, the conformance suite (every
 # backend keeps the semantics), and the CUDA files where its code has a CUDA side. Each must
 # pass as it is; slow suites that reach a module only through the public surface
@@ -85,15 +98,7 @@ MODULES: dict[str, Module] = {
         (
             "tests/test_event.py",
             "tests/test_stream.py",
-            "tests/test_conformance.py",
-            "tests/test_outside_contracts.py",
-            "tests/test_faults.py",
-            "tests/test_profiler.py",
-            "tests/test_cuda.py",
-            "tests/test_cuda_contract.py",
-            "tests/test_await.py",
-            "tests/test_documented.py",
-            "tests/test_interop_peers.py",
+            *_STREAMS_AND_EVENTS,
             "tests/test_stand_in_driver.py",
         ),
     ),
@@ -102,15 +107,7 @@ MODULES: dict[str, Module] = {
         (
             "tests/test_stream.py",
             "tests/test_event.py",
-            "tests/test_conformance.py",
-            "tests/test_outside_contracts.py",
-            "tests/test_faults.py",
-            "tests/test_profiler.py",
-            "tests/test_cuda.py",
-            "tests/test_cuda_contract.py",
-            "tests/test_await.py",
-            "tests/test_documented.py",
-            "tests/test_interop_peers.py",
+            *_STREAMS_AND_EVENTS,
             "tests/test_profiler_output.py",
         ),
     ),

@@ -50,6 +50,7 @@ def _load() -> Any:
     lib.fake_cuda_stream_priority.argtypes = [ctypes.c_void_p]
     lib.fake_cuda_event_flags.argtypes = [ctypes.c_void_p]
     lib.fake_cuda_host_fn_delay.argtypes = [ctypes.c_uint64]
+    lib.fake_cuda_host_fn_return_delay.argtypes = [ctypes.c_uint64]
     return lib
 
 

@@ -491,6 +491,56 @@ async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
     assert s.query()
 
 
+@pytest.mark.parametrize("strategy", ["hybrid", "callback", "thread", "poll"])
+async def test_an_awaited_handed_out_stream_is_idle(anyio_backend: object, strategy: str) -> None:
+    """On a stream whose handle was handed out, a wait's host function comes right before its
+    mark: once ``await s.synchronize()`` returns, ``s.query()`` (the driver's answer there) is
+    True, as after ``synchronize_blocking()``: no host function of aiostream's is left queued,
+    after short waits (the loop's first millisecond) and long ones (the watcher's), even where
+    the driver runs host functions late (the stand-in delays them by 20 ms here)."""
+    s = ais.Stream(DEV)
+    s.__cuda_stream__()
+    if FAKE is not None:
+        FAKE.fake_cuda_host_fn_delay(round(0.02e9))
+    try:
+        for i in range(20):
+            ais.delay(0.003 if i % 2 else 0.0002, stream=s)
+            with anyio.fail_after(5):
+                await s.synchronize(strategy=strategy)
+            assert s.query(), i
+    finally:
+        if FAKE is not None:
+            FAKE.fake_cuda_host_fn_delay(0)
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", ["hybrid", "callback"])
+async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """The mark after the host function lands only once the driver's thread has returned from
+    it: the watcher, posted, keeps looking for it for a while, rather than at its next health
+    check, 50 ms later. (The stand-in's thread takes 8 ms to return here; hybrid hands the
+    wait over at once.)"""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s = ais.Stream(DEV)
+    s.__cuda_stream__()
+    took = []
+    FAKE.fake_cuda_host_fn_return_delay(round(0.008e9))
+    try:
+        for _ in range(5):
+            ais.delay(0.001, stream=s)
+            start = time.monotonic()
+            with anyio.fail_after(5):
+                await s.synchronize(strategy=strategy)
+            took.append(time.monotonic() - start)
+            assert s.query()
+    finally:
+        FAKE.fake_cuda_host_fn_return_delay(0)
+    took.sort()
+    assert 0.009 <= took[0] and took[2] < 0.035, took  # the health check: 50 ms and more
+
+
 # ---------------------------------------------------------------------- from threads
 
 

@@ -171,6 +171,7 @@ static __thread int ctx_depth;
 static int fail_next_code;
 static long violations, leaks, host_calls, host_calls_python;
 static uint64_t host_fn_ns;  /* how late each host function runs after the work before it */
+static uint64_t host_fn_return_ns;  /* how long after its host function returns the stream goes on */
 static char vlog[16][240];
 static const char ipc_magic[8] = "AIOSFAKE";
 static const char ipc_mem_magic[8] = "AIOSFMEM";
@@ -597,6 +598,11 @@ static void complete(Op *op) {
         if (!dropped) {
             pthread_mutex_unlock(&lock);
             op->fn(op->data);
+            if (host_fn_return_ns) {
+                struct timespec ts = {(time_t)(host_fn_return_ns / 1000000000u),
+                                      (long)(host_fn_return_ns % 1000000000u)};
+                nanosleep(&ts, NULL);
+            }
             pthread_mutex_lock(&lock);
         }
         break;
@@ -1693,6 +1699,14 @@ long fake_cuda_pending(void) {
 void fake_cuda_host_fn_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     host_fn_ns = ns;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Make the driver's thread take ``ns`` to return from each host function before the stream
+ * goes on (what comes after a host function lands that much after the function ran). */
+void fake_cuda_host_fn_return_delay(uint64_t ns) {
+    pthread_mutex_lock(&lock);
+    host_fn_return_ns = ns;
     pthread_mutex_unlock(&lock);
 }
 

@@ -15,7 +15,8 @@ announces it, launched when the wait is handed to the watcher (``Target.watch``:
 stream nothing), and only while nothing of the user's was submitted to the stream after the
 mark: a host function placed later would wait for that later work too. On a stream whose
 handle was handed out, others may submit unseen: a stream capture's host function is launched
-at once there, right after its mark, and an event's never. Other waits are polled
+at once there, right before its mark (so that a stream told complete has no host function of
+aiostream's left queued, and ``cuStreamQuery`` agrees), and an event's never. Other waits are polled
 by the watcher, from the flags, with a back-off.
 """
 

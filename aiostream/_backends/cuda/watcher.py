@@ -12,12 +12,13 @@ every completed mark at once, whatever their number: no driver call, no event pe
 thread or stream per wait.
 
 The device's :class:`Watcher` thread sleeps on a semaphore. It is woken by a host function,
-libc's ``sem_post`` (a C function: no Python ever runs on the driver's thread), enqueued after
-the write for waits that asked to be told promptly; and by its own timer, with a back-off, for
-the waits that did not (a host function holds up later work on its stream until it has run)
-and for events it has to query. It then tells the waiting loops, through the callback each
-gave to :meth:`Target.watch`, as the virtual backend does. Every 50 ms while waits are watched
-it also asks the device whether it has failed: host functions never run after a fault.
+libc's ``sem_post`` (a C function: no Python ever runs on the driver's thread), enqueued next
+to the write for waits that asked to be told promptly (see :meth:`Watcher.mark`); and by its
+own timer, with a back-off, for the waits that did not (a host function holds up later work on
+its stream until it has run) and for events it has to query. It then tells the waiting loops,
+through the callback each gave to :meth:`Target.watch`, as the virtual backend does. Every 50 ms
+while waits are watched it also asks the device whether it has failed: host functions never
+run after a fault.
 
 A slot is free again once its value has landed: a sweep frees it, or the wait that reads it,
 and every slot in use is swept before another chunk is made, so the flag memory grows with the
@@ -55,6 +56,9 @@ CHUNK = 4096  #: slots per chunk of flag memory (16 KiB)
 HEALTH_S = 0.05  #: while waits are watched, how often the device is asked whether it failed
 POLL_MIN_S = 50e-6  #: the watcher's first polls of waits no host function will announce
 POLL_CAP_S = 2e-3  #: and its longest interval between them
+#: after the watcher is posted while a mark announced ahead is watched, how long it polls
+#: (with the same back-off) for the mark, which lands once the host function has returned
+CHASE_S = 0.02
 DRAIN_S = 0.25  #: with nothing watched, how often slots of cancelled waits are looked at
 EVENT_DISABLE_TIMING = 0x2
 
@@ -89,14 +93,13 @@ class Semaphores:
     def post(self, sem: int) -> None:
         self.libc.sem_post(ctypes.c_void_p(sem))
 
-    def wait(self, sem: int, timeout: float | None) -> None:
-        """Wait (GIL released) until posted, or ``timeout`` seconds."""
+    def wait(self, sem: int, timeout: float | None) -> bool:
+        """Wait (GIL released) until posted, or ``timeout`` seconds: whether it was posted."""
         if timeout is None:
-            self.libc.sem_wait(ctypes.c_void_p(sem))
-            return
+            return bool(self.libc.sem_wait(ctypes.c_void_p(sem)) == 0)
         deadline = time.time() + timeout
         ts = (ctypes.c_long * 2)(int(deadline), int((deadline % 1) * 1e9))
-        self.libc.sem_timedwait(ctypes.c_void_p(sem), ts)
+        return bool(self.libc.sem_timedwait(ctypes.c_void_p(sem), ts) == 0)
 
 
 def _load_semaphores() -> Semaphores | None:
@@ -142,14 +145,15 @@ class Mark:
     before the point has completed; or, where the device writes no values, a marker ``event``
     recorded there."""
 
-    __slots__ = ("complete", "event", "holders", "slot", "value", "waits", "woken")
+    __slots__ = ("ahead", "complete", "event", "holders", "slot", "value", "waits", "woken")
 
     def __init__(self) -> None:
         self.slot = -1
         self.value = 0
         self.event: Any = None
         self.complete = False
-        self.woken = False  # a host function after it wakes the watcher
+        self.woken = False  # a host function next to it wakes the watcher
+        self.ahead = False  # that host function comes before it: the mark lands after it ran
         self.holders = 0  # waits on it, and the event record it stands for
         self.waits: list[Target] = []  # the watched ones
 
@@ -332,6 +336,8 @@ class Watcher:
         self.launch = driver_launch_host_func(dev.drv.cu)
         self.watched: dict[Target, None] = {}
         self.polled = 0  # watched waits that no host function will announce
+        self.ahead = 0  # watched waits on a mark announced ahead of it (see mark())
+        self.chase_until = 0.0  # poll promptly until then: a host function ran (see _run)
         self.queried: dict[Target, None] = {}  # watched waits on an event
         self.health: Any = None  # an event never recorded: querying it says if the device failed
         self.failed: CudaError | None = None
@@ -347,9 +353,18 @@ class Watcher:
 
     def mark(self, stream: Any, wake: bool) -> Mark:
         """A mark after the work submitted to ``stream`` so far (lock held), held once; with
-        ``wake``, a host function after it."""
+        ``wake``, a host function right before it, which announces it.
+
+        The host function comes first so that the mark stands for the stream's whole work
+        at this point, the host function included: a stream told complete is idle for
+        ``cuStreamQuery`` too, while a host function still queued after the mark would keep it
+        busy. The mark lands just after the host function posts the watcher, which therefore
+        polls promptly for a while after a post (``CHASE_S``)."""
         drv, cu = self.drv, self.drv.cu
         mark = Mark()
+        if wake:
+            self.wake(mark, stream)
+            mark.ahead = mark.woken
         with self.dev.pushed:
             if self.memops:
                 if self.flags.full():
@@ -371,13 +386,11 @@ class Watcher:
                     raise drv.error(err, self.index, "cuEventRecord")
                 mark.event = marker
         mark.holders = 1
-        if wake:
-            self.wake(mark, stream)
         return mark
 
     def wake(self, mark: Mark, stream: Any) -> None:
         """A host function (``sem_post``) on ``stream`` to announce ``mark``: the stream's
-        work so far must end at the mark (lock held)."""
+        work so far must end at the mark, or (``mark()``) right before it (lock held)."""
         if mark.woken or self.launch is None or semaphores is None:
             return
         with self.dev.pushed:
@@ -471,6 +484,7 @@ class Watcher:
                 if mark is not None and mark.slot >= 0:
                     mark.waits.append(target)  # the sweep of the flags tells it
                     target.polled = not mark.woken
+                    self.ahead += mark.ahead
                 else:
                     self.queried[target] = None  # the sweep queries it
                 now = time.monotonic()
@@ -507,6 +521,7 @@ class Watcher:
         mark = target.mark
         if mark is not None and target in mark.waits:
             mark.waits.remove(target)
+            self.ahead -= mark.ahead
         if target.polled:
             self.polled -= 1
 
@@ -523,7 +538,7 @@ class Watcher:
         if not self.watched:
             return DRAIN_S if self.flags.used() else None
         timeout = HEALTH_S
-        if self.polled or self.queried:
+        if self.polled or self.queried or now < self.chase_until:
             quiet = now - self.progress_at
             timeout = min(timeout, max(POLL_MIN_S, min(POLL_CAP_S, quiet / 4)))
         return timeout
@@ -536,8 +551,9 @@ class Watcher:
                 now = time.monotonic()
                 timeout = self._timeout(now)
                 self.sleeping_until = float("inf") if timeout is None else now + timeout
+            posted = False
             if semaphores is not None:
-                semaphores.wait(self.sem, timeout)
+                posted = semaphores.wait(self.sem, timeout)
             else:
                 time.sleep(POLL_CAP_S if timeout is None else timeout)
             with self.lock:
@@ -545,6 +561,9 @@ class Watcher:
                 if self.closed:
                     return
                 due = self._sweep()
+                if posted and self.ahead:  # maybe the host function before a watched mark
+                    now = time.monotonic()
+                    self.progress_at, self.chase_until = now, now + CHASE_S
                 if self.later:
                     due += self.later
                     self.later = []

@@ -207,6 +207,25 @@ def _cancelled(exc: BaseException) -> bool:
     return isinstance(exc, anyio.get_cancelled_exc_class())
 
 
+def _after(exc: BaseException, error: BaseException) -> None:
+    """Give ``exc``, raised while ``error`` was on its way out, ``error`` as the end of its
+    context chain, as Python does for an exception raised in an ``except`` or ``finally``
+    block: where closing raised it inside a generator (``GeneratorExit`` first), the chain
+    would otherwise lose ``error``."""
+    seen = {id(error)}
+    context = error.__context__
+    while context is not None and id(context) not in seen:  # exc may be in error's chain
+        seen.add(id(context))
+        context = context.__context__
+    last = exc
+    while id(last) not in seen:
+        seen.add(id(last))
+        if last.__context__ is None:
+            last.__context__ = error
+            return
+        last = last.__context__
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What a DataLoader was asked to do: every pass reads it, none changes it."""
@@ -624,11 +643,13 @@ class _Iteration(AsyncIterator[Batch]):
     async def close_after(self, error: BaseException) -> None:
         """:meth:`aclose` while ``error`` is on its way out: a cancellation seen while
         closing does not replace an error of the consumer's, source's or transform's (the
-        cancellation is delivered again at the caller's next checkpoint)."""
+        cancellation is delivered again at the caller's next checkpoint). Anything else
+        closing raises is raised, with ``error`` in its context chain."""
         try:
             await self.aclose()
         except BaseException as exc:
             if not (_cancelled(exc) and not _cancelled(error)):
+                _after(exc, error)
                 raise
 
 

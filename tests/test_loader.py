@@ -728,6 +728,47 @@ async def test_the_block_s_own_error_is_not_wrapped(virtual_time: VirtualTime) -
     quiet()
 
 
+async def test_a_cancellation_while_closing_does_not_replace_the_block_s_error(
+    virtual_time: VirtualTime,
+) -> None:
+    """The block raises while its scope is being cancelled, with copies in flight: closing
+    the loader sees the cancellation, which must not replace the block's error (the scope
+    would then swallow it, and the error would be lost)."""
+    with anyio.CancelScope() as scope:
+        with pytest.raises(KeyError, match="consumer"):
+            async with ais.DataLoader(arrays(10, size=1 << 22), prefetch=3) as loader:
+                async for _ in loader:
+                    scope.cancel()
+                    raise KeyError("consumer")
+    await anyio.sleep(1.0)  # the copies left in flight land (a cancelled close does not wait)
+    quiet()
+
+
+async def test_an_error_closing_the_source_follows_the_block_s_error(
+    virtual_time: VirtualTime,
+) -> None:
+    """Closing an async source may fail too: that error is raised, with the block's error as
+    its context, as Python does for an error in a ``finally`` (neither is lost)."""
+
+    async def source() -> AsyncIterator[np.ndarray]:
+        try:
+            for i in range(10):
+                yield np.full(16, i, np.float32)
+        finally:
+            raise RuntimeError("the source's cleanup failed")  # noqa: B012
+
+    with pytest.raises(RuntimeError, match="cleanup failed") as info:
+        async with ais.DataLoader(source(), prefetch=2) as loader:
+            async for _ in loader:
+                raise KeyError("consumer")
+    chain, context = [], info.value.__context__
+    while context is not None:  # closing the generator raised GeneratorExit into it first
+        chain.append(type(context))
+        context = context.__context__
+    assert KeyError in chain, chain
+    quiet()
+
+
 async def test_leaving_the_block_early_stops_the_producer(virtual_time: VirtualTime) -> None:
     source = Counted(100)
 
@@ -939,6 +980,29 @@ async def test_a_keyboard_interrupt_from_a_transform_thread_is_raised_as_itself(
         with pytest.raises(KeyboardInterrupt):
             await _consume("threads", arrays(5), seen, transform=transform)
     assert seen == [0]
+
+
+async def test_a_slot_whose_copy_is_in_flight_is_not_taken_for_idle(
+    virtual_time: VirtualTime,
+) -> None:
+    """Batches taken on one stream and let go on another, which never waited for their
+    copies: the consumer's work being done does not make a slot idle while its copy is in
+    flight, so the loader makes a new slot (the pool has room for three) rather than have the
+    host wait for that copy; only with the pool full does it wait."""
+    a, b = ais.Stream(), ais.Stream()
+    handed_out = []
+    async with ais.DataLoader(arrays(6, size=1 << 22), prefetch=1) as loader:
+        batches = aiter(loader)
+        for i in range(6):
+            with ais.use_stream(a if i % 2 == 0 else b):  # b's work waits for no copy
+                batch = await anext(batches)
+            handed_out.append(virtual_time.now())
+            assert not batch.ready.query()  # 16 MiB each: every copy is still in flight
+    assert handed_out[:3] == [0.0, 0.0, 0.0]
+    assert handed_out[3] > 0.0  # the pool is full: the oldest slot, after its copy
+    assert loader.stats.allocations == loader.stats.pool_size == 3
+    await ais.current_stream().synchronize()
+    quiet()
 
 
 async def test_slots_are_made_as_needed(virtual_time: VirtualTime) -> None:

@@ -96,6 +96,28 @@ async def test_real_time_waits_sleep_until_the_completion() -> None:
     assert waiter_.checks == 1
 
 
+async def test_the_waiter_looks_when_a_wait_begins_and_when_told_nothing_more(
+    clock: VirtualClock,
+) -> None:
+    """On a clock that moves only when told, the waiter wakes exactly twice for one wait:
+    once when the wait begins (the backend has told it nothing yet: it checks nothing and
+    sleeps, with no timer), once when the backend tells it the work completed, and checks
+    that wait then; no poll in between, however long the wait."""
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    e = s.record_event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(e.synchronize)
+        await anyio.wait_all_tasks_blocked()
+        waiter_ = the_waiter()
+        assert (waiter_.wakes, waiter_.checks) == (1, 0)
+        for _ in range(10):
+            await anyio.sleep(0.01)  # real time goes by; the device's time does not
+        assert (waiter_.wakes, waiter_.checks) == (1, 0)
+        clock.advance(1.0)
+    assert (waiter_.wakes, waiter_.checks) == (2, 1)  # the wait checked once: when told
+
+
 async def test_cancelled_waits_are_removed_and_the_waiter_exits(clock: VirtualClock) -> None:
     s = ais.Stream()
     ais.delay(1.0, stream=s)

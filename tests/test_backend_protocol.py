@@ -53,6 +53,30 @@ def test_capabilities_are_seen_at_run_time() -> None:
         backend.close()
 
 
+def test_the_virtual_backend_checks_what_the_user_objects_check_first() -> None:
+    """The user objects refuse bad calls before they reach a backend; the virtual backend,
+    used directly, refuses them too (its own tests and tools call it so)."""
+    from aiostream import NotReadyError
+
+    backend = VirtualBackend()
+    try:
+        start, end = (
+            backend.event_create(0, timing=True, blocking=False, interprocess=False)
+            for _ in range(2)
+        )
+        with pytest.raises(ValueError) as never:
+            backend.event_elapsed_ms(start, end)
+        assert str(never.value) == "elapsed_time() needs two recorded events"
+        s = backend.stream_create(0, 0)
+        backend.event_record(start, s)
+        backend.delay(s, 1.0)
+        backend.event_record(end, s)
+        with pytest.raises(NotReadyError, match="needs both events complete"):
+            backend.event_elapsed_ms(start, end)
+    finally:
+        backend.close()
+
+
 def test_objects_of_a_backend_without_interop_refuse_interop() -> None:
     s = ais.Stream("virtual:0")
     with pytest.raises(TypeError, match="not a CUDA stream"):

@@ -136,6 +136,35 @@ def test_a_virtual_device_refuses_memory_it_does_not_have(virtual_device: ais.De
     assert second.nbytes == 1000
 
 
+def test_memory_the_host_cannot_hold_is_refused_by_its_device(
+    virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator keeps every buffer's bytes in host memory: where the machine cannot hold
+    them, the allocation is refused with a DeviceError of the device, as a driver refuses
+    pinned memory, whether host or device memory was asked."""
+    with pytest.raises(ais.DeviceError) as host:
+        ais.HostBuffer(1 << 62)  # more than any machine has: refused at once
+    assert host.value.device == "virtual:0"
+    assert str(host.value) == (
+        "virtual:0: cannot allocate 4611686018427387904 bytes of host memory (the machine "
+        "does not have it)"
+    )
+
+    def no_memory(self: object, nbytes: int, *args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    from aiostream._backends.virtual import model
+
+    monkeypatch.setattr(model.Memory, "__init__", no_memory)  # a host short of memory
+    with pytest.raises(ais.DeviceError) as device:
+        ais.DeviceBuffer(600)
+    assert device.value.device == "virtual:0"
+    assert str(device.value) == (
+        "virtual:0 is out of memory: 600 bytes asked, 17179869184 of 17179869184 free; the "
+        "host could not hold it (aiostream.virtual.reset(memory=...) sets the size)"
+    )
+
+
 def test_device_buffer_views_and_interop(virtual_device: ais.Device) -> None:
     dev = ais.DeviceBuffer(16, "virtual:0")
     assert (dev.nbytes, dev.device, dev.dtype, dev.shape) == (16, virtual_device, np.uint8, (16,))
@@ -198,12 +227,28 @@ async def test_reading_before_the_copy_lands_sees_poison(virtual_time: VirtualTi
     assert set(early.tolist()) <= {0, ais.virtual.POISON}
     await s.synchronize()
     assert (out.numpy() == 7).all()  # with the wait: the data
-    races = ais.virtual.races(clear=True)
-    assert len(races) == 1 and "'copy d2h'" in races[0].copy
-    frames = races[0].where.split('  File "')[1:]  # the 8 innermost, up to the read
-    assert len(frames) == 8, races[0].where
-    assert "in test_reading_before_the_copy_lands_sees_poison" in frames[-1]
+    (race,) = ais.virtual.races(clear=True)
+    assert race.nbytes == 32
+    submitted = "(submitted at t=0.000000000s)"
+    assert race.copy == f"'copy d2h' on virtual:0 stream {s.stream_id} {submitted}"
+    assert str(race).startswith(
+        f"host access to a 32-byte buffer while {race.copy} was in flight\n  File "
+    )
+
+
+async def test_a_race_report_ends_at_the_read(virtual_time: VirtualTime) -> None:
+    """Where a race report says the host read: the 8 innermost frames outside aiostream, the
+    last one the read itself."""
+    dev, out = ais.DeviceBuffer(32), ais.HostBuffer(32)
+    ais.copy_async(out, dev)
+    early = out.numpy().copy()  # taken while the copy flies
+    await ais.current_stream().synchronize()
+    (race,) = ais.virtual.races(clear=True)
+    frames = race.where.split('  File "')[1:]  # the 8 innermost, up to the read
+    assert len(frames) == 8, race.where
+    assert "in test_a_race_report_ends_at_the_read" in frames[-1]
     assert "early = out.numpy().copy()" in frames[-1]
+    assert early.nbytes == 32
 
 
 @pytest.mark.aiostream(bandwidth=8.0)  # 8 bytes take a second

@@ -178,6 +178,17 @@ def test_a_clock_that_reads_no_time_is_refused(reading: float) -> None:
         ais.virtual.reset(clock=lambda: reading)
 
 
+async def test_a_clock_may_read_below_zero() -> None:
+    """A callable clock reads seconds, float or int, from any origin, below zero too (an
+    offset clock): only the time between readings matters."""
+    readings = iter([-10, -10, -9.5, -9])
+    ais.virtual.reset(clock=lambda: next(readings, -9))
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0)
+    assert not s.query()  # 0.5 s in
+    assert s.query()  # 1 s in: done
+
+
 def test_a_clock_that_goes_bad_later_is_refused_at_that_reading() -> None:
     readings: Iterator[object] = iter([0.0, 0.0, 0.0])
     ais.virtual.reset(clock=lambda: next(readings, "soon"))

@@ -191,7 +191,7 @@ DESELECT: tuple[str, ...] = (
     "tests/test_cuda_waits.py::test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle",
     # check that a race report ends at the test's own line: mutmut's trampolines (a frame of
     # mutmut's between the package's) end it there instead
-    "tests/test_buffers.py::test_reading_before_the_copy_lands_sees_poison",
+    "tests/test_buffers.py::test_a_race_report_ends_at_the_read",
     "tests/test_buffers.py::test_assert_no_races_lists_where",
 )
 

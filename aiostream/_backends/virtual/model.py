@@ -115,7 +115,6 @@ class Engine:
 
     __slots__ = (
         "busy",
-        "device",
         "dirty",
         "name",
         "provisional",
@@ -125,8 +124,7 @@ class Engine:
         "stalled",
     )
 
-    def __init__(self, device: Device, name: str, slots: int) -> None:
-        self.device = device
+    def __init__(self, name: str, slots: int) -> None:
         self.name = name
         self.slots = slots
         self.busy = 0
@@ -180,7 +178,7 @@ class Device:
     def __init__(self, index: int, slots: dict[str, int]) -> None:
         self.index = index
         self.name = f"virtual:{index}"
-        self.engines = {name: Engine(self, name, n) for name, n in slots.items()}
+        self.engines = {name: Engine(name, n) for name, n in slots.items()}
         self.failure: Failure | None = None
         self.faults: list[Fault] = []
         self.stream_ids = itertools.count(1)

@@ -137,11 +137,9 @@ class Scheduler:
             self._done(item)
         else:
             heapq.heappush(eng.ready, item.key())
-        if eng is not None:
+        if eng is not None:  # (advance left no engine marked; this starts on its own)
             self._start_ready(eng, t)
             self._reopen(eng, t)
-        if self._dirty:
-            self._dispatch(t)
         return item
 
     def _reopen(self, engine: Engine, t: int) -> None:

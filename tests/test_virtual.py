@@ -267,17 +267,42 @@ async def test_any_callable_can_be_the_clock() -> None:
     assert ais.virtual.now() == 10.25
 
 
-def test_reset_rejects_bad_input() -> None:
-    with pytest.raises(ValueError, match="devices must be >= 1"):
-        ais.virtual.reset(devices=0)
-    with pytest.raises(TypeError, match="compute_slots must be an int"):
-        ais.virtual.reset(compute_slots=1.5)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="clock must be None"):
-        ais.virtual.reset(clock=3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="devices must be at most 1024, got 1180591620717411"):
-        ais.virtual.reset(devices=1 << 70)  # refused at once, not built
-    with pytest.raises(ValueError, match="bandwidth must be a finite number >= 1"):
-        ais.virtual.reset(bandwidth=float("nan"))
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"devices": 0}, ValueError, "devices must be >= 1, got 0"),
+        ({"compute_slots": 1.5}, TypeError, "compute_slots must be an int, got 1.5"),
+        ({"h2d_slots": True}, TypeError, "h2d_slots must be an int, got True"),
+        (
+            {"clock": 3},
+            TypeError,
+            "clock must be None (the monotonic clock), a VirtualClock, or a callable returning "
+            "seconds, got 3",
+        ),
+        (  # refused at once, not built
+            {"devices": 1 << 70},
+            ValueError,
+            "devices must be at most 1024, got 1180591620717411303424",
+        ),
+        (
+            {"bandwidth": float("nan")},
+            ValueError,
+            "bandwidth must be a finite number >= 1 (bytes per second), got nan",
+        ),
+        (
+            {"d2d_bandwidth": 0},
+            ValueError,
+            "d2d_bandwidth must be a finite number >= 1 (bytes per second), got 0",
+        ),
+        ({"latency": -1}, ValueError, "latency must be >= 0 seconds, got -1"),
+    ],
+)
+def test_reset_rejects_bad_input(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as info:
+        ais.virtual.reset(**options)
+    assert str(info.value) == message
 
 
 def test_options_are_one_frozen_record() -> None:

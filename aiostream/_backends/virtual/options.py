@@ -38,14 +38,13 @@ MAX_DEVICES = 1024
 _MAX_SLOTS = 1 << 20
 
 
-def _count(value: object, name: str, limit: int) -> int:
+def _count(value: object, name: str, limit: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     if value > limit:
         raise ValueError(f"{name} must be at most {limit}, got {value}")
-    return value
 
 
 def _rate(value: object, name: str) -> float:
@@ -83,14 +82,14 @@ class VirtualOptions:
     """Bytes of memory per device; an allocation past what is free raises ``DeviceError``."""
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__  # frozen: normalise through the base class
-        set_(self, "devices", _count(self.devices, "devices", MAX_DEVICES))
+        _count(self.devices, "devices", MAX_DEVICES)  # counts are kept as given
         for name in ("compute_slots", "h2d_slots", "d2h_slots"):
-            set_(self, name, _count(getattr(self, name), name, _MAX_SLOTS))
+            _count(getattr(self, name), name, _MAX_SLOTS)
+        _count(self.memory, "memory", _MAX_MEMORY)
+        set_ = object.__setattr__  # frozen: normalise through the base class
         set_(self, "bandwidth", _rate(self.bandwidth, "bandwidth"))
         set_(self, "d2d_bandwidth", _rate(self.d2d_bandwidth, "d2d_bandwidth"))
         set_(self, "latency", seconds_to_ns(self.latency, "latency") / 1e9)
-        set_(self, "memory", _count(self.memory, "memory", _MAX_MEMORY))
 
     @classmethod
     def from_kwargs(cls, **options: Any) -> VirtualOptions:

@@ -256,6 +256,23 @@ async def test_a_shared_virtual_buffer_opens_in_stream_order(
     ais.virtual.assert_no_races()
 
 
+def test_a_freed_shared_virtual_buffer_keeps_no_bytes_alive() -> None:
+    """Sharing a buffer keeps it openable only while it lives: once freed, its bytes go."""
+    import gc
+
+    from aiostream._backends.virtual.model import Memory
+
+    def held(nbytes: int) -> int:
+        return sum(1 for o in gc.get_objects() if type(o) is Memory and len(o.data) == nbytes)
+
+    buf = ais.DeviceBuffer(12_345, interprocess=True)
+    buf.ipc_handle()
+    assert held(12_345) == 1
+    del buf
+    gc.collect()
+    assert held(12_345) == 0
+
+
 def test_ipc_handles_of_virtual_buffers_are_checked() -> None:
     with pytest.raises(ValueError, match=r"interprocess=True"):
         ais.DeviceBuffer(8).ipc_handle()

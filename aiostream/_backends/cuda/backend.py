@@ -28,6 +28,7 @@ from .handles import Event, Memory, Stream
 from .memory import Memories
 from .sharing import Sharing
 from .waits import Target, Waits
+from .watcher import watcher_stats
 
 __all__ = ["CudaBackend"]
 
@@ -317,7 +318,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         with self._devices.lock:
             streams = sum(1 for kind in dev.internal.values() if kind == "stream")
             events = len(dev.internal) - streams + (dev.watcher.health is not None)
-        watched, slots, chunks = dev.watcher.stats()
+        watched, slots, chunks = watcher_stats(dev.watcher)
         return {
             "streams": streams,
             "events": events,

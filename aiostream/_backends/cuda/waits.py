@@ -116,7 +116,7 @@ class Waits:
                 return target
             target = Target(watcher, ("stream", stream.key), event.seq)
             target.mark = mark
-            watcher.hold(mark)
+            mark.holders += 1  # the wait holds it too (lock held)
             if wake and stream.private:
                 target.wake = self._waker(stream, mark, event.at)
         return target

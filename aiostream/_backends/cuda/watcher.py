@@ -20,6 +20,13 @@ through the callback each gave to :meth:`Target.watch`, as the virtual backend d
 while waits are watched it also asks the device whether it has failed: host functions never
 run after a fault.
 
+A host function that announces a mark when it is made (``Watcher.mark`` with ``wake``) comes
+right *before* it, so that the mark stands for the stream's whole work at that point, the host
+function included: a stream told complete is then idle for ``cuStreamQuery`` too, where a host
+function still queued after the mark would keep it busy. Such a mark lands just after the host
+function posts the watcher, which therefore keeps polling for a while after a post
+(``CHASE_S``).
+
 A slot is free again once its value has landed: a sweep frees it, or the wait that reads it,
 and every slot in use is swept before another chunk is made, so the flag memory grows with the
 marks not yet reached, not with the events alive. A mark whose waits were all
@@ -47,7 +54,15 @@ import numpy as np
 from ..._errors import AiostreamError, CudaError
 from .driver import NOT_READY, NOT_SUPPORTED, SUCCESS, Driver
 
-__all__ = ["LaunchHostFunc", "Mark", "Semaphores", "Target", "Watcher", "semaphores"]
+__all__ = [
+    "LaunchHostFunc",
+    "Mark",
+    "Semaphores",
+    "Target",
+    "Watcher",
+    "semaphores",
+    "watcher_stats",
+]
 
 logger = logging.getLogger("aiostream")
 
@@ -353,13 +368,7 @@ class Watcher:
 
     def mark(self, stream: Any, wake: bool) -> Mark:
         """A mark after the work submitted to ``stream`` so far (lock held), held once; with
-        ``wake``, a host function right before it, which announces it.
-
-        The host function comes first so that the mark stands for the stream's whole work
-        at this point, the host function included: a stream told complete is idle for
-        ``cuStreamQuery`` too, while a host function still queued after the mark would keep it
-        busy. The mark lands just after the host function posts the watcher, which therefore
-        polls promptly for a while after a post (``CHASE_S``)."""
+        ``wake``, a host function right before it, which announces it (module docstring)."""
         drv, cu = self.drv, self.drv.cu
         mark = Mark()
         if wake:
@@ -398,9 +407,6 @@ class Watcher:
         if code != SUCCESS:
             raise self.drv.error(self.drv.cu.CUresult(code), self.index, "cuLaunchHostFunc")
         mark.woken = True
-
-    def hold(self, mark: Mark) -> None:
-        mark.holders += 1
 
     def unhold(self, mark: Mark) -> None:
         """One holder less (lock held); with none left, the mark's slot is freed if its value
@@ -612,13 +618,6 @@ class Watcher:
         if callback is not None:
             due.append(callback)
 
-    def stats(self) -> tuple[int, int, int]:
-        """(waits watched, slots in use or draining, chunks of flag memory), after a sweep."""
-        with self.lock:
-            if not self.closed:
-                self.collect()
-            return len(self.watched), self.flags.used(), len(self.flags.chunks)
-
     def close(self) -> None:
         """Stop the thread and tell every watched wait (lock held; at close). The flags are
         freed later, with the context (``Device.release_all``)."""
@@ -634,6 +633,14 @@ class Watcher:
         if self.health is not None:
             self.dev.release(self.drv.cu.cuEventDestroy, self.health)
             self.health = None
+
+
+def watcher_stats(watcher: Watcher) -> tuple[int, int, int]:
+    """(waits watched, slots in use or draining, chunks of flag memory), after a sweep."""
+    with watcher.lock:
+        if not watcher.closed:
+            watcher.collect()
+        return len(watcher.watched), watcher.flags.used(), len(watcher.flags.chunks)
 
 
 def _call(callbacks: list[Callable[[], None]]) -> None:

@@ -10,6 +10,7 @@ a program of their own in a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import textwrap
 import threading
@@ -71,6 +72,22 @@ def current_context() -> int:
     err, ctx = driver.cuCtxGetCurrent()
     assert int(err) == 0
     return int(ctx)
+
+
+@contextlib.contextmanager
+def primary_context(index: int = 0) -> Iterator[Any]:
+    """Device ``index``'s primary context, retained and made current for the block (a user's
+    own driver calls); the bindings' module is what the block gets."""
+    from cuda.bindings import driver as cu
+
+    device = cu.cuDeviceGet(index)[1]
+    ctx = cu.cuDevicePrimaryCtxRetain(device)[1]
+    assert cu.cuCtxPushCurrent(ctx) == (cu.CUresult.CUDA_SUCCESS,)
+    try:
+        yield cu
+    finally:
+        cu.cuCtxPopCurrent()
+        cu.cuDevicePrimaryCtxRelease(device)
 
 
 # ---------------------------------------------------------------------- 1, 2: contexts
@@ -546,15 +563,8 @@ async def test_close_releases_every_handle_the_backend_made(
     assert live() != before
     # close leaves a context with work pending (a free, a host function) to the exit: let the
     # device finish first, as a program's last synchronize would
-    from cuda.bindings import driver as cu
-
-    ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
-    cu.cuCtxPushCurrent(ctx)
-    try:
+    with primary_context() as cu:
         assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
-    finally:
-        cu.cuCtxPopCurrent()
-        cu.cuDevicePrimaryCtxRelease(cu.cuDeviceGet(0)[1])
     own_backend.close()
     assert live() == before, (before, live())  # the program still holds s, t, ipc, opened
     own_backend.close()
@@ -600,8 +610,6 @@ def test_a_release_that_fails_is_said_once_at_close_naming_the_call(
 ) -> None:
     """Releases never raise (they run in finalizers); one that fails is counted, and close
     says so once, with the first failed call's name, device and code."""
-    from cuda.bindings import driver as cu
-
     buf = ais.DeviceBuffer(N, DEV, interprocess=True)  # not pooled: cuMemFree
     address = ptr(buf)
     assert FAKE.fake_cuda_fail_call(b"cuMemFree", 1, 999)
@@ -618,13 +626,8 @@ def test_a_release_that_fails_is_said_once_at_close_naming_the_call(
         "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
     ]
     # the shared backend keeps the context: free what the failed call left, as a user would
-    ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
-    assert cu.cuCtxPushCurrent(ctx) == (cu.CUresult.CUDA_SUCCESS,)
-    try:
+    with primary_context() as cu:
         assert cu.cuMemFree(cu.CUdeviceptr(address)) == (cu.CUresult.CUDA_SUCCESS,)
-    finally:
-        cu.cuCtxPopCurrent()
-        cu.cuDevicePrimaryCtxRelease(cu.cuDeviceGet(0)[1])
 
 
 # ---------------------------------------------------------------------- in programs of their own

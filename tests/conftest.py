@@ -110,6 +110,14 @@ def clock() -> ais.virtual.VirtualClock:
     return clk
 
 
+async def synchronize_keeping(awaited: ais.Stream | ais.Event, errors: list[Any]) -> None:
+    """``await awaited.synchronize()``, keeping a ``DeviceError`` it raises in ``errors``."""
+    try:
+        await awaited.synchronize()
+    except ais.DeviceError as exc:
+        errors.append(exc)
+
+
 def assert_quiet() -> None:
     """Nothing pending on the virtual backend: no wait, no operation."""
     stats = ais.virtual.stats()

@@ -12,6 +12,8 @@ import pytest
 import aiostream as ais
 from aiostream.virtual import VirtualClock
 
+from .conftest import synchronize_keeping
+
 pytestmark = pytest.mark.anyio
 
 
@@ -179,16 +181,9 @@ async def test_failure_wakes_every_waiting_task(clock: VirtualClock) -> None:
     ais.virtual.submit(s, 1.0, error="ecc error")
     events = [s.record_event() for _ in range(3)]
     errors: list[BaseException] = []
-
-    async def waiter(e: ais.Event) -> None:
-        try:
-            await e.synchronize()
-        except ais.DeviceError as exc:
-            errors.append(exc)
-
     async with anyio.create_task_group() as tg:
         for e in events:
-            tg.start_soon(waiter, e)
+            tg.start_soon(synchronize_keeping, e, errors)
         await anyio.wait_all_tasks_blocked()
         clock.advance(1.0)
     assert len(errors) == 3

@@ -15,6 +15,8 @@ import aiostream as ais
 from aiostream import _waiting
 from aiostream.virtual import VirtualClock
 
+from .conftest import synchronize_keeping
+
 pytestmark = pytest.mark.anyio
 
 
@@ -744,16 +746,9 @@ async def test_a_kept_device_error_keeps_no_wait_alive() -> None:
     for s in good:
         ais.delay(0.5, stream=s)
     ais.virtual.submit(bad, 1.0, error="boom")
-
-    async def wait(s: ais.Stream) -> None:
-        try:
-            await s.synchronize()
-        except ais.DeviceError as exc:
-            kept.append(exc)
-
     async with anyio.create_task_group() as tg:
         for s in [*good, bad]:
-            tg.start_soon(wait, s)
+            tg.start_soon(synchronize_keeping, s, kept)
         await anyio.wait_all_tasks_blocked()
         clock.advance(1.0)  # every wait finishes in one look: the device failed
     assert len(kept) == 51

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 import sys
 import threading
 import time
@@ -616,6 +617,24 @@ def test_why_the_driver_cannot_be_used_is_said_exactly(
     said = info.value.reason
     assert info.value.kind == "cuda" and (said == reason or said.startswith(f"{reason}: ")), said
     assert str(info.value) == f"the 'cuda' backend is unavailable: {said}"
+
+
+def test_without_cuda_python_the_reason_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No bindings to import: the cuda backend is unavailable, and says what to install or
+    use instead."""
+    from aiostream._backends.cuda.driver import load_driver
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # as if never installed
+    with pytest.raises(ais.BackendUnavailableError) as info:
+        load_driver()
+    assert info.value.kind == "cuda"
+    assert re.fullmatch(
+        r"cuda-python is not installed \(.+\); run 'pip install cuda-python', or use a "
+        r"virtual device \('virtual:0'\)",
+        info.value.reason,
+    ), info.value.reason
 
 
 async def test_pageable_host_buffers_and_device_to_device_copies_move_the_data(

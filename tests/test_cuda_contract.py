@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import textwrap
 import threading
 import time
@@ -450,6 +451,8 @@ def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
         o["t1"].synchronize_blocking()
         return o["t0"].elapsed_time(o["t1"])
 
+    from aiostream.__main__ import info
+
     return {
         "cuStreamCreateWithPriority": lambda o: ais.Stream(DEV, priority=-1),
         "cuEventCreate": lambda o: ais.Event(DEV).record(o["s"]),
@@ -470,6 +473,8 @@ def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
         "cuIpcGetEventHandle": lambda o: o["ipc"].ipc_handle(),
         "cuIpcOpenEventHandle": lambda o: ais.Event.from_ipc_handle(DEV, o["ipc_handle"]),
         "cuCtxPushCurrent": lambda o: o["s"].query(),
+        "cuDeviceGetName (python -m aiostream info)": lambda o: info(),
+        "cuIpcGetMemHandle": lambda o: ais.DeviceBuffer(N, DEV, interprocess=True).ipc_handle(),
     }
 
 
@@ -628,6 +633,63 @@ def test_a_release_that_fails_is_said_once_at_close_naming_the_call(
     # the shared backend keeps the context: free what the failed call left, as a user would
     with primary_context() as cu:
         assert cu.cuMemFree(cu.CUdeviceptr(address)) == (cu.CUresult.CUDA_SUCCESS,)
+
+
+@needs_stand_in
+def test_the_backend_shares_only_memory_the_driver_can_share(own_backend: Any) -> None:
+    """``DeviceBuffer.ipc_handle`` refuses a buffer made without ``interprocess=True`` before
+    it reaches the backend; the backend keeps the driver's rule too (``cuIpcGetMemHandle``
+    takes memory of ``cuMemAlloc`` only): stream-ordered memory is refused with what to do,
+    and memory of ``cuMemAlloc`` gets this process's id and the driver's 64-byte handle."""
+    pooled = ais.DeviceBuffer(N, DEV)
+    assert pooled._handle.pooled
+    with pytest.raises(ValueError) as info:
+        own_backend.memory_ipc_handle(pooled._handle)
+    assert str(info.value) == (
+        "this memory cannot be shared with other processes: the driver shares memory of "
+        "cuMemAlloc only; create the buffer with DeviceBuffer(nbytes, device, interprocess=True)"
+    )
+    plain = ais.DeviceBuffer(N, DEV, interprocess=True)
+    handle = own_backend.memory_ipc_handle(plain._handle)
+    assert len(handle) == 4 + 64 and int.from_bytes(handle[:4], "little") == os.getpid()
+    del pooled, plain
+    gc.collect()
+
+
+@needs_stand_in
+@pytest.mark.parametrize("call", ["cuStreamDestroy", "cuEventDestroy", "cuDevicePrimaryCtxRelease"])
+def test_each_failed_release_is_said_with_its_call_and_device(
+    own_backend: Any, caplog: pytest.LogCaptureFixture, call: str
+) -> None:
+    """A stream dropped (its finalizer releases it), an event the program still holds at
+    close, the primary context at close: whichever release fails, the warning names that call
+    and the device."""
+    s, e = ais.Stream(DEV), ais.Event(DEV)
+    e.record(s)
+    s.synchronize_blocking()  # nothing pending: close releases the context too
+    dev = own_backend._devices[0]
+    (stream,) = dev.streams
+    (event,) = dev.events
+    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
+    try:
+        del s  # its finalizer: cuStreamDestroy through the device's release
+        gc.collect()
+        with caplog.at_level("WARNING", logger="aiostream"):
+            own_backend.close()
+    finally:
+        FAKE.fake_cuda_clear_error()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
+        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+    ]
+    with primary_context() as cu:  # what the failed call left, released as a user would
+        left = {
+            "cuStreamDestroy": lambda: cu.cuStreamDestroy(cu.CUstream(int(stream.ptr))),
+            "cuEventDestroy": lambda: cu.cuEventDestroy(cu.CUevent(int(event.ptr))),
+            "cuDevicePrimaryCtxRelease": lambda: cu.cuDevicePrimaryCtxRelease(cu.cuDeviceGet(0)[1]),
+        }[call]()
+        assert left == (cu.CUresult.CUDA_SUCCESS,)
 
 
 # ---------------------------------------------------------------------- in programs of their own

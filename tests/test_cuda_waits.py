@@ -8,6 +8,7 @@ Run where ``cuda:0`` works: on a GPU, and against the stand-in driver, which
 
 from __future__ import annotations
 
+import ctypes
 import random
 import threading
 import time
@@ -625,8 +626,52 @@ def test_a_semaphore_that_cannot_be_made_says_why() -> None:
     assert info.value.errno == errno.ENOMEM and info.value.strerror == "sem_init failed"
     sems.SIZE = watcher.Semaphores.SIZE
     sem = sems.new()
+    assert not sems.wait(sem, 0.001)  # not posted: the timeout ends it
     sems.post(sem)
-    sems.wait(sem, 1.0)  # posted: returns at once
+    assert sems.wait(sem, 1.0)  # posted: returns at once
+    # the host function the driver calls is sem_post itself, at that address
+    assert sems.post_address
+    ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(sems.post_address)(sem)
+    assert sems.wait(sem, 1.0)
+
+
+@needs_stand_in
+def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new wait posts the watcher's semaphore only if the thread sleeps past when the wait
+    needs a look: a second wait, once the thread sleeps toward its next health check
+    (``HEALTH_S``) for the first, does not."""
+    from aiostream._backends.cuda import watcher
+
+    if watcher.semaphores is None:
+        pytest.skip("no POSIX semaphores here: the watcher polls")
+    backend = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    thread = backend._devices[0].watcher
+    ais.delay(3600.0, stream=s)
+    first, second = s.record_event(), s.record_event()
+    posts: list[int] = []
+    post = watcher.semaphores.post
+    monkeypatch.setattr(watcher.semaphores, "post", lambda sem: (posts.append(sem), post(sem)))
+    targets = []
+    try:
+        targets.append(backend.event_capture(first._handle, True))
+        targets[0].watch(lambda: None)
+        assert not targets[0].polled
+        deadline = time.monotonic() + 5
+        while not time.monotonic() < thread.sleeping_until < float("inf"):  # asleep again
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        posts.clear()
+        targets.append(backend.event_capture(second._handle, True))
+        targets[1].watch(lambda: None)
+        assert not targets[1].polled and not posts, posts
+    finally:
+        for target in targets:
+            target.release()
+        hurry()
+    s.synchronize_blocking()
 
 
 async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_ones(

@@ -357,7 +357,7 @@ class Watcher:
         self.health: Any = None  # an event never recorded: querying it says if the device failed
         self.failed: CudaError | None = None
         self.closed = False
-        self.checked_at = 0.0
+        self.checked_at = float("-inf")  # when the driver was last asked (never)
         self.progress_at = time.monotonic()
         self.sleeping_until = float("inf")
         self.sem = semaphores.new() if semaphores is not None else 0

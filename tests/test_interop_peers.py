@@ -256,6 +256,35 @@ async def test_a_shared_virtual_buffer_opens_in_stream_order(
     ais.virtual.assert_no_races()
 
 
+@pytest.mark.aiostream(bandwidth=16.0, devices=2)  # 16 bytes take a second
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # uvloop's clock is its own
+async def test_a_shared_buffer_opens_on_the_device_named_in_its_current_stream_order(
+    anyio_backend: Any, virtual_time: VirtualTime
+) -> None:
+    """Opened on a device other than the default, the buffer is that device's, and that
+    device's current stream is the one that waits for the exporter's work."""
+    assert ais.device() == ais.Device("virtual", 0)
+    host = ais.HostBuffer(16, device="virtual:1")
+    host.numpy(np.float32)[:] = [1, 2, 3, 4]
+    shared = ais.DeviceBuffer(16, "virtual:1", interprocess=True)
+    producer = ais.Stream("virtual:1")
+    ais.delay(1.0, stream=producer)
+    ais.copy_async(shared, host, stream=producer)  # lands at t = 2 s (and 10 us)
+    handle = shared.ipc_handle()
+    consumer = ais.Stream("virtual:1")
+    with ais.use_stream(consumer):  # the current stream of virtual:1, not of the default device
+        opened = ais.DeviceBuffer.from_ipc_handle("virtual:1", handle)
+    assert opened.device == ais.Device("virtual", 1)
+    assert not consumer.query()  # it waits for the producer's copy
+    await consumer.synchronize()
+    assert ais.virtual.now() == pytest.approx(2.00001, abs=1e-9)
+    out = ais.HostBuffer(16, device="virtual:1")
+    ais.copy_async(out, opened.view(np.float32), stream=consumer)
+    await consumer.synchronize()
+    assert out.numpy(np.float32).tolist() == [1, 2, 3, 4]
+    ais.virtual.assert_no_races()
+
+
 def test_a_freed_shared_virtual_buffer_keeps_no_bytes_alive() -> None:
     """Sharing a buffer keeps it openable only while it lives: once freed, its bytes go."""
     import gc

@@ -769,6 +769,29 @@ async def test_an_error_closing_the_source_follows_the_block_s_error(
     quiet()
 
 
+def test_chaining_a_closing_error_to_the_block_s_never_makes_a_cycle() -> None:
+    """The block's error goes at the end of the closing error's context chain, unless it is
+    there already, or the closing error is in the block's own chain (linking them would make
+    a cycle, which tracebacks would follow forever); a cycle already in a chain ends the walk."""
+    from aiostream.loader import _after
+
+    inner, block = ValueError("inner"), RuntimeError("block")
+    block.__context__ = inner
+    _after(inner, block)  # closing raised an error the block's already holds
+    assert inner.__context__ is None
+    closing, middle = OSError("closing"), KeyError("middle")
+    closing.__context__ = middle
+    _after(closing, block)
+    assert (closing.__context__, middle.__context__) == (middle, block)
+    _after(closing, block)  # already at its end: nothing changes
+    assert (closing.__context__, middle.__context__, block.__context__) == (middle, block, inner)
+    a, b, other = ValueError("a"), ValueError("b"), RuntimeError("other")
+    a.__context__, b.__context__, other.__context__ = b, a, a  # a cycle in the block's chain
+    last = OSError("last")
+    _after(last, other)
+    assert last.__context__ is other
+
+
 async def test_leaving_the_block_early_stops_the_producer(virtual_time: VirtualTime) -> None:
     source = Counted(100)
 
@@ -1109,4 +1132,46 @@ async def test_leaving_the_block_from_another_task_says_what_to_write(
         "generator in 'contextlib.aclosing(...)' (and iterate it in an 'async with' of that), "
         "or iterate the loader with a plain 'async for' (no 'async with') inside the generator"
     )
+    await ais.current_stream().synchronize()
+
+
+@pytest.mark.parametrize(
+    "anyio_backend", [p for p in EVERY_LOOP if p.id != "trio"]
+)  # trio itself refuses a nursery left open in a suspended generator
+async def test_worker_threads_take_no_item_once_the_block_is_left_from_another_task(
+    virtual_device: ais.Device, anyio_backend: object
+) -> None:
+    """The loader stops its producer there and then: a worker thread done with its item takes
+    none of those queued behind it, even before the producer task runs again."""
+    import threading
+    import time
+
+    gate, calls = threading.Event(), []
+
+    def transform(x: np.ndarray) -> np.ndarray:
+        calls.append(x)
+        if len(calls) > 1:  # the first is handed out; the workers then hold one each
+            gate.wait(10)
+        return x
+
+    async def indices() -> AsyncIterator[int]:
+        async with ais.DataLoader(arrays(10), transform=transform, workers=2) as loader:
+            async for batch in loader:
+                yield batch.index
+
+    agen = indices()
+    assert await agen.__anext__() == 0
+    with anyio.fail_after(5):
+        while len(calls) < 3:  # both workers wait at the gate; more items are queued
+            await anyio.sleep(0.001)
+
+    async def close_elsewhere() -> None:
+        with pytest.raises(RuntimeError, match="from another task"):
+            await agen.aclose()
+        gate.set()  # no checkpoint since: the producer task cannot have run
+        time.sleep(0.3)  # the workers finish their items, and would take the queued ones
+        assert len(calls) == 3, len(calls)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close_elsewhere)
     await ais.current_stream().synchronize()

@@ -7,6 +7,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import aiostream as ais
@@ -70,6 +71,20 @@ async def test_traces_and_timelines_name_the_streams(
     root = ET.fromstring(prof.to_svg())
     labels = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert sum(1 for t in labels if t and t.endswith(("(compute)", "(h2d copies)"))) == 2
+
+
+async def test_a_loaders_copies_are_on_a_stream_named_for_them(
+    virtual_time: VirtualTime, tmp_path: Path
+) -> None:
+    """A DataLoader's host-to-device copies run on a stream of its own, which traces name."""
+    with ais.profile() as prof:
+        async for _ in ais.DataLoader(np.zeros(4, np.float32) for _ in range(2)):
+            pass
+        await ais.current_stream().synchronize()
+    prof.export_chrome_trace(tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert [t for t in threads if "(" in t] == ["virtual:0 stream 1 (DataLoader h2d copies)"]
 
 
 async def test_summary_figures_line_up(virtual_time: VirtualTime) -> None:

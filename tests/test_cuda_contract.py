@@ -636,6 +636,106 @@ def test_a_release_that_fails_is_said_once_at_close_naming_the_call(
 
 
 @needs_stand_in
+async def test_flag_memory_shrinks_only_from_its_last_chunk_and_only_once_that_is_idle(
+    anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completion flags live in chunks of pinned memory, taken first-free-first: a chunk is
+    given back to the driver only from the end, once nothing uses it (the device may still
+    write a slot of any chunk in use), and every chunk but the first goes when all are idle.
+    Chunks of four slots here, so that a few waits span several."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "CHUNK", 4)  # this backend has no chunk yet
+    pinned = FAKE.fake_cuda_live(3)
+    quick, slow = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(0.05, stream=quick)
+    first = [quick.record_event() for _ in range(4)]  # the first chunk's four slots
+    ais.delay(3600.0, stream=slow)
+    last = [slow.record_event() for _ in range(4)]  # the second chunk's
+    try:
+        with anyio.fail_after(5):
+            for e in first:
+                await e.synchronize()
+        del first
+        gc.collect()
+        held = own_backend.held(0)  # after a sweep: the first chunk is idle, the last is not
+        assert (held["chunks"], held["slots"]) == (2, 4), held
+        assert FAKE.fake_cuda_live(3) == pinned + 2
+    finally:
+        hurry()
+    with anyio.fail_after(5):
+        for e in last:
+            await e.synchronize()
+            assert e.query()
+    del last
+    gc.collect()
+    held = own_backend.held(0)
+    assert (held["chunks"], held["slots"]) == (1, 0), held
+    assert FAKE.fake_cuda_live(3) == pinned + 1  # the second chunk went back to the driver
+
+
+@needs_stand_in
+@pytest.mark.parametrize(
+    ("call", "make"),
+    [
+        ("cuCtxGetStreamPriorityRange", lambda: ais.Stream(DEV)),  # the device's first use
+        ("cuEventCreate", lambda: ais.DeviceBuffer(N, DEV)),  # its marker: the pool is empty
+    ],
+    ids=["opening the device", "a marker"],
+)
+def test_driver_calls_of_the_backend_s_own_are_checked(
+    own_backend: Any, call: str, make: Callable[[], object]
+) -> None:
+    """Calls the backend makes for itself (opening a device, the first marker of its pool)
+    raise a CudaError naming the call and the device when they fail, and the next try works."""
+    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
+    try:
+        with pytest.raises(ais.CudaError) as info:
+            make()
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert str(info.value).startswith(f"{call} failed on {DEV}: CUDA_ERROR_UNKNOWN (999)")
+    made = make()
+    ais.current_stream(DEV).synchronize_blocking()
+    del made
+    gc.collect()
+
+
+@needs_stand_in
+@pytest.mark.parametrize("code", [1, 999])
+def test_a_shared_buffer_the_driver_cannot_open_says_so(code: int) -> None:
+    """``cuIpcOpenMemHandle`` refusing a handle: CUDA_ERROR_INVALID_VALUE (a handle from no
+    live export) says what to pass, with the driver's error as its cause; any other code is
+    the driver's error itself. Nothing opened is left open."""
+    import struct
+
+    from aiostream.buffers import _IPC_HEADER
+
+    buf = ais.DeviceBuffer(N, DEV, interprocess=True)
+    handle = bytearray(buf.ipc_handle())
+    at = struct.calcsize(_IPC_HEADER)  # the memory's part starts with the exporter's pid
+    handle[at : at + 4] = (os.getpid() + 1).to_bytes(4, "little")  # as if from another process
+    before = live()
+    assert FAKE.fake_cuda_fail_call(b"cuIpcOpenMemHandle", 1, code)
+    try:
+        with pytest.raises((ValueError, ais.CudaError)) as info:
+            ais.DeviceBuffer.from_ipc_handle(DEV, bytes(handle))
+    finally:
+        FAKE.fake_cuda_clear_error()
+    driver = info.value.__cause__ if code == 1 else info.value
+    name = "CUDA_ERROR_INVALID_VALUE" if code == 1 else "CUDA_ERROR_UNKNOWN"
+    assert isinstance(driver, ais.CudaError)
+    assert str(driver).startswith(f"cuIpcOpenMemHandle failed on {DEV}: {name} ({code})")
+    if code == 1:
+        assert type(info.value) is ValueError and str(info.value) == (
+            "the driver cannot open this memory IPC handle (CUDA_ERROR_INVALID_VALUE): pass the "
+            "bytes that DeviceBuffer.ipc_handle() returned in another process, while the "
+            "exported buffer is alive"
+        )
+    assert live() == before  # the exporter's event, opened first, is closed again
+
+
+@needs_stand_in
 def test_the_backend_shares_only_memory_the_driver_can_share(own_backend: Any) -> None:
     """``DeviceBuffer.ipc_handle`` refuses a buffer made without ``interprocess=True`` before
     it reaches the backend; the backend keeps the driver's rule too (``cuIpcGetMemHandle``

@@ -139,6 +139,23 @@ def test_an_event_is_recorded_on_a_stream_of_its_context() -> None:
     assert n == 1 and "an event of cuda:0 on a stream of cuda:1" in log
 
 
+@pytest.mark.parametrize("flags", [1, 2])
+def test_a_stream_waits_for_an_event_with_flags_0_only(ctx0: Context, flags: int) -> None:
+    """``CU_EVENT_WAIT_EXTERNAL`` (1) is invalid outside stream capture, and no other flag
+    exists: CUDA_ERROR_INVALID_VALUE, and a violation."""
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        event = ok(cu.cuEventCreate(2))
+        ok(cu.cuEventRecord(event, stream))
+        assert code(cu.cuStreamWaitEvent(stream, event, flags)) == INVALID_VALUE
+        ok(cu.cuStreamWaitEvent(stream, event, 0))
+        ok(cu.cuStreamSynchronize(stream))
+        ok(cu.cuEventDestroy(event))
+        ok(cu.cuStreamDestroy(stream))
+    n, log = take_violations()
+    assert n == 1 and f"cuStreamWaitEvent with flags {flags:#x}" in log, log
+
+
 def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))

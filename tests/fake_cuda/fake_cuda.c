@@ -34,6 +34,8 @@
  *   device) or copied before the call returns (device to host), as the driver does.
  * - Stream memory operations: cuStreamWriteValue32 writes its value when the stream reaches
  *   it, into device memory or pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP.
+ * - cuStreamWaitEvent takes flags 0 only: CU_EVENT_WAIT_EXTERNAL is for stream capture,
+ *   which this driver does not do (a violation, CUDA_ERROR_INVALID_VALUE).
  * - IPC. Events and cuMemAlloc's memory are shared across processes through memfd mappings
  *   (the other process maps /proc/<pid>/fd/<fd>). cuIpcGetMemHandle takes the base of a
  *   cuMemAlloc allocation only (not a pool's); cuIpcOpenMemHandle takes
@@ -882,9 +884,15 @@ static CUresult cuCtxSynchronize(void) {
 static Event *source_of(Event *e) { return e->peer ? e->peer : e; }
 
 static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
-    (void)flags;
     ENTER();
     CUresult r;
+    if (flags != 0) {
+        /* CU_EVENT_WAIT_EXTERNAL (1) is valid only during stream capture, which the stand-in
+         * has none of; no other flag exists */
+        violation("cuStreamWaitEvent with flags %#x: outside stream capture it takes "
+                  "CU_EVENT_WAIT_DEFAULT (0)", flags);
+        LEAVE(INVALID_VALUE);
+    }
     Stream *s = stream_of(hs, "cuStreamWaitEvent", &r);
     if (s == NULL) LEAVE(r);
     Event *e = (Event *)lookup(he, KIND_EVENT, "cuStreamWaitEvent", &r);

@@ -76,6 +76,63 @@ async def test_waiting_on_a_manual_clock_does_not_poll(clock: VirtualClock) -> N
         clock.advance(1.0)
 
 
+async def test_each_wait_is_checked_once_when_told_and_the_checks_add_up(
+    clock: VirtualClock,
+) -> None:
+    """Two waits on work that completes a second apart, on a clock moved by hand: each is
+    checked once, when the backend tells the waiter its work completed."""
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    first = s.record_event()
+    ais.delay(1.0, stream=s)
+    second = s.record_event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(first.synchronize)
+        tg.start_soon(second.synchronize)
+        await anyio.wait_all_tasks_blocked()
+        waiter_ = the_waiter()
+        assert waiter_.checks == 0
+        clock.advance(1.0)
+        await anyio.wait_all_tasks_blocked()
+        assert waiter_.checks == 1
+        clock.advance(1.0)
+    assert waiter_.checks == 2
+
+
+async def test_a_wait_cancelled_as_it_finishes_leaves_the_others_watched(
+    clock: VirtualClock,
+) -> None:
+    """A task cancelled right after its wait finished (the completion and the cancellation
+    in the same turn of the loop) discards a wait already finished: that changes nothing, and
+    the wait still pending behind it finishes when its work does."""
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    first = s.record_event()
+    ais.delay(1.0, stream=s)
+    second = s.record_event()
+    scope, finished = anyio.CancelScope(), []
+
+    async def cancelled_wait() -> None:
+        with scope:
+            await first.synchronize()
+
+    async def wait() -> None:
+        await second.synchronize()
+        finished.append(second)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cancelled_wait)
+        tg.start_soon(wait)
+        await anyio.wait_all_tasks_blocked()
+        clock.advance(1.0)
+        scope.cancel()
+        await anyio.wait_all_tasks_blocked()
+        assert ais.pending_waits() and not finished
+        clock.advance(1.0)
+        await anyio.wait_all_tasks_blocked()
+        assert finished == [second] and not ais.pending_waits()
+
+
 async def test_real_time_waits_sleep_until_the_completion() -> None:
     s = ais.Stream()
     ais.delay(0.05, stream=s)

@@ -213,7 +213,7 @@ class Device:
         flags.close()
         try:
             with self.pushed:
-                for event in self.events:  # (retire refuses them all once closed)
+                for event in self.events:  # left alive: retire refuses every handle once closed
                     drv.released(cu.cuEventDestroy(event.ptr), self.index, "cuEventDestroy")
                 for stream in self.streams:
                     stream.alive = False

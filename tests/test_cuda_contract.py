@@ -610,32 +610,6 @@ async def test_devices_that_write_no_values_wait_on_marker_events(
 
 
 @needs_stand_in
-def test_a_release_that_fails_is_said_once_at_close_naming_the_call(
-    own_backend: Any, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Releases never raise (they run in finalizers); one that fails is counted, and close
-    says so once, with the first failed call's name, device and code."""
-    buf = ais.DeviceBuffer(N, DEV, interprocess=True)  # not pooled: cuMemFree
-    address = ptr(buf)
-    assert FAKE.fake_cuda_fail_call(b"cuMemFree", 1, 999)
-    try:
-        del buf  # freed once its allocation's marker completes: now, or at close
-        gc.collect()
-        with caplog.at_level("WARNING", logger="aiostream"):
-            own_backend.close()
-    finally:
-        FAKE.fake_cuda_clear_error()
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warnings == [
-        "aiostream could not release 1 CUDA handle(s) (the first: cuMemFree failed on cuda:0: "
-        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
-    ]
-    # the shared backend keeps the context: free what the failed call left, as a user would
-    with primary_context() as cu:
-        assert cu.cuMemFree(cu.CUdeviceptr(address)) == (cu.CUresult.CUDA_SUCCESS,)
-
-
-@needs_stand_in
 async def test_flag_memory_shrinks_only_from_its_last_chunk_and_only_once_that_is_idle(
     anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -757,14 +731,19 @@ def test_the_backend_shares_only_memory_the_driver_can_share(own_backend: Any) -
 
 
 @needs_stand_in
-@pytest.mark.parametrize("call", ["cuStreamDestroy", "cuEventDestroy", "cuDevicePrimaryCtxRelease"])
-def test_each_failed_release_is_said_with_its_call_and_device(
+@pytest.mark.parametrize(
+    "call", ["cuMemFree", "cuStreamDestroy", "cuEventDestroy", "cuDevicePrimaryCtxRelease"]
+)
+def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
     own_backend: Any, caplog: pytest.LogCaptureFixture, call: str
 ) -> None:
-    """A stream dropped (its finalizer releases it), an event the program still holds at
-    close, the primary context at close: whichever release fails, the warning names that call
-    and the device."""
+    """Releases never raise (they run in finalizers); one that fails is counted, and close
+    says so once, with the failed call's name, device and code: memory freed once its
+    allocation's marker completes, a stream dropped (its finalizer releases it), an event the
+    program still holds at close, the primary context at close."""
     s, e = ais.Stream(DEV), ais.Event(DEV)
+    buf = ais.DeviceBuffer(N, DEV, interprocess=True)  # not pooled: cuMemFree
+    address = ptr(buf)
     e.record(s)
     s.synchronize_blocking()  # nothing pending: close releases the context too
     dev = own_backend._devices[0]
@@ -772,7 +751,7 @@ def test_each_failed_release_is_said_with_its_call_and_device(
     (event,) = dev.events
     assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
     try:
-        del s  # its finalizer: cuStreamDestroy through the device's release
+        del s, buf  # finalizers: cuStreamDestroy, cuMemFree (now, or at close)
         gc.collect()
         with caplog.at_level("WARNING", logger="aiostream"):
             own_backend.close()
@@ -785,6 +764,7 @@ def test_each_failed_release_is_said_with_its_call_and_device(
     ]
     with primary_context() as cu:  # what the failed call left, released as a user would
         left = {
+            "cuMemFree": lambda: cu.cuMemFree(cu.CUdeviceptr(address)),
             "cuStreamDestroy": lambda: cu.cuStreamDestroy(cu.CUstream(int(stream.ptr))),
             "cuEventDestroy": lambda: cu.cuEventDestroy(cu.CUevent(int(event.ptr))),
             "cuDevicePrimaryCtxRelease": lambda: cu.cuDevicePrimaryCtxRelease(cu.cuDeviceGet(0)[1]),

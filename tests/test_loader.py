@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any
 
 import anyio
 import numpy as np
@@ -1085,11 +1086,34 @@ async def test_no_more_worker_threads_than_items(virtual_time: VirtualTime) -> N
     quiet()
 
 
-async def _indices_from_a_loader() -> AsyncIterator[int]:
+async def _indices_from_a_loader(**options: Any) -> AsyncGenerator[int, None]:
     """An async generator that owns an 'async with DataLoader' block."""
-    async with ais.DataLoader(arrays(10), workers=2) as loader:
+    async with ais.DataLoader(arrays(10), workers=2, **options) as loader:
         async for batch in loader:
             yield batch.index
+
+
+async def _close_elsewhere(
+    agen: AsyncGenerator[int, None], then: Callable[[], None] = lambda: None
+) -> BaseException | None:
+    """Close ``agen`` from another task, as a loop's async-generator finalizer does: what
+    closing raised, if anything; ``then()`` runs right after, with no checkpoint between."""
+    raised: list[BaseException] = []
+
+    async def close() -> None:
+        try:
+            await agen.aclose()
+        except BaseException as exc:  # noqa: BLE001 - returned to the caller
+            raised.append(exc)
+        then()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close)
+    return raised[0] if raised else None
+
+
+# trio itself refuses a nursery left open in a suspended generator
+LOOPS_BUT_TRIO = [p for p in EVERY_LOOP if p.id != "trio"]
 
 
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
@@ -1107,26 +1131,15 @@ async def test_an_async_generator_owning_a_loader_closes_with_aclosing(
     assert ais.virtual.stats().operations == 0
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [p for p in EVERY_LOOP if p.id != "trio"]
-)  # trio itself refuses a nursery left open in a suspended generator
+@pytest.mark.parametrize("anyio_backend", LOOPS_BUT_TRIO)
 async def test_leaving_the_block_from_another_task_says_what_to_write(
     virtual_device: ais.Device, anyio_backend: object
 ) -> None:
     agen = _indices_from_a_loader()
     assert await agen.__anext__() == 0
-    raised: list[BaseException] = []
-
-    async def close_elsewhere() -> None:  # what a loop's async-generator finalizer does
-        try:
-            await agen.aclose()
-        except BaseException as exc:  # noqa: BLE001 - checked below
-            raised.append(exc)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(close_elsewhere)
-    assert len(raised) == 1 and isinstance(raised[0], RuntimeError), raised
-    assert str(raised[0]) == (
+    raised = await _close_elsewhere(agen)
+    assert isinstance(raised, RuntimeError), raised
+    assert str(raised) == (
         "this DataLoader's 'async with' block is being left from another task than the one "
         "that entered it: an async generator holding it was not closed where it ran. Wrap the "
         "generator in 'contextlib.aclosing(...)' (and iterate it in an 'async with' of that), "
@@ -1135,9 +1148,7 @@ async def test_leaving_the_block_from_another_task_says_what_to_write(
     await ais.current_stream().synchronize()
 
 
-@pytest.mark.parametrize(
-    "anyio_backend", [p for p in EVERY_LOOP if p.id != "trio"]
-)  # trio itself refuses a nursery left open in a suspended generator
+@pytest.mark.parametrize("anyio_backend", LOOPS_BUT_TRIO)
 async def test_worker_threads_take_no_item_once_the_block_is_left_from_another_task(
     virtual_device: ais.Device, anyio_backend: object
 ) -> None:
@@ -1154,24 +1165,19 @@ async def test_worker_threads_take_no_item_once_the_block_is_left_from_another_t
             gate.wait(10)
         return x
 
-    async def indices() -> AsyncIterator[int]:
-        async with ais.DataLoader(arrays(10), transform=transform, workers=2) as loader:
-            async for batch in loader:
-                yield batch.index
-
-    agen = indices()
+    agen = _indices_from_a_loader(transform=transform)
     assert await agen.__anext__() == 0
     with anyio.fail_after(5):
         while len(calls) < 3:  # both workers wait at the gate; more items are queued
             await anyio.sleep(0.001)
+    taken: list[int] = []
 
-    async def close_elsewhere() -> None:
-        with pytest.raises(RuntimeError, match="from another task"):
-            await agen.aclose()
-        gate.set()  # no checkpoint since: the producer task cannot have run
+    def release_the_workers() -> None:
+        gate.set()  # no checkpoint since the block was left: the producer task has not run
         time.sleep(0.3)  # the workers finish their items, and would take the queued ones
-        assert len(calls) == 3, len(calls)
+        taken.append(len(calls))
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(close_elsewhere)
+    raised = await _close_elsewhere(agen, then=release_the_workers)
+    assert isinstance(raised, RuntimeError) and "from another task" in str(raised), raised
+    assert taken == [3]
     await ais.current_stream().synchronize()

@@ -519,8 +519,8 @@ class _StrategyWaiter(_Waiter):
         due = self._due
         while due:  # what the backend told of
             entry = due.popleft()
-            if not (entry.dead or entry.finished):
-                self._check(entry)
+            if not (entry.dead or entry.finished or self._check(entry)):
+                entry.target.watch(entry)  # neither done nor failed: to be told again
         schedule = self._schedule
         lanes = []  # the lanes due now, taken first: a lane planned again goes to a later turn
         while schedule and schedule[0][0] <= now:

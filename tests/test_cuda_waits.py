@@ -530,8 +530,8 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     FAKE.fake_cuda_host_fn_return_delay(round(0.008e9))
     try:
         for _ in range(5):
+            start = time.monotonic()  # before the work: 9 ms at least, however late we run
             ais.delay(0.001, stream=s)
-            start = time.monotonic()
             with anyio.fail_after(5):
                 await s.synchronize(strategy=strategy)
             took.append(time.monotonic() - start)
@@ -726,3 +726,38 @@ async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_o
         assert polled() == 2
         hurry()
     assert s.query()
+
+
+# ---------------------------------------------------------------------- words that say nothing
+
+
+@pytest.mark.parametrize("way", ["thread", "callback", "blocking"])
+async def test_a_wait_told_to_look_too_early_waits_on(
+    anyio_backend: object, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher tells every watched wait to look when the device may have failed; a wait
+    that then finds its work neither done nor failed is watched again: it neither returns
+    early nor hangs. (Here the watcher's first sweep with a wait tells every wait at once.)"""
+    from aiostream._backends.cuda.watcher import Watcher
+
+    sweep = Watcher._sweep
+    told: list[int] = []
+
+    def too_early(self: Watcher) -> list[Any]:
+        due = sweep(self)
+        if not told and self.watched:
+            told.append(len(self.watched))
+            for target in list(self.watched):
+                self._fire(target, due)  # noqa: SLF001 (what the failure path does)
+        return due
+
+    monkeypatch.setattr(Watcher, "_sweep", too_early)
+    s = ais.Stream(DEV)
+    ais.delay(0.3, stream=s)
+    with anyio.fail_after(10):
+        if way == "blocking":
+            await anyio.to_thread.run_sync(s.synchronize_blocking)
+        else:
+            await s.synchronize(strategy=way)
+    assert told == [1]
+    assert s.query()  # it waited for the kernel

@@ -296,13 +296,15 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return _nothing
 
     def wait_blocking(self, target: Target) -> None:
-        """Wait for the watcher's word in the calling thread (a timed wait, so that Ctrl-C
-        reaches the main thread), then raise the device's error if the work failed."""
-        woken = threading.Event()
-        target.watch(woken.set)
-        while not woken.wait(0.25):
-            pass
-        target.done()
+        """Wait in this thread for the watcher's word that the work is done (timed waits: Ctrl-C
+        gets through), or raise the device's error; a word that finds neither is waited past."""
+        while True:
+            woken = threading.Event()
+            target.watch(woken.set)
+            while not woken.wait(0.25):
+                pass
+            if target.done():
+                return
 
     def sweep(self, index: int) -> None:
         """One sweep of device ``index``'s completion flags, as its watcher makes one (the

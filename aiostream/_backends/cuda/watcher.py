@@ -449,25 +449,26 @@ class Watcher:
         return self.drv.ready(err, self.index, "cuEventQuery")
 
     def check(self) -> None:
-        """Raise the device's error if it has failed, or if the backend was closed. The driver
-        is asked at most once a millisecond; its answer is kept that long."""
-        if self.closed:
-            raise AiostreamError("the CUDA backend was closed (the interpreter is exiting)")
-        now = time.monotonic()
-        if now - self.checked_at >= 1e-3:
-            self.checked_at = now
-            with self.dev.pushed:
-                if self.health is None:
-                    self.health = self.drv.check(
-                        self.drv.cu.cuEventCreate(EVENT_DISABLE_TIMING),
-                        self.index,
-                        "cuEventCreate",
-                    )
-                (err,) = self.drv.cu.cuEventQuery(self.health)
-            failed = err != SUCCESS and err != NOT_READY
-            self.failed = self.drv.error(err, self.index, "cuEventQuery") if failed else None
-        if self.failed is not None:
-            raise self.failed
+        """Raise the device's error if it failed, or if the backend was closed; the driver is
+        asked (under the lock) at most once a millisecond, and its answer kept that long."""
+        with self.lock:
+            if self.closed:
+                raise AiostreamError("the CUDA backend was closed (the interpreter is exiting)")
+            now = time.monotonic()
+            if now - self.checked_at >= 1e-3:
+                self.checked_at = now
+                with self.dev.pushed:
+                    if self.health is None:
+                        self.health = self.drv.check(
+                            self.drv.cu.cuEventCreate(EVENT_DISABLE_TIMING),
+                            self.index,
+                            "cuEventCreate",
+                        )
+                    (err,) = self.drv.cu.cuEventQuery(self.health)
+                failed = err != SUCCESS and err != NOT_READY
+                self.failed = self.drv.error(err, self.index, "cuEventQuery") if failed else None
+            if self.failed is not None:
+                raise self.failed
 
     # ------------------------------------------------------------------ watching
 

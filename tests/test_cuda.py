@@ -519,12 +519,19 @@ async def test_copies_round_trip_through_device_memory(anyio_backend: object) ->
 
 @needs_stand_in
 def test_handles_dropped_in_other_threads_are_released_once() -> None:
+    """(Events counted are the user's: a stream dropped with work pending leaves an internal
+    marker behind until that work completes.)"""
+
+    def events() -> int:
+        internal: int = _backends.get("cuda").held(0)["events"]  # type: ignore[attr-defined]
+        return int(FAKE.fake_cuda_live(EVENTS)) - internal
+
     gc.collect()
-    streams_before, events_before = FAKE.fake_cuda_live(STREAMS), FAKE.fake_cuda_live(EVENTS)
+    streams_before, events_before = FAKE.fake_cuda_live(STREAMS), events()
     objs: list[object] = [ais.Stream(DEV) for _ in range(10)]
     objs += [stream.record_event() for stream in objs]  # type: ignore[attr-defined]
     assert FAKE.fake_cuda_live(STREAMS) == streams_before + 10
-    assert FAKE.fake_cuda_live(EVENTS) == events_before + 10
+    assert events() == events_before + 10
 
     def drop() -> None:
         objs.clear()
@@ -534,7 +541,7 @@ def test_handles_dropped_in_other_threads_are_released_once() -> None:
     t.start()
     t.join()
     assert FAKE.fake_cuda_live(STREAMS) == streams_before
-    assert FAKE.fake_cuda_live(EVENTS) == events_before
+    assert events() == events_before
     assert FAKE.fake_cuda_violations() == 0
 
 

@@ -947,6 +947,73 @@ def test_exit_frees_no_flag_memory_that_a_dropped_streams_work_will_write() -> N
     assert "violation" not in proc.stderr, proc.stderr
 
 
+DROPPED_BUSY_AT_EXIT = """
+import gc, aiostream as ais
+s = ais.Stream("cuda:0")
+ais.delay(2.0, stream=s)
+del s  # destroyed: the driver lets its work run on
+gc.collect()
+print("leaving", flush=True)
+"""
+
+
+@needs_stand_in
+def test_exit_sees_work_pending_on_a_stream_already_destroyed() -> None:
+    """A stream dropped with work pending is destroyed at once; at exit its context is still
+    seen busy and left to the exit, not reset under that work (which could wait for it)."""
+    proc = program(DROPPED_BUSY_AT_EXIT, FAKE_CUDA_TRACE="1")
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert "reset with work pending" not in proc.stderr, proc.stderr
+    assert "at exit: 0 violation(s), 0 handle(s) leaked at a context reset, 0 live" in (
+        proc.stderr
+    ), proc.stderr
+
+
+USED_ELSEWHERE_AT_EXIT = """
+import gc, sys, anyio, aiostream as ais
+
+async def main():
+    up = ais.HostBuffer(1 << 16, device="cuda:0")
+    s1 = ais.Stream("cuda:1")
+    with ais.use_stream(s1):
+        dev = ais.DeviceBuffer(1 << 16, "cuda:1")
+    if sys.argv[1] == "copy-pending":
+        ais.delay(2.0, stream=s1)
+        ais.copy_async(dev, up, stream=s1)  # reads cuda:0's pinned memory in 2 s
+    else:  # the copy is over, but the work after it, which the free waits for, is not
+        ais.copy_async(dev, up, stream=s1)
+        await s1.synchronize()
+        ais.delay(2.0, stream=s1)
+    del up, dev, s1
+    gc.collect()
+    print("leaving", flush=True)
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+@pytest.mark.parametrize("case", ["copy-pending", "later-work-pending"])
+def test_exit_keeps_a_context_whose_memory_another_devices_pending_work_uses(case: str) -> None:
+    """Pinned memory of cuda:0 that a copy on cuda:1 reads, dropped while cuda:1 has work
+    pending (the copy, or work after it that the free must wait for): at exit cuda:0's
+    context, idle itself, is left to the exit with that memory, not released (which would
+    free it under the copy); nothing is reset under pending work, nothing leaks."""
+    proc = run_python(
+        "-c",
+        textwrap.dedent(USED_ELSEWHERE_AT_EXIT),
+        case,
+        timeout=60,
+        FAKE_CUDA_DEVICES="2",
+        FAKE_CUDA_TRACE="1",
+    )
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert "at exit: 0 violation(s), 0 handle(s) leaked at a context reset, 0 live" in (
+        proc.stderr
+    ), proc.stderr
+    assert "cuda:0 reset" not in proc.stderr, proc.stderr
+
+
 HELD_ELSEWHERE = """
 import ctypes, anyio, aiostream as ais
 lib = ctypes.CDLL("libcuda.so.1")

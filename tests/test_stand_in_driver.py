@@ -416,11 +416,12 @@ def test_at_exit_it_reports_live_handles_unless_relaxed() -> None:
     assert _run(leak, FAKE_CUDA_RELAX="exit").returncode == 0
 
 
-@pytest.mark.parametrize("last_query", ["busy", "idle", "none"])
+@pytest.mark.parametrize("last_query", ["busy", "idle", "none", "event-busy", "event-then-idle"])
 def test_a_context_last_seen_busy_may_be_left_to_exit(last_query: str) -> None:
-    """A program that saw its work pending (its last ``cuStreamQuery`` said NOT_READY) may
-    leave the context to the exit rather than wait; its handles are not reported, even if
-    the work completed since. A context seen idle, or never asked, has no such excuse."""
+    """A program that saw its work pending (a ``cuEventQuery``, or its last ``cuStreamQuery``,
+    said NOT_READY) may leave the context to the exit rather than wait; its handles are not
+    reported, even if the work completed since. A context seen idle since, or never asked,
+    has no such excuse."""
     proc = _run(
         f"""
         import time
@@ -429,19 +430,74 @@ def test_a_context_last_seen_busy_may_be_left_to_exit(last_query: str) -> None:
             ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64
         ]
         stream = cu.cuStreamCreate(1)[1]
+        event = cu.cuEventCreate(2)[1]
         p = cu.cuMemAlloc(16)[1]
         lib.fake_cuda_touch(0, int(stream), int(p), 16, 50_000_000)
+        cu.cuEventRecord(event, stream)
         if {last_query!r} == "busy":
             assert int(cu.cuStreamQuery(stream)[0]) == 600
+        if {last_query!r}.startswith("event"):
+            assert int(cu.cuEventQuery(event)[0]) == 600
         time.sleep(0.1)  # the work completes before the exit
-        if {last_query!r} == "idle":
+        if {last_query!r} in ("idle", "event-then-idle"):
             assert int(cu.cuStreamQuery(stream)[0]) == 0
         """
     )
-    if last_query == "busy":
+    if last_query in ("busy", "event-busy"):
         assert proc.returncode == 0, proc.stderr
     else:
-        assert proc.returncode == 70 and "2 live handle(s)" in proc.stderr, proc.stderr
+        assert proc.returncode == 70 and "3 live handle(s)" in proc.stderr, proc.stderr
+
+
+USED_BY_ANOTHER = """
+import time
+ctx1 = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(1)[1])[1]
+host = cu.cuMemHostAlloc(16, 1)[1]  # portable pinned memory of cuda:0
+mine = cu.cuStreamCreate(1)[1]  # and a stream of cuda:0 nothing else excuses
+cu.cuCtxPushCurrent(ctx1)
+other = cu.cuStreamCreate(1)[1]
+dev = cu.cuMemAlloc(16)[1]
+lib = ctypes.CDLL("libcuda.so.1")
+lib.fake_cuda_touch.argtypes = [
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64
+]
+lib.fake_cuda_touch(1, int(other), int(dev), 16, 300_000_000)  # cuda:1 busy for 0.3 s
+cu.cuMemcpyHtoDAsync(dev, host, 16, other)  # then reads cuda:0's memory
+cu.cuCtxPopCurrent()
+"""
+
+
+def test_a_reset_under_another_devices_pending_work_on_its_memory_is_reported() -> None:
+    """Releasing a context frees its pinned memory: while a copy pending on another device
+    still reads it, that is a violation (and the memory a leak)."""
+    if devices() < 2:
+        pytest.skip("needs two devices")
+    proc = _run(
+        USED_BY_ANOTHER
+        + "cu.cuStreamDestroy(mine)\ncu.cuCtxPopCurrent()\ncu.cuDevicePrimaryCtxRelease(0)\n"
+    )
+    assert proc.returncode == 70, proc.stderr
+    assert "cuda:0's context was reset while work pending on another device uses a pinned " in (
+        proc.stderr
+    )
+
+
+@pytest.mark.parametrize("seen_busy", [True, False])
+def test_memory_a_device_seen_busy_used_may_be_left_to_exit(seen_busy: bool) -> None:
+    """At exit, memory of an idle context that a device the program saw busy used (its work
+    may still use it) is excused; the context's other handles are not, nor is that memory
+    if the program never saw the other device busy."""
+    if devices() < 2:
+        pytest.skip("needs two devices")
+    seen = "cu.cuCtxPushCurrent(ctx1)\nassert int(cu.cuStreamQuery(other)[0]) == 600\n"
+    proc = _run(USED_BY_ANOTHER + (seen if seen_busy else "") + "time.sleep(0.4)\n")
+    assert proc.returncode == 70, proc.stderr
+    if seen_busy:
+        assert "1 live handle(s), 1 stream" in proc.stderr, proc.stderr
+    else:
+        assert "4 live handle(s), 2 stream, 1 pinned host buffer, 1 device buffer" in (
+            proc.stderr
+        ), proc.stderr
 
 
 def test_the_report_is_quiet_when_all_is_well() -> None:

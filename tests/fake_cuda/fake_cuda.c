@@ -111,7 +111,8 @@ typedef struct Ctx {
     int failed_once;       /* it had one in this generation (even if a test cleared it) */
     struct Stream *null_stream;
     uint64_t submitted, done;  /* operations of this generation */
-    int last_busy;         /* its last cuStreamQuery answered CUDA_ERROR_NOT_READY */
+    int last_busy;         /* the program saw work pending in it: a cuEventQuery answered
+                            * CUDA_ERROR_NOT_READY, or its last cuStreamQuery did */
 } Ctx;
 
 typedef struct Obj {
@@ -154,6 +155,7 @@ typedef struct Block {
     int ready;             /* a stream-ordered allocation has completed */
     int freed, free_submitted;
     long pending;          /* operations submitted and not completed that use it */
+    unsigned used_by;      /* the devices whose streams had operations that used it */
     Stream *alloc_stream;
     int shared, fd;        /* cuMemAlloc's memory: a memfd mapping other processes can map */
     int imported;          /* opened from another process (cuIpcOpenMemHandle) */
@@ -701,12 +703,22 @@ static void reset_context(Ctx *c) {
                       ((Event *)o)->blockers);
         }
         if (o->kind == KIND_HOST || o->kind == KIND_DEVICE) {
+            if (!busy && ((Block *)o)->pending) {  /* the pending work is another device's */
+                violation("cuda:%d's context was reset while work pending on another device "
+                          "uses a %s of it", c->dev, kind_names[o->kind]);
+            }
             release_block((Block *)o);
             if (busy) continue;
         }
         if (o->kind == KIND_STREAM && ((Stream *)o)->is_null) continue;
         if (o->kind == KIND_FUNCTION) continue;
         live_handles++;
+        if (getenv("FAKE_CUDA_TRACE")) {
+            fprintf(stderr, "fake_cuda: cuda:%d reset: a live %s\n", c->dev, kind_names[o->kind]);
+        }
+    }
+    if (busy && getenv("FAKE_CUDA_TRACE")) {
+        fprintf(stderr, "fake_cuda: cuda:%d reset with work pending\n", c->dev);
     }
     if (!c->failed_once) leaks += live_handles;  /* a failed context can release nothing */
     if (live_handles && getenv("FAKE_CUDA_TRACE")) {
@@ -978,6 +990,7 @@ static CUresult cuEventQuery(void *h) {
     if (e->remote) LEAVE(remote_done(e, __atomic_load_n(&e->remote->recs, __ATOMIC_ACQUIRE))
                          ? OK : NOT_READY);
     Event *src = source_of(e);
+    if (src->done < src->recs) src->h.ctx->last_busy = 1;  /* seen pending (a stream gone?) */
     LEAVE(src->done < src->recs ? NOT_READY : OK);
 }
 
@@ -1454,7 +1467,11 @@ static CUresult copy(const char *call, void *dst, const void *src, size_t n, voi
     op->n = n;
     op->bdst = ends[0];
     op->bsrc = ends[1];
-    for (int i = 0; i < 2; i++) if (ends[i]) ends[i]->pending++;
+    for (int i = 0; i < 2; i++) {
+        if (ends[i] == NULL) continue;
+        ends[i]->pending++;
+        ends[i]->used_by |= 1u << s->h.ctx->dev;
+    }
     if (pageable_src) {  /* staged before the call returns */
         op->staging = malloc(n ? n : 1);
         memcpy(op->staging, src, n);
@@ -1746,6 +1763,22 @@ int fake_cuda_current_device(void) {
     return c ? c->dev : -1;
 }
 
+/* Whether ``c`` may be left to the exit: the program saw work pending in it. */
+static int left_busy(const Ctx *c) {
+    return c->done < c->submitted || c->last_busy;
+}
+
+/* Whether memory of a context not itself busy may be left to the exit with it: a device
+ * whose streams used it has work pending, which may still use it. */
+static int used_by_busy(const Obj *o) {
+    if (o->kind != KIND_HOST && o->kind != KIND_DEVICE) return 0;
+    for (int d = 0; d < ndevices; d++) {
+        if ((((const Block *)o)->used_by >> d & 1u) && ctxs[d].refs > 0 && left_busy(&ctxs[d]))
+            return 1;
+    }
+    return 0;
+}
+
 /* At exit: report, and fail the process on a violation, a leak or (unless relaxed) a live
  * handle. */
 __attribute__((destructor)) static void fake_cuda_at_exit(void) {
@@ -1759,10 +1792,10 @@ __attribute__((destructor)) static void fake_cuda_at_exit(void) {
         Obj *o = objects[i];
         if (!is_live(o) || o->kind == KIND_FUNCTION || o->ctx->failed_once) continue;
         /* a context with work still pending may be left to the exit (releasing it could
-         * wait for that work): its handles go with it. So may one whose last cuStreamQuery
-         * said its work was pending: the program saw it busy, and its work may have completed
-         * only since. */
-        if (o->ctx->done < o->ctx->submitted || o->ctx->last_busy) continue;
+         * wait for that work): its handles go with it. So may one the program last saw busy
+         * (a cuEventQuery, or its last cuStreamQuery, said work was pending): that work may
+         * have completed only since. So may memory that a device left so used. */
+        if (left_busy(o->ctx) || used_by_busy(o)) continue;
         if (o->kind == KIND_STREAM && ((Stream *)o)->is_null) continue;
         live[o->kind]++;
         total++;

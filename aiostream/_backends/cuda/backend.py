@@ -115,7 +115,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
                 return
             dev = self._devices.retire(stream, "streams")
             if dev is not None:
-                dev.release(self._cu.cuStreamDestroy, stream.ptr)
+                dev.destroy_stream(stream)
 
     def stream_id(self, stream: Stream) -> int:
         return stream.id

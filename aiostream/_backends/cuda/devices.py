@@ -96,6 +96,9 @@ class Device:
         self.markers: list[Any] = []
         self.internal: dict[Any, str] = {}  # every marker and stream alive, for close
         self.free_stream: Any = None  # frees ordered after several streams' work
+        #: markers recorded on streams as they were destroyed, until they complete: work
+        #: still pending on a stream gone, which close must see
+        self.tails: list[Any] = []
         self.module: Any = None
         self.sleep: Any = None
         self.watcher = Watcher(self)
@@ -143,6 +146,33 @@ class Device:
         except CudaError:
             return True  # the context is gone: nothing runs any more
         return bool(err != NOT_READY)
+
+    def destroy_stream(self, stream: Stream) -> None:
+        """Destroy ``stream``, one of aiostream's, retired (lock held; never raises). The
+        driver lets its pending work run on: if it has some, a marker recorded on it first is
+        kept in ``tails`` until it completes, so that close still sees that work."""
+        self.tails = self._pending_tails()
+        tail = None
+        try:
+            with self.pushed:
+                (err,) = self.drv.cu.cuStreamQuery(stream.ptr)
+            if err == NOT_READY:
+                tail = self.record_marker(stream)
+        except CudaError as exc:  # a failed context: nothing of it runs any more
+            self.drv.failed_release(str(exc))
+        self.release(self.drv.cu.cuStreamDestroy, stream.ptr)
+        if tail is not None:
+            self.tails.append(tail)
+
+    def _pending_tails(self) -> list[Any]:
+        """The tails still pending; the others go back to the pool."""
+        pending = []
+        for tail in self.tails:
+            if self.over(tail):
+                self.give_back(tail)
+            else:
+                pending.append(tail)
+        return pending
 
     def internal_stream(self, priority: int) -> Any:
         """A new non-blocking stream for the backend's own use (lock held)."""
@@ -195,22 +225,28 @@ class Device:
         except CudaError:
             return False  # the context cannot be made current: nothing runs in it
 
-    def release_all(self, reap: Callable[[Device], None]) -> None:
+    def pending(self) -> bool:
+        """Whether work is still pending on this device (lock held; at close): on a stream
+        not idle, or on one destroyed (its tail marker, or a completion flag whose value has
+        not landed)."""
+        flags = self.watcher.flags
+        flags.sweep()
+        if self.busy():
+            return True
+        self.tails = self._pending_tails()  # after the streams: each seen idle says no more
+        return bool(self.tails) or flags.used() > 0
+
+    def release_all(self, keep_context: bool) -> None:
         """Release every handle still held, then the primary context (lock held; at close,
         after the memory). No thread of aiostream's ever blocks in the driver on a handle, so
-        none is pulled from under one. Once nothing is pending, ``reap(self)`` frees the
-        memory whose frees waited for work that has completed since. A context with work
-        still pending (a kernel that runs on, or hangs) is left to the process's exit, which
-        never waits for it (releasing it could), with that memory and the completion flags
-        still to be written."""
+        none is pulled from under one. With ``keep_context`` (work that may still use the
+        context is pending: a kernel that runs on, or hangs, or another device's work on this
+        one's memory), the context is left to the process's exit, which never waits for that
+        work (releasing the context could), with the memory still in use and the completion
+        flags still to be written."""
         drv, cu = self.drv, self.drv.cu
-        flags = self.watcher.flags
-        flags.sweep()  # a value not landed yet is work still pending, maybe on a stream gone
-        busy = flags.used() > 0 or self.busy()
-        if not busy:
-            reap(self)
-        self.freeing.clear()  # busy: left to the exit, with the context
-        flags.close()
+        self.freeing.clear()  # what is left is in use: it goes with the context at exit
+        self.watcher.flags.close()
         try:
             with self.pushed:
                 for event in self.events:  # left alive: retire refuses every handle once closed
@@ -231,9 +267,12 @@ class Device:
         self.streams.clear()
         self.internal.clear()
         self.markers.clear()
-        if busy:
+        self.tails.clear()
+        if keep_context:
             logger.debug(
-                "cuda:%d has work pending at close: its context is left to exit", self.index
+                "cuda:%d: work that may use its context is pending at close: the context is "
+                "left to the exit",
+                self.index,
             )
             return
         drv.released(
@@ -303,18 +342,29 @@ class Devices:
         return dev
 
     def close(self, free_memory: Callable[[Device], None], reap: Callable[[Device], None]) -> bool:
-        """Release everything, the memory of every device first (``free_memory(dev)``: it
-        records on streams of other devices too; ``reap``: see :meth:`Device.release_all`);
-        False if already closed."""
+        """Release everything; False if already closed.
+
+        The memory of every device first: ``free_memory(dev)`` frees it after its users'
+        work, recording markers on their streams, which may be another device's. Then every
+        device is asked whether work is pending, all of them before any memory is reaped: a
+        device seen idle has completed every marker recorded on it, so the frees waiting for
+        those markers (``reap(dev)``, on a device itself idle) all go ahead. Memory still
+        waiting keeps its device's context, like pending work does: releasing the context
+        would free it under that work."""
         with self.lock:
             if self.closed:
                 return False
-            for dev in self.by_index.values():
+            devices = list(self.by_index.values())
+            for dev in devices:
                 dev.watcher.close()
-            for dev in self.by_index.values():
+            for dev in devices:
                 free_memory(dev)
             self.closed = True
-            for dev in self.by_index.values():
-                dev.release_all(reap)
+            pending = {dev.index: dev.pending() for dev in devices}
+            for dev in devices:
+                if not pending[dev.index]:
+                    reap(dev)
+            for dev in devices:
+                dev.release_all(keep_context=pending[dev.index] or bool(dev.freeing))
             self.drv.report()
             return True

@@ -268,7 +268,7 @@ class Memories:
             if stream.doomed and not stream.holds:
                 dev = self.devices.retire(stream, "streams")
                 if dev is not None:
-                    dev.release(self.drv.cu.cuStreamDestroy, stream.ptr)
+                    dev.destroy_stream(stream)
 
     def _reap(self, dev: Device) -> None:
         """Free the memory whose users' work has completed (lock held)."""
@@ -297,13 +297,13 @@ class Memories:
 
     def reap(self, dev: Device) -> None:
         """At close, once the device has nothing pending (lock held): free what waited for
-        work that has completed since."""
+        work that has completed since; what another device's pending work may still use is
+        left in ``dev.freeing``, and keeps the context (see :meth:`Devices.close`)."""
         self._reap(dev)
         if dev.freeing:
             logger.debug(
-                "cuda:%d: %d buffer(s) still in use by another device's work at close, left "
-                "to the context's release",
+                "cuda:%d: %d buffer(s) may still be in use by another device's pending work at "
+                "close: they are left to the exit, with the context",
                 dev.index,
                 len(dev.freeing),
             )
-            dev.freeing.clear()

@@ -451,6 +451,23 @@ def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
         o["t1"].synchronize_blocking()
         return o["t0"].elapsed_time(o["t1"])
 
+    def opened(o: dict[str, Any]) -> object:
+        from aiostream._backends.cuda import CudaBackend
+
+        backend = CudaBackend()  # opens its devices on first use
+        try:
+            return backend.priority_range(0)
+        finally:
+            backend.close()
+
+    def marker_capture(o: dict[str, Any]) -> object:
+        watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
+        watcher.memops = False  # a driver without stream memory operations: marker events
+        try:
+            return busy_wait(o)
+        finally:
+            watcher.memops = True
+
     from aiostream.__main__ import info
 
     return {
@@ -474,6 +491,9 @@ def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
         "cuIpcOpenEventHandle": lambda o: ais.Event.from_ipc_handle(DEV, o["ipc_handle"]),
         "cuCtxPushCurrent": lambda o: o["s"].query(),
         "cuDeviceGetName (python -m aiostream info)": lambda o: info(),
+        "cuDeviceGet (python -m aiostream info)": lambda o: info(),
+        "cuDeviceGet (a backend opening its device)": opened,
+        "cuEventRecord (a stream's capture, without stream memory operations)": marker_capture,
         "cuIpcGetMemHandle": lambda o: ais.DeviceBuffer(N, DEV, interprocess=True).ipc_handle(),
     }
 
@@ -1041,6 +1061,33 @@ def test_host_functions_pending_at_exit_run_no_python() -> None:
 
 
 # ---------------------------------------------------------------------- streams held by memory
+
+
+def test_memory_of_another_library_whose_release_fails_is_said_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A free never raises: a failing release of imported memory is logged, word for word."""
+
+    def release() -> None:
+        raise RuntimeError("its owner is gone")
+
+    backend: Any = _backends.get("cuda")
+    mem = backend.memory_wrap(0, 4096, 64, release)
+    with caplog.at_level("WARNING", logger="aiostream"):
+        backend.device_free(mem)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [
+        "releasing memory of another library failed: RuntimeError('its owner is gone')"
+    ], said
+
+
+def test_the_watcher_thread_never_holds_the_exit() -> None:
+    """The watcher is a daemon thread: the interpreter's exit never joins it."""
+    s = ais.Stream(DEV)
+    ais.delay(0.001, stream=s)
+    s.synchronize_blocking()
+    watchers = [t for t in threading.enumerate() if t.name == f"aiostream {DEV} watcher"]
+    assert watchers and all(t.daemon for t in watchers), watchers
 
 
 @needs_stand_in

@@ -795,10 +795,11 @@ def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
 # ---------------------------------------------------------------------- in programs of their own
 
 
-def program(code: str, *, timeout: float = 60, **env: str) -> Any:
-    """Run ``code`` in a new interpreter with this process's driver; the stand-in's exit report
-    (violations, leaks) ends up in stderr and the exit status."""
-    return run_python("-c", textwrap.dedent(code), timeout=timeout, **env)
+def program(code: str, *args: str, timeout: float = 60, **env: str) -> Any:
+    """Run ``code`` (with ``args`` in ``sys.argv[1:]``) in a new interpreter with this
+    process's driver; the stand-in's exit report (violations, leaks) ends up in stderr and the
+    exit status."""
+    return run_python("-c", textwrap.dedent(code), *args, timeout=timeout, **env)
 
 
 FAULT_AT_EXIT = """
@@ -927,14 +928,7 @@ def test_exit_is_never_held_by_device_work(loop: str, strategy: str) -> None:
     busy with the kernel, is left to the exit (the stand-in allows its live handles then)."""
     kernel_s = "60" if FAKE is None else "6"
     start = time.monotonic()
-    proc = run_python(
-        "-c",
-        textwrap.dedent(CANCELLED_AT_EXIT),
-        loop,
-        strategy,
-        kernel_s,
-        timeout=30,
-    )
+    proc = program(CANCELLED_AT_EXIT, loop, strategy, kernel_s, timeout=30)
     took = time.monotonic() - start
     assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
     assert took < 5.0, f"exit took {took:.1f} s"
@@ -1019,14 +1013,7 @@ def test_exit_keeps_a_context_whose_memory_another_devices_pending_work_uses(cas
     pending (the copy, or work after it that the free must wait for): at exit cuda:0's
     context, idle itself, is left to the exit with that memory, not released (which would
     free it under the copy); nothing is reset under pending work, nothing leaks."""
-    proc = run_python(
-        "-c",
-        textwrap.dedent(USED_ELSEWHERE_AT_EXIT),
-        case,
-        timeout=60,
-        FAKE_CUDA_DEVICES="2",
-        FAKE_CUDA_TRACE="1",
-    )
+    proc = program(USED_ELSEWHERE_AT_EXIT, case, FAKE_CUDA_DEVICES="2", FAKE_CUDA_TRACE="1")
     assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
     assert "at exit: 0 violation(s), 0 handle(s) leaked at a context reset, 0 live" in (
         proc.stderr

@@ -384,6 +384,10 @@ from cuda.bindings import driver as cu
 cu.cuInit(0)
 ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
 cu.cuCtxPushCurrent(ctx)
+lib = ctypes.CDLL("libcuda.so.1")  # the stand-in's hooks
+lib.fake_cuda_touch.argtypes = [
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64
+]
 """
 
 
@@ -425,10 +429,6 @@ def test_a_context_last_seen_busy_may_be_left_to_exit(last_query: str) -> None:
     proc = _run(
         f"""
         import time
-        lib = ctypes.CDLL("libcuda.so.1")
-        lib.fake_cuda_touch.argtypes = [
-            ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64
-        ]
         stream = cu.cuStreamCreate(1)[1]
         event = cu.cuEventCreate(2)[1]
         p = cu.cuMemAlloc(16)[1]
@@ -457,10 +457,6 @@ mine = cu.cuStreamCreate(1)[1]  # and a stream of cuda:0 nothing else excuses
 cu.cuCtxPushCurrent(ctx1)
 other = cu.cuStreamCreate(1)[1]
 dev = cu.cuMemAlloc(16)[1]
-lib = ctypes.CDLL("libcuda.so.1")
-lib.fake_cuda_touch.argtypes = [
-    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64
-]
 lib.fake_cuda_touch(1, int(other), int(dev), 16, 300_000_000)  # cuda:1 busy for 0.3 s
 cu.cuMemcpyHtoDAsync(dev, host, 16, other)  # then reads cuda:0's memory
 cu.cuCtxPopCurrent()
@@ -508,7 +504,6 @@ def test_the_report_is_quiet_when_all_is_well() -> None:
 def test_releasing_the_last_reference_resets_the_context() -> None:
     proc = _run(
         """
-        lib = ctypes.CDLL("libcuda.so.1")
         stream = cu.cuStreamCreate(1)[1]
         cu.cuMemHostAlloc(16, 1)
         cu.cuCtxPopCurrent()

@@ -406,6 +406,53 @@ def test_cuda_a_buffer_handed_to_another_process_in_stream_order(loop: str) -> N
     s.synchronize_blocking()
 
 
+FAILED_WAIT_CHILD = """
+import gc, sys
+import aiostream as ais
+from tests.stand_in import DEVICE_BUFFERS, FAKE
+
+assert FAKE.fake_cuda_fail_call(b"cuStreamWaitEvent", 1, 999)
+try:
+    ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
+except ais.CudaError as exc:
+    print(f"{type(exc).__name__}: {exc}", flush=True)
+finally:
+    FAKE.fake_cuda_clear_error()
+gc.collect()
+ais.current_stream("cuda:0").synchronize_blocking()
+print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)  # the opened memory, closed after its stream
+ais.DeviceBuffer(16, "cuda:0")  # an allocation frees what waited for work now over
+gc.collect()
+print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)
+"""
+
+
+@needs_stand_in
+def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None:
+    """Opening another process's buffer ends with the opening stream waiting for the
+    exporter's event; when that ``cuStreamWaitEvent`` fails, the error names the call and the
+    device, and what was opened (the memory, the exporter's event) is closed again: the child
+    leaves nothing open at exit. The exporter (this process) stays alive meanwhile, as the
+    driver needs."""
+    shared = ais.DeviceBuffer(16, DEV, interprocess=True)
+    child = subprocess.run(
+        [sys.executable, "-c", FAILED_WAIT_CHILD, shared.ipc_handle().hex()],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    said, waiting, after = child.stdout.splitlines()
+    assert said.startswith(
+        "CudaError: cuStreamWaitEvent failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+    )
+    assert (waiting, after) == ("1", "0")
+    assert "fake_cuda: at exit" not in child.stderr, child.stderr
+    del shared
+
+
 @needs_cuda
 def test_cuda_ipc_handles_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match=r"interprocess=True"):

@@ -29,6 +29,7 @@ from aiostream import _backends
 from .conftest import run_python
 from .stand_in import (
     FAKE,
+    MODULES,
     NO_CUDA,
     OK,
     PINNED,
@@ -468,6 +469,27 @@ def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
         finally:
             watcher.memops = True
 
+    def used_elsewhere_early(o: dict[str, Any]) -> object:
+        ais.delay(0.05, stream=o["s"])
+        with ais.use_stream(o["s"]):  # its allocation is ordered after the kernel
+            buf = ais.DeviceBuffer(N, DEV)
+        other = ais.Stream(DEV)  # waits for the allocation's marker before it uses the buffer
+        return ais.copy_async(o["h"], buf, stream=other)
+
+    def consumer_ordered(o: dict[str, Any]) -> object:
+        consumer = ais.Stream(DEV)  # ordered after the buffer's users, on the device
+        return o["d"].__dlpack__(stream=consumer.stream_id, max_version=(1, 0))
+
+    def shared_opened(o: dict[str, Any]) -> object:
+        import struct
+
+        from aiostream.buffers import _IPC_HEADER
+
+        handle = bytearray(o["shared"].ipc_handle())
+        at = struct.calcsize(_IPC_HEADER)  # the memory's part starts with the exporter's pid
+        handle[at : at + 4] = (os.getpid() + 1).to_bytes(4, "little")  # another process's
+        return ais.DeviceBuffer.from_ipc_handle(DEV, bytes(handle))
+
     from aiostream.__main__ import info
 
     return {
@@ -481,6 +503,12 @@ def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
         "cuLaunchKernel": lambda o: ais.delay(0.001, stream=o["s"]),
         "cuMemHostAlloc": lambda o: ais.HostBuffer(N, device=DEV),
         "cuMemAllocAsync": lambda o: ais.DeviceBuffer(N, DEV),
+        "cuMemAlloc (a buffer to share)": lambda o: ais.DeviceBuffer(N, DEV, interprocess=True),
+        "cuStreamWaitEvent (a buffer used on another stream before its allocation completed)": (
+            used_elsewhere_early
+        ),
+        "cuStreamWaitEvent (a DLPack consumer's stream)": consumer_ordered,
+        "cuIpcOpenEventHandle (opening a shared buffer)": shared_opened,
         "cuMemcpyHtoDAsync": lambda o: ais.copy_async(o["d"], o["h"], stream=o["s"]),
         "cuMemcpyDtoHAsync": lambda o: ais.copy_async(o["h"], o["d"], stream=o["s"]),
         "cuMemcpyDtoDAsync": lambda o: ais.copy_async(o["d2"], o["d"], stream=o["s"]),
@@ -512,6 +540,7 @@ def test_every_driver_result_is_checked(what: str) -> None:
             "d": ais.DeviceBuffer(N, DEV),
             "d2": ais.DeviceBuffer(N, DEV),
             "ipc": ais.Event(DEV, interprocess=True),
+            "shared": ais.DeviceBuffer(N, DEV, interprocess=True),
             "t0": ais.Event(DEV, enable_timing=True),
             "t1": ais.Event(DEV, enable_timing=True),
         }
@@ -668,28 +697,70 @@ async def test_flag_memory_shrinks_only_from_its_last_chunk_and_only_once_that_i
     assert FAKE.fake_cuda_live(3) == pinned + 1  # the second chunk went back to the driver
 
 
+def _nothing(device: str) -> None:
+    return None
+
+
+def _delay(s: ais.Stream) -> ais.Stream:
+    """A kernel on ``s`` (the sleep kernel is loaded on its first use)."""
+    ais.delay(0.001, stream=s)
+    return s
+
+
+def _delayed(device: str) -> ais.Stream:
+    """A stream busy for long enough that a wait for it must mark its work."""
+    s = ais.Stream(device)
+    ais.delay(0.2, stream=s)
+    return s
+
+
+def _waited(s: ais.Stream) -> None:
+    """``s``'s work waited for: the wait's mark takes a completion flag."""
+    s.synchronize_blocking()
+
+
 @needs_stand_in
 @pytest.mark.parametrize(
-    ("call", "make"),
+    ("call", "ready", "make"),
     [
-        ("cuCtxGetStreamPriorityRange", lambda: ais.Stream(DEV)),  # the device's first use
-        ("cuEventCreate", lambda: ais.DeviceBuffer(N, DEV)),  # its marker: the pool is empty
+        ("cuDevicePrimaryCtxRetain", _nothing, lambda _: ais.Stream(DEV)),  # the first use
+        ("cuCtxGetStreamPriorityRange", _nothing, lambda _: ais.Stream(DEV)),
+        ("cuEventCreate", _nothing, lambda _: ais.DeviceBuffer(N, DEV)),  # the first marker
+        ("cuModuleLoadData", ais.Stream, _delay),  # the sleep kernel, on first use
+        ("cuModuleGetFunction", ais.Stream, _delay),
+        ("cuMemHostAlloc", _delayed, _waited),  # the first completion flag: its pinned memory
+        ("cuMemHostGetDevicePointer", _delayed, _waited),
     ],
-    ids=["opening the device", "a marker"],
+    ids=[
+        "retaining the context",
+        "opening the device",
+        "a marker",
+        "loading the sleep kernel",
+        "finding the sleep kernel",
+        "the completion flags' memory",
+        "the completion flags' device address",
+    ],
 )
 def test_driver_calls_of_the_backend_s_own_are_checked(
-    own_backend: Any, call: str, make: Callable[[], object]
+    own_backend: Any, call: str, ready: Callable[[str], Any], make: Callable[[Any], object]
 ) -> None:
-    """Calls the backend makes for itself (opening a device, the first marker of its pool)
-    raise a CudaError naming the call and the device when they fail, and the next try works."""
+    """Calls the backend makes for itself (opening a device, the first marker of its pool, its
+    sleep kernel, its completion flags) raise a CudaError naming the call and the device when
+    they fail, leave nothing behind, and the next try works."""
+    prepared = ready(DEV)
+    before = live()
     assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
     try:
         with pytest.raises(ais.CudaError) as info:
-            make()
+            make(prepared)
     finally:
         FAKE.fake_cuda_clear_error()
     assert str(info.value).startswith(f"{call} failed on {DEV}: CUDA_ERROR_UNKNOWN (999)")
-    made = make()
+    kept = call == "cuModuleGetFunction"  # the module loaded is kept: the next try uses it
+    assert live() == [n + (kept and kind == MODULES) for kind, n in enumerate(before)]
+    made = make(prepared)
+    loaded = call.startswith("cuModule")
+    assert FAKE.fake_cuda_live(MODULES) == before[MODULES] + loaded  # once, however many tries
     ais.current_stream(DEV).synchronize_blocking()
     del made
     gc.collect()
@@ -790,6 +861,59 @@ def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
             "cuDevicePrimaryCtxRelease": lambda: cu.cuDevicePrimaryCtxRelease(cu.cuDeviceGet(0)[1]),
         }[call]()
         assert left == (cu.CUresult.CUDA_SUCCESS,)
+
+
+@needs_stand_in
+@pytest.mark.parametrize(
+    "call",
+    [
+        "cuMemFreeHost",  # a host buffer used by no stream: freed at once
+        "cuMemFreeAsync",  # a buffer used on its allocation stream only: freed there
+        "cuStreamCreateWithPriority",  # the device's free stream, made on its first use
+        "cuStreamWaitEvent",  # the free stream waiting for the buffer's streams
+        "cuModuleUnload",  # the sleep kernel's module, at close
+    ],
+)
+def test_a_failed_free_is_said_once_at_close_and_loses_nothing_else(
+    own_backend: Any, caplog: pytest.LogCaptureFixture, call: str
+) -> None:
+    """The frees of memory dropped by the program, and the module unloaded at close: one that
+    fails is said once at close with its call, device and code, as every failed release is
+    (a buffer used on two streams is freed on the device's own free stream, after both)."""
+    s, other = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(0.001, stream=s)  # the sleep kernel is loaded
+    host = ais.HostBuffer(N, device=DEV)
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(N, DEV)
+    if call in ("cuStreamCreateWithPriority", "cuStreamWaitEvent"):
+        ais.copy_async(host, buf, stream=other)  # a second stream uses it
+    s.synchronize_blocking()
+    other.synchronize_blocking()
+    dropped = host if call == "cuMemFreeHost" else buf
+    address, module = dropped._handle.ptr, own_backend._devices[0].module
+    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
+    try:
+        if call != "cuModuleUnload":
+            del dropped, host, buf
+            gc.collect()
+        with caplog.at_level("WARNING", logger="aiostream"):
+            own_backend.close()
+    finally:
+        FAKE.fake_cuda_clear_error()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
+        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+    ]
+    with primary_context() as cu:  # what the failed call left, released as a user would
+        if call == "cuModuleUnload":
+            assert cu.cuModuleUnload(module) == (cu.CUresult.CUDA_SUCCESS,)
+        elif call == "cuMemFreeHost":
+            assert cu.cuMemFreeHost(address) == (cu.CUresult.CUDA_SUCCESS,)
+        else:  # stream-ordered memory: freed on a stream
+            freed = cu.cuMemFreeAsync(cu.CUdeviceptr(address), cu.CUstream(0))
+            assert freed == (cu.CUresult.CUDA_SUCCESS,)
+            assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
 
 
 # ---------------------------------------------------------------------- in programs of their own

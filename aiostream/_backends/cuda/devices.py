@@ -190,13 +190,13 @@ class Device:
         if self.sleep is None:
             cu = self.drv.cu
             with self.lock, self.pushed:
-                if self.sleep is None:
-                    module = self.drv.check(
+                if self.module is None:  # kept if the function's lookup fails: tried again
+                    self.module = self.drv.check(
                         cu.cuModuleLoadData(sleep_ptx()), self.index, "cuModuleLoadData"
                     )
-                    self.module = module
+                if self.sleep is None:
                     self.sleep = self.drv.check(
-                        cu.cuModuleGetFunction(module, _SLEEP_KERNEL),
+                        cu.cuModuleGetFunction(self.module, _SLEEP_KERNEL),
                         self.index,
                         "cuModuleGetFunction",
                     )

@@ -68,6 +68,9 @@ def test_the_virtual_backend_checks_what_the_user_objects_check_first() -> None:
             backend.event_elapsed_ms(start, end)
         assert str(never.value) == "elapsed_time() needs two recorded events"
         s = backend.stream_create(0, 0)
+        with pytest.raises(ValueError) as negative:
+            backend.delay(s, -1.0)
+        assert str(negative.value) == "seconds must be >= 0 seconds, got -1.0"
         backend.event_record(start, s)
         backend.delay(s, 1.0)
         backend.event_record(end, s)
@@ -75,6 +78,28 @@ def test_the_virtual_backend_checks_what_the_user_objects_check_first() -> None:
             backend.event_elapsed_ms(start, end)
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("device", ["virtual:0", "cuda:0"])
+def test_a_capture_of_an_event_never_recorded_is_complete(device: str) -> None:
+    """``event_capture`` of an event whose handle exists but that was never recorded (an
+    interprocess event handed out first) captures no work: its target is done, a watch is
+    called at once, and the release is idempotent. The user objects ask ``query()`` first, so
+    only a backend's direct callers reach it."""
+    from aiostream import _backends
+
+    if device.startswith("cuda") and not _backends.probe("cuda")[0]:
+        pytest.skip("needs a CUDA device (python -m aiostream info says why)")
+    e = ais.Event(device, interprocess=True)
+    e.ipc_handle()  # the handle is made now, with nothing recorded
+    called: list[bool] = []
+    for wake in (False, True):
+        target = e._backend.event_capture(e._handle, wake)
+        assert target.done() is True
+        target.watch(lambda wake=wake: called.append(wake))  # type: ignore[misc]
+        target.release()
+        target.release()
+    assert called == [False, True]  # each watch at once
 
 
 def test_objects_of_a_backend_without_interop_refuse_interop() -> None:

@@ -236,6 +236,20 @@ async def test_reading_before_the_copy_lands_sees_poison(virtual_time: VirtualTi
     )
 
 
+async def test_a_race_report_says_when_the_copy_was_submitted(virtual_time: VirtualTime) -> None:
+    """The submission time of the copy in flight, in the device's seconds, to the nanosecond."""
+    await anyio.sleep(1.0)  # virtual time: the device clock reads 1 s
+    dev, out = ais.DeviceBuffer(32), ais.HostBuffer(32)
+    s = ais.Stream()
+    ais.copy_async(out, dev, stream=s)
+    out.numpy().copy()  # while the copy flies
+    await s.synchronize()
+    (race,) = ais.virtual.races(clear=True)
+    assert (
+        race.copy == f"'copy d2h' on virtual:0 stream {s.stream_id} (submitted at t=1.000000000s)"
+    )
+
+
 async def test_a_race_report_ends_at_the_read(virtual_time: VirtualTime) -> None:
     """Where a race report says the host read: the 8 innermost frames outside aiostream, the
     last one the read itself."""

@@ -48,6 +48,23 @@ async def test_never_recorded_event_is_complete(aiostream_device: ais.Device) ->
     e.wait(ais.Stream(aiostream_device))  # waiting for it is a no-op
 
 
+async def test_an_event_shared_before_its_first_record_is_complete(
+    aiostream_device: ais.Device,
+) -> None:
+    """An interprocess event has its handle from ``ipc_handle()`` on, before any record: it
+    and the event opened from the handle have captured no work, so they are complete."""
+    e = ais.Event(aiostream_device, interprocess=True)
+    handle = e.ipc_handle()
+    opened = ais.Event.from_ipc_handle(aiostream_device, handle)
+    for event in (e, opened):
+        assert event.query() is True
+        with anyio.fail_after(5):
+            await event.synchronize()
+        event.synchronize_blocking()
+        event.wait(ais.Stream(aiostream_device))
+    quiet(aiostream_device)
+
+
 async def test_work_on_one_stream_runs_in_order(aiostream_device: ais.Device) -> None:
     s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)

@@ -234,6 +234,40 @@ def test_ipc_bad_input() -> None:
     )
 
 
+@pytest.mark.parametrize("what", ["event", "buffer"])
+def test_a_virtual_handle_of_another_process_is_refused_word_for_word(what: str) -> None:
+    """The whole message for a virtual handle made by another process (its process id, bytes
+    36-40 of the backend's handle, is not this one's); the other process itself is tested in
+    test_interop_peers, where the message is checked in part."""
+    import struct
+
+    from aiostream.buffers import _IPC_HEADER
+
+    if what == "event":
+        handle = bytearray(ais.Event(interprocess=True).ipc_handle())
+        kept = None
+    else:
+        kept = ais.DeviceBuffer(8, interprocess=True)
+        handle = bytearray(kept.ipc_handle())
+    at = 36  # the backend's part of a buffer's handle comes after the buffer's own header
+    at += struct.calcsize(_IPC_HEADER) if what == "buffer" else 0
+    other = os.getpid() + 1
+    handle[at : at + 4] = other.to_bytes(4, "little")
+    with pytest.raises(ais.StaleHandleError) as stale:
+        if what == "event":
+            ais.Event.from_ipc_handle("virtual:0", bytes(handle))
+        else:
+            ais.DeviceBuffer.from_ipc_handle("virtual:0", bytes(handle))
+    kind = "event" if what == "event" else "device buffer"
+    assert str(stale.value) == (
+        f"the IPC handle comes from a virtual device of process {other}, and this is process "
+        f"{os.getpid()}: a virtual device is one process's simulation, so its {kind}s are "
+        f"shared within one process only. Share them across processes on CUDA devices; on "
+        f"virtual devices, give each process its own {kind}s"
+    )
+    del kept
+
+
 def test_an_event_opened_by_its_handle_is_live_until_dropped() -> None:
     e = ais.Event(interprocess=True)
     handle = e.ipc_handle()

@@ -310,6 +310,24 @@ def test_options_are_one_frozen_record() -> None:
     assert ais.virtual.VirtualOptions.names()[:2] == ("devices", "compute_slots")
 
 
+def test_option_durations_are_kept_to_the_nanosecond() -> None:
+    """The latency is kept as the simulation uses it: whole nanoseconds, in seconds."""
+    assert ais.virtual.VirtualOptions(latency=1.4e-9).latency == 1e-9
+    assert ais.virtual.VirtualOptions(latency=2).latency == 2.0
+
+
+def test_an_async_clock_is_refused_with_what_to_give() -> None:
+    async def clock() -> float:
+        return 0.0
+
+    with pytest.raises(TypeError) as info:
+        ais.virtual.reset(clock=clock)
+    assert str(info.value) == (
+        f"clock must return seconds when called; {clock!r} is an async function (its call "
+        "returns a coroutine): give a plain function"
+    )
+
+
 async def test_twenty_thousand_waits_on_as_many_streams(clock: VirtualClock) -> None:
     """Scale is ordinary: every wait resumes, in order of completion, and nothing is left.
     (benchmarks/bench_scale.py goes to 100,000.)"""
@@ -682,7 +700,7 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
     from aiostream import _backends
 
     backend: Any = _backends.get("virtual")
-    s = ais.Stream()
+    s, idle = ais.Stream(), ais.Stream()
     ais.delay(2.0, stream=s)
     later, first = ais.Event(), ais.Event()
     assert (later.event_id, first.event_id) == (0, 0)  # ids come with the first record
@@ -698,13 +716,14 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
             "t=0.500000000s)",
             "pending operation 'delay' on virtual:0 stream 1, engine compute, submitted at "
             "t=0.000000000s, running until t=2.000000000s",
-            "live stream virtual:0 stream 1 (priority 0)",
+            "live stream virtual:0 stream 1 (priority 0)",  # by device, then id
+            "live stream virtual:0 stream 2 (priority 0)",
             "live event virtual:0 event 1",  # by id: the order they were made in
             "live event virtual:0 event 2",
             "live buffer of 16 bytes on virtual:0",
         ]
         tg.cancel_scope.cancel()
-    del buf
+    del buf, idle
 
 
 def test_a_device_failing_spares_the_work_of_other_devices_waiting_on_one_event() -> None:

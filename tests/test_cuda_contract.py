@@ -823,15 +823,23 @@ def test_the_backend_shares_only_memory_the_driver_can_share(own_backend: Any) -
 
 @needs_stand_in
 @pytest.mark.parametrize(
-    "call", ["cuMemFree", "cuStreamDestroy", "cuEventDestroy", "cuDevicePrimaryCtxRelease"]
+    "what",
+    [
+        "cuMemFree",
+        "cuStreamDestroy",
+        "cuStreamDestroy (a stream held at close)",
+        "cuEventDestroy",
+        "cuDevicePrimaryCtxRelease",
+    ],
 )
 def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
-    own_backend: Any, caplog: pytest.LogCaptureFixture, call: str
+    own_backend: Any, caplog: pytest.LogCaptureFixture, what: str
 ) -> None:
     """Releases never raise (they run in finalizers); one that fails is counted, and close
     says so once, with the failed call's name, device and code: memory freed once its
     allocation's marker completes, a stream dropped (its finalizer releases it), an event the
-    program still holds at close, the primary context at close."""
+    program still holds at close (a stream too), the primary context at close."""
+    call, held = what.split(" ", 1)[0], what.endswith("held at close)")
     s, e = ais.Stream(DEV), ais.Event(DEV)
     buf = ais.DeviceBuffer(N, DEV, interprocess=True)  # not pooled: cuMemFree
     address = ptr(buf)
@@ -840,9 +848,13 @@ def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
     dev = own_backend._devices[0]
     (stream,) = dev.streams
     (event,) = dev.events
-    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
+    dev.watcher.check()  # its health event exists: close destroys it first, then the events
+    nth = 2 if call == "cuEventDestroy" else 1
+    assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
     try:
-        del s, buf  # finalizers: cuStreamDestroy, cuMemFree (now, or at close)
+        del buf  # finalizers: cuStreamDestroy, cuMemFree (now, or at close)
+        if not held:
+            del s
         gc.collect()
         with caplog.at_level("WARNING", logger="aiostream"):
             own_backend.close()
@@ -861,6 +873,54 @@ def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
             "cuDevicePrimaryCtxRelease": lambda: cu.cuDevicePrimaryCtxRelease(cu.cuDeviceGet(0)[1]),
         }[call]()
         assert left == (cu.CUresult.CUDA_SUCCESS,)
+
+
+@needs_stand_in
+@pytest.mark.parametrize("call", ["cuStreamDestroy", "cuEventDestroy"])
+def test_a_failed_release_of_the_backend_s_own_handles_is_said_at_close(
+    own_backend: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The handles the backend made for itself (its markers, its free stream) are released
+    at close after the program's; one that fails is said once, as every failed release is."""
+    s, other = ais.Stream(DEV), ais.Stream(DEV)
+    host = ais.HostBuffer(N, device=DEV)
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(N, DEV)  # its allocation's marker
+    ais.copy_async(host, buf, stream=other)
+    other.synchronize_blocking()
+    s.synchronize_blocking()  # no stream is dropped busy (which would leave a marker behind)
+    del buf  # used on two streams: freed on the device's free stream
+    del s, other, host  # the program's own handles are released before close
+    gc.collect()
+    dev = own_backend._devices[0]
+    assert not dev.streams and not dev.events
+    own = dict(dev.internal)  # the backend's own handles: markers ("event"), "stream"
+    released: list[Any] = []  # the handles given to the call, the failed one first
+    real = getattr(own_backend._cu, call)
+
+    def spy(handle: Any) -> Any:
+        released.append(handle)
+        return real(handle)
+
+    spy.__name__ = call  # as a release names the call it makes
+    monkeypatch.setattr(own_backend._cu, call, spy)
+    dev.watcher.check()  # its health event exists: close destroys it first, then the markers
+    nth = 2 if call == "cuEventDestroy" else 1
+    assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
+    try:
+        with caplog.at_level("WARNING", logger="aiostream"):
+            own_backend.close()
+    finally:
+        FAKE.fake_cuda_clear_error()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
+        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+    ]
+    failed = released[nth - 1]
+    assert own.get(failed) == ("stream" if call == "cuStreamDestroy" else "event")
+    with primary_context():  # the handle the failed call left, released as a user would
+        assert real(failed) == (own_backend._cu.CUresult.CUDA_SUCCESS,)
 
 
 @needs_stand_in

@@ -226,10 +226,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 '''
 
-# mutmut, run with one change: a function that only one test called while mutmut learned
+# Functions whose code the tests run in child processes only, past what this process runs of
+# them (mutmut sees only the calls made in the test's own process), and the tests (node id
+# prefixes) whose children run it: a child inherits the mutant under test.
+IN_CHILDREN = {
+    # opening another process's shared memory: the exporter must be another, living process
+    "aiostream._backends.cuda.sharing.xǁSharingǁipc_open": (
+        "tests/test_interop_peers.py::test_cuda_a_",
+    ),
+}
+
+# mutmut, run with two changes: a function that only one test called while mutmut learned
 # which tests call what is then given every test that called the module. Code that runs
 # once per process (the CUDA backend, its devices and watchers are made on first use and
 # kept) is called by the first test to use it only, and that test alone could not kill it.
+# And the functions of IN_CHILDREN get the tests whose child processes run them.
 MUTMUT = """
 import sys
 
@@ -237,6 +248,7 @@ import mutmut.__main__ as main
 from mutmut.state import state
 
 collect = main.run_stats_collection
+IN_CHILDREN = {IN_CHILDREN}
 
 
 def run_stats_collection(runner, tests=None):
@@ -246,6 +258,9 @@ def run_stats_collection(runner, tests=None):
     for name, tests_of in by_function.items():
         if len(tests_of) == 1:
             by_function[name] = set(everyone)
+    for name, prefixes in IN_CHILDREN.items():
+        if name in by_function:
+            by_function[name] |= {t for t in everyone if t.startswith(prefixes)}
     main.save_stats()
 
 
@@ -442,7 +457,8 @@ def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path
     chosen = list(args.mutant)
     if args.sample and not chosen:
         chosen = sample(workdir, files, args.sample, args.seed)
-    cmd = [sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.jobs), *chosen]
+    shim = MUTMUT.replace("{IN_CHILDREN}", repr(IN_CHILDREN))
+    cmd = [sys.executable, "-c", shim, "run", "--max-children", str(args.jobs), *chosen]
     print(f"== {name}: mutating {', '.join(module.mutate)}", flush=True)
     print(f"   tests: {' '.join(Path(t).name for t in module.tests)}", flush=True)
     start = time.monotonic()

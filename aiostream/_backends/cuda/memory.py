@@ -57,7 +57,7 @@ class Memories:
                     "does not have it)",
                     device=f"cuda:{index}",
                 ) from None
-            ptr = ctypes.addressof((ctypes.c_char * nbytes).from_buffer(array)) if nbytes else 0
+            ptr = ctypes.addressof((ctypes.c_char * nbytes).from_buffer(array))
             return Memory(index, nbytes, ptr, device=False, array=array)
         with self.devices.lock:
             self._reap(dev)
@@ -185,8 +185,7 @@ class Memories:
     def release(self, dev: Device, mem: Memory) -> None:
         """Free ``mem`` after the work of every stream that used it (lock held; never raises:
         it runs in finalizers, and at close)."""
-        mem.alive = False
-        dev.memory.discard(mem)
+        mem.alive = False  # no longer in dev.memory: retire() or close() took it out
         marks: list[tuple[Device, object]] = []
         try:
             streams = [s for s in mem.streams.values() if s.alive]
@@ -291,8 +290,8 @@ class Memories:
         """At close (lock held): free what is still alive, ordered after its users' work,
         and what has finished being used; the rest waits in ``dev.freeing`` for
         :meth:`reap` (the device has gone idle) or the context's release at exit."""
-        for mem in list(dev.memory):
-            self.release(dev, mem)
+        while dev.memory:
+            self.release(dev, dev.memory.pop())
         self._reap(dev)
 
     def reap(self, dev: Device) -> None:

@@ -25,6 +25,7 @@ import pytest
 
 import aiostream as ais
 from aiostream import _backends
+from aiostream._backends.cuda.driver import describe
 
 from .conftest import run_python
 from .stand_in import (
@@ -430,6 +431,42 @@ async def test_the_default_streams_of_two_devices_are_told_apart(anyio_backend: 
     backend = _backends.get("cuda")
     keys = {backend.stream_default(i).key for i in (0, 1)}  # type: ignore[attr-defined]
     assert len(keys) == 2
+
+
+@pytest.mark.parametrize(
+    ("init", "count", "reason"),
+    [
+        (100, 1, "the NVIDIA driver found no CUDA device"),  # CUDA_ERROR_NO_DEVICE
+        (0, 0, "the NVIDIA driver found no CUDA device"),  # a driver that counts none
+        (
+            34,  # CUDA_ERROR_STUB_LIBRARY
+            1,
+            "libcuda.so.1 is the CUDA toolkit's stub library, not a driver: put the real "
+            "driver's library first on the library path",
+        ),
+        (999, 1, "cuInit failed: CUDA_ERROR_UNKNOWN (999)"),
+    ],
+    ids=["no device", "none counted", "the stub library", "another error"],
+)
+def test_a_driver_that_cannot_run_says_why(
+    monkeypatch: pytest.MonkeyPatch, init: int, count: int, reason: str
+) -> None:
+    """What ``cuInit`` and ``cuDeviceGetCount`` answer decides whether the backend can run,
+    and the reason it cannot (``python -m aiostream info`` prints it); a driver that works is
+    the bindings' module."""
+    from cuda.bindings import driver
+
+    from aiostream._backends.cuda.driver import load_driver
+
+    assert load_driver() is driver  # the driver here works
+    monkeypatch.setattr(driver, "cuInit", lambda flags: (driver.CUresult(init),))
+    monkeypatch.setattr(driver, "cuDeviceGetCount", lambda: (driver.CUresult.CUDA_SUCCESS, count))
+    with pytest.raises(ais.BackendUnavailableError) as info:
+        load_driver()
+    assert info.value.kind == "cuda"
+    assert info.value.reason.startswith(reason), info.value.reason
+    if init == 999:  # with the driver's own words after the name
+        assert info.value.reason == f"cuInit failed: {describe(driver, 999)}"
 
 
 # ---------------------------------------------------------------------- every result checked
@@ -974,6 +1011,28 @@ def test_a_failed_free_is_said_once_at_close_and_loses_nothing_else(
             freed = cu.cuMemFreeAsync(cu.CUdeviceptr(address), cu.CUstream(0))
             assert freed == (cu.CUresult.CUDA_SUCCESS,)
             assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+
+
+@needs_stand_in
+def test_a_device_without_memory_pools_allocates_with_cu_mem_alloc(
+    own_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``cuMemAllocAsync`` answering CUDA_ERROR_NOT_SUPPORTED (a device or driver without
+    stream-ordered memory): the buffer comes from ``cuMemAlloc``, the device is never asked
+    again, and the debug log says so once."""
+    s = ais.Stream(DEV)
+    assert FAKE.fake_cuda_fail_call(b"cuMemAllocAsync", 1, 801)  # CUDA_ERROR_NOT_SUPPORTED
+    try:
+        with caplog.at_level("DEBUG", logger="aiostream"):
+            with ais.use_stream(s):
+                first, second = ais.DeviceBuffer(N, DEV), ais.DeviceBuffer(N, DEV)
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert not first._handle.pooled and not second._handle.pooled
+    said = [r.getMessage() for r in caplog.records if "memory pools" in r.getMessage()]
+    assert said == ["cuda:0 has no memory pools: using cuMemAlloc"]
+    del first, second
+    gc.collect()
 
 
 # ---------------------------------------------------------------------- in programs of their own

@@ -9,6 +9,7 @@ Run where ``cuda:0`` works: on a GPU, and against the stand-in driver, which
 from __future__ import annotations
 
 import ctypes
+import gc
 import random
 import threading
 import time
@@ -21,7 +22,15 @@ import pytest
 import aiostream as ais
 from aiostream import _backends
 
-from .stand_in import FAKE, NO_CUDA, OK, hurry, needs_stand_in
+from .stand_in import (
+    FAKE,
+    NO_CUDA,
+    OK,
+    assert_no_violations,
+    hurry,
+    needs_stand_in,
+    take_violations,
+)
 
 pytestmark = pytest.mark.skipif(not OK, reason=NO_CUDA)
 
@@ -30,10 +39,17 @@ DEV = "cuda:0"
 
 @pytest.fixture(autouse=True)
 def default_strategy() -> Iterator[None]:
+    """Each test starts with no contract violation counted on the stand-in, and must end
+    with none; the defaults come back after it."""
+    if FAKE is not None:
+        take_violations()
     yield
     ais.set_wait_strategy(None)
     ais.set_debug(False)
     hurry()  # end the kernels that never end
+    if FAKE is not None:
+        gc.collect()
+        assert_no_violations()
 
 
 def held() -> dict[str, int]:
@@ -244,6 +260,26 @@ async def test_an_event_wait_keeps_its_capture_when_the_event_is_recorded_again(
             e.record(t)  # the await goes on waiting for the 0.05 s of work it captured
     assert finished and finished[0] - start < 1.0
     assert not e.query()  # e itself now stands for the 10 s kernel
+
+
+@pytest.mark.parametrize("strategy", ["callback", "hybrid", "blocking"])
+async def test_a_wait_on_the_event_of_a_dropped_stream_launches_nothing_on_it(
+    anyio_backend: object, strategy: str
+) -> None:
+    """The stream an event was recorded on is dropped (destroyed, its pending work marked)
+    before the event is awaited: the wait ends when the work does, and no host function is
+    launched on the destroyed stream (the stand-in counts that as a contract violation)."""
+    s = ais.Stream(DEV)
+    ais.delay(0.1, stream=s)
+    e = s.record_event()
+    del s
+    gc.collect()
+    with anyio.fail_after(5):
+        if strategy == "blocking":
+            await anyio.to_thread.run_sync(e.synchronize_blocking)
+        else:
+            await e.synchronize(strategy=strategy)
+    assert e.query()
 
 
 async def test_an_event_wait_reads_the_mark_of_its_record(anyio_backend: object) -> None:

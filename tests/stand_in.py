@@ -6,7 +6,10 @@ then (``needs_stand_in``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -71,6 +74,18 @@ def take_violations() -> tuple[int, str]:
 def assert_no_violations() -> None:
     n, log = take_violations()
     assert n == 0, f"{n} violation(s) of the driver's contract:\n{log}"
+
+
+@contextlib.contextmanager
+def keeping_the_contract() -> Iterator[None]:
+    """The block (a test) starts with no violation counted on the stand-in, and must end
+    with none, once what it dropped is collected; nothing on a GPU."""
+    if FAKE is not None:
+        take_violations()
+    yield
+    if FAKE is not None:
+        gc.collect()
+        assert_no_violations()
 
 
 def hurry() -> None:

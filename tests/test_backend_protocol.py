@@ -102,6 +102,27 @@ def test_a_capture_of_an_event_never_recorded_is_complete(device: str) -> None:
     assert called == [False, True]  # each watch at once
 
 
+def test_the_stand_in_driver_loads_where_it_has_devices() -> None:
+    """Where ``libcuda.so.1`` is the tests' stand-in with devices, the CUDA backend loads it.
+    The CUDA suites skip where no driver loads, so a loader that refused a working driver
+    would only make them skip; this test runs whether it loads or not."""
+    import ctypes
+    import os
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pytest.skip("no libcuda.so.1 here (test_fake_driver.py runs this with the stand-in)")
+    if not hasattr(lib, "fake_cuda_live"):
+        pytest.skip("libcuda.so.1 is a real driver: the CUDA suites say whether it loads")
+    if os.environ.get("FAKE_CUDA_DEVICES") == "0" or os.environ.get("FAKE_CUDA_STUB") == "1":
+        pytest.skip("the stand-in is set to have no usable device")
+    driver = pytest.importorskip("cuda.bindings.driver")
+    from aiostream._backends.cuda.driver import load_driver
+
+    assert load_driver() is driver
+
+
 def test_objects_of_a_backend_without_interop_refuse_interop() -> None:
     s = ais.Stream("virtual:0")
     with pytest.raises(TypeError, match="not a CUDA stream"):

@@ -25,7 +25,6 @@ import pytest
 
 import aiostream as ais
 from aiostream import _backends
-from aiostream._backends.cuda.driver import describe
 
 from .conftest import run_python
 from .stand_in import (
@@ -35,10 +34,9 @@ from .stand_in import (
     OK,
     PINNED,
     STREAMS,
-    assert_no_violations,
     hurry,
+    keeping_the_contract,
     needs_stand_in,
-    take_violations,
     touch,
 )
 
@@ -51,13 +49,9 @@ N = 4096
 @pytest.fixture(autouse=True)
 def contract() -> Iterator[None]:
     """Each test starts with no violation counted, and must end with none."""
-    if FAKE is not None:
-        take_violations()
-    yield
-    ais.set_wait_strategy(None)
-    if FAKE is not None:
-        gc.collect()
-        assert_no_violations()
+    with keeping_the_contract():
+        yield
+        ais.set_wait_strategy(None)
 
 
 def two_devices() -> None:
@@ -431,42 +425,6 @@ async def test_the_default_streams_of_two_devices_are_told_apart(anyio_backend: 
     backend = _backends.get("cuda")
     keys = {backend.stream_default(i).key for i in (0, 1)}  # type: ignore[attr-defined]
     assert len(keys) == 2
-
-
-@pytest.mark.parametrize(
-    ("init", "count", "reason"),
-    [
-        (100, 1, "the NVIDIA driver found no CUDA device"),  # CUDA_ERROR_NO_DEVICE
-        (0, 0, "the NVIDIA driver found no CUDA device"),  # a driver that counts none
-        (
-            34,  # CUDA_ERROR_STUB_LIBRARY
-            1,
-            "libcuda.so.1 is the CUDA toolkit's stub library, not a driver: put the real "
-            "driver's library first on the library path",
-        ),
-        (999, 1, "cuInit failed: CUDA_ERROR_UNKNOWN (999)"),
-    ],
-    ids=["no device", "none counted", "the stub library", "another error"],
-)
-def test_a_driver_that_cannot_run_says_why(
-    monkeypatch: pytest.MonkeyPatch, init: int, count: int, reason: str
-) -> None:
-    """What ``cuInit`` and ``cuDeviceGetCount`` answer decides whether the backend can run,
-    and the reason it cannot (``python -m aiostream info`` prints it); a driver that works is
-    the bindings' module."""
-    from cuda.bindings import driver
-
-    from aiostream._backends.cuda.driver import load_driver
-
-    assert load_driver() is driver  # the driver here works
-    monkeypatch.setattr(driver, "cuInit", lambda flags: (driver.CUresult(init),))
-    monkeypatch.setattr(driver, "cuDeviceGetCount", lambda: (driver.CUresult.CUDA_SUCCESS, count))
-    with pytest.raises(ais.BackendUnavailableError) as info:
-        load_driver()
-    assert info.value.kind == "cuda"
-    assert info.value.reason.startswith(reason), info.value.reason
-    if init == 999:  # with the driver's own words after the name
-        assert info.value.reason == f"cuInit failed: {describe(driver, 999)}"
 
 
 # ---------------------------------------------------------------------- every result checked
@@ -858,6 +816,27 @@ def test_the_backend_shares_only_memory_the_driver_can_share(own_backend: Any) -
     gc.collect()
 
 
+def close_with_a_failed_release(
+    backend: Any, caplog: pytest.LogCaptureFixture, call: str, let_go: list[Any], nth: int = 1
+) -> None:
+    """Close ``backend`` with the ``nth`` next ``call`` failing, once what ``let_go`` holds
+    (the program's last references to some objects) is dropped and collected: close says
+    the failed release once, with its call, device and code."""
+    assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
+    try:
+        let_go.clear()
+        gc.collect()
+        with caplog.at_level("WARNING", logger="aiostream"):
+            backend.close()
+    finally:
+        FAKE.fake_cuda_clear_error()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
+        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+    ]
+
+
 @needs_stand_in
 @pytest.mark.parametrize(
     "what",
@@ -886,22 +865,12 @@ def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
     (stream,) = dev.streams
     (event,) = dev.events
     dev.watcher.check()  # its health event exists: close destroys it first, then the events
+    let_go = [buf, s]  # finalizers: cuStreamDestroy, cuMemFree (now, or at close)
+    kept = s if held else None
+    del buf, s
     nth = 2 if call == "cuEventDestroy" else 1
-    assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
-    try:
-        del buf  # finalizers: cuStreamDestroy, cuMemFree (now, or at close)
-        if not held:
-            del s
-        gc.collect()
-        with caplog.at_level("WARNING", logger="aiostream"):
-            own_backend.close()
-    finally:
-        FAKE.fake_cuda_clear_error()
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warnings == [
-        f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
-        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
-    ]
+    close_with_a_failed_release(own_backend, caplog, call, let_go, nth)
+    del kept
     with primary_context() as cu:  # what the failed call left, released as a user would
         left = {
             "cuMemFree": lambda: cu.cuMemFree(cu.CUdeviceptr(address)),
@@ -943,17 +912,7 @@ def test_a_failed_release_of_the_backend_s_own_handles_is_said_at_close(
     monkeypatch.setattr(own_backend._cu, call, spy)
     dev.watcher.check()  # its health event exists: close destroys it first, then the markers
     nth = 2 if call == "cuEventDestroy" else 1
-    assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
-    try:
-        with caplog.at_level("WARNING", logger="aiostream"):
-            own_backend.close()
-    finally:
-        FAKE.fake_cuda_clear_error()
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warnings == [
-        f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
-        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
-    ]
+    close_with_a_failed_release(own_backend, caplog, call, [], nth)
     failed = released[nth - 1]
     assert own.get(failed) == ("stream" if call == "cuStreamDestroy" else "event")
     with primary_context():  # the handle the failed call left, released as a user would
@@ -988,20 +947,11 @@ def test_a_failed_free_is_said_once_at_close_and_loses_nothing_else(
     other.synchronize_blocking()
     dropped = host if call == "cuMemFreeHost" else buf
     address, module = dropped._handle.ptr, own_backend._devices[0].module
-    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
-    try:
-        if call != "cuModuleUnload":
-            del dropped, host, buf
-            gc.collect()
-        with caplog.at_level("WARNING", logger="aiostream"):
-            own_backend.close()
-    finally:
-        FAKE.fake_cuda_clear_error()
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert warnings == [
-        f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
-        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
-    ]
+    let_go = [host, buf]
+    kept = (host, buf) if call == "cuModuleUnload" else ()  # held at close
+    del dropped, host, buf
+    close_with_a_failed_release(own_backend, caplog, call, let_go)
+    del kept
     with primary_context() as cu:  # what the failed call left, released as a user would
         if call == "cuModuleUnload":
             assert cu.cuModuleUnload(module) == (cu.CUresult.CUDA_SUCCESS,)

@@ -26,10 +26,9 @@ from .stand_in import (
     FAKE,
     NO_CUDA,
     OK,
-    assert_no_violations,
     hurry,
+    keeping_the_contract,
     needs_stand_in,
-    take_violations,
 )
 
 pytestmark = pytest.mark.skipif(not OK, reason=NO_CUDA)
@@ -41,15 +40,11 @@ DEV = "cuda:0"
 def default_strategy() -> Iterator[None]:
     """Each test starts with no contract violation counted on the stand-in, and must end
     with none; the defaults come back after it."""
-    if FAKE is not None:
-        take_violations()
-    yield
-    ais.set_wait_strategy(None)
-    ais.set_debug(False)
-    hurry()  # end the kernels that never end
-    if FAKE is not None:
-        gc.collect()
-        assert_no_violations()
+    with keeping_the_contract():
+        yield
+        ais.set_wait_strategy(None)
+        ais.set_debug(False)
+        hurry()  # end the kernels that never end
 
 
 def held() -> dict[str, int]:

@@ -624,6 +624,25 @@ async def test_close_releases_every_handle_the_backend_made(
 
 
 @needs_stand_in
+def test_close_leaves_a_context_with_work_pending_on_a_stream_still_held(
+    own_backend: Any,
+) -> None:
+    """Closed while a kernel runs on a stream the program still holds (aiostream's streams
+    are non-blocking: the legacy default stream, idle, says nothing of them), the backend
+    destroys its handles but leaves its reference to the context to the exit: releasing it
+    could wait for the kernel, or reset the context under it."""
+    s = ais.Stream(DEV)
+    refs = FAKE.fake_cuda_context_refs(0)
+    ais.delay(0.5, stream=s)
+    own_backend.close()
+    assert FAKE.fake_cuda_context_refs(0) == refs  # kept: the shared backend's and this one's
+    time.sleep(0.6)
+    assert FAKE.fake_cuda_hold_primary(0, 0) == 0  # the exit's release, done here
+    assert FAKE.fake_cuda_context_refs(0) == refs - 1
+    del s
+
+
+@needs_stand_in
 async def test_devices_that_write_no_values_wait_on_marker_events(
     anyio_backend: object, own_backend: Any
 ) -> None:
@@ -651,6 +670,95 @@ async def test_devices_that_write_no_values_wait_on_marker_events(
     held = own_backend.held(0)
     assert held["slots"] == 0 and held["watched"] == 0, held  # no flag written: markers
     assert held["events"] <= MARKER_POOL + 1, held  # given back to the pool
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", ["hybrid", "poll"])  # the strategies that query
+async def test_a_failed_query_of_a_marker_event_is_raised_with_its_call(
+    anyio_backend: object, own_backend: Any, strategy: str
+) -> None:
+    """Where marks are internal events, a wait asks the driver whether its marker completed:
+    an error the driver returns then ends the wait with that error, naming the call."""
+    assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
+    s = ais.Stream(DEV)
+    ais.delay(0.05, stream=s)
+    assert FAKE.fake_cuda_fail_call(b"cuEventQuery", 1, 999)  # the first: the marker's
+    try:
+        with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
+            await s.synchronize(strategy=strategy)
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert str(info.value) == "cuEventQuery failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+    with anyio.fail_after(5):
+        await s.synchronize(strategy=strategy)  # the driver's next answer is its own
+    assert s.query()
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", sorted(ais._waiting.WAKE))
+async def test_a_wait_whose_host_function_cannot_be_launched_is_polled(
+    anyio_backend: object, caplog: pytest.LogCaptureFixture, strategy: str
+) -> None:
+    """A wait handed to the watcher launches a host function to announce its work; if the
+    driver refuses it, the wait is polled instead (a failed device is told by the health
+    check) and still ends with its work."""
+    s = ais.Stream(DEV)
+    ais.delay(0.02, stream=s)
+    assert FAKE.fake_cuda_fail_call(b"cuLaunchHostFunc", 1, 999)
+    try:
+        with anyio.fail_after(5), caplog.at_level("DEBUG", logger="aiostream"):
+            await s.synchronize(strategy=strategy)
+        assert s.query()
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert "cuda:0: no host function for a wait" in caplog.messages
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", sorted(ais._waiting.WAKE))
+async def test_a_failed_host_function_on_a_handed_out_stream_is_raised(
+    anyio_backend: object, strategy: str
+) -> None:
+    """On a stream handed out (others may submit to it unseen), a wait's host function is
+    launched when the wait begins; if the driver refuses it, the wait raises the driver's
+    error with its call, and the next wait is the driver's own again."""
+    s = ais.Stream(DEV)
+    s.__cuda_stream__()
+    ais.delay(0.02, stream=s)
+    assert FAKE.fake_cuda_fail_call(b"cuLaunchHostFunc", 1, 999)
+    try:
+        with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
+            await s.synchronize(strategy=strategy)
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert str(info.value) == "cuLaunchHostFunc failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+    with anyio.fail_after(5):
+        await s.synchronize(strategy=strategy)
+    assert s.query()
+
+
+@needs_stand_in
+async def test_a_wait_that_cannot_make_the_health_event_raises_the_driver_s_error(
+    anyio_backend: object, own_backend: Any
+) -> None:
+    """A device's health is asked of an event of the watcher's, made on the first check: if
+    the driver cannot make it, the wait that checks raises that error with its call, and the
+    next check makes it."""
+    s = ais.Stream(DEV)
+    ais.delay(0.05, stream=s)
+    watcher = own_backend._devices[0].watcher
+    assert watcher.health is None
+    assert FAKE.fake_cuda_fail_call(b"cuEventCreate", 1, 999)
+    try:
+        with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
+            await s.synchronize(strategy="poll")
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert str(info.value) == "cuEventCreate failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+    assert watcher.health is None
+    with anyio.fail_after(5):
+        await s.synchronize(strategy="poll")
+    assert watcher.health is not None and s.query()
 
 
 @needs_stand_in
@@ -879,6 +987,19 @@ def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
             "cuDevicePrimaryCtxRelease": lambda: cu.cuDevicePrimaryCtxRelease(cu.cuDeviceGet(0)[1]),
         }[call]()
         assert left == (cu.CUresult.CUDA_SUCCESS,)
+
+
+@needs_stand_in
+def test_a_stream_dropped_while_its_context_fails_is_destroyed_and_said_at_close(
+    own_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream dropped is asked whether work is pending on it (to keep a marker of that
+    work for close), in its context; if the context cannot be made current, the stream is
+    destroyed all the same, and close says the failure once, with its call, device and code."""
+    streams = FAKE.fake_cuda_live(0)
+    let_go = [ais.Stream(DEV)]
+    close_with_a_failed_release(own_backend, caplog, "cuCtxPushCurrent", let_go)
+    assert FAKE.fake_cuda_live(0) == streams
 
 
 @needs_stand_in

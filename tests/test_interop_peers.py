@@ -453,6 +453,54 @@ def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None
     del shared
 
 
+FAILED_CLOSE_CHILD = """
+import gc, logging, sys
+from cuda.bindings import driver as cu
+import aiostream as ais
+from aiostream import _backends
+from tests.stand_in import DEVICE_BUFFERS, FAKE
+
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+buf = ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
+address = buf.__cuda_array_interface__["data"][0]
+ais.current_stream("cuda:0").synchronize_blocking()
+assert FAKE.fake_cuda_fail_call(b"cuIpcCloseMemHandle", 1, 999)
+try:
+    del buf
+    gc.collect()
+    ais.DeviceBuffer(16, "cuda:0")  # an allocation frees what waited for work now over
+    gc.collect()
+finally:
+    FAKE.fake_cuda_clear_error()
+print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)  # left open by the failed call
+with _backends.get("cuda")._devices.get(0).pushed:  # closed as a user would
+    print(int(cu.cuIpcCloseMemHandle(cu.CUdeviceptr(address))[0]), flush=True)
+"""
+
+
+@needs_stand_in
+def test_cuda_a_shared_buffer_that_cannot_be_closed_is_said_at_exit() -> None:
+    """Another process's buffer, dropped, is closed (``cuIpcCloseMemHandle``) once its work
+    is over; a close that fails never raises (it runs in a finalizer) and is said once at
+    exit, with its call, device and code. The handle is left as it was, for the driver."""
+    shared = ais.DeviceBuffer(16, DEV, interprocess=True)
+    child = subprocess.run(
+        [sys.executable, "-c", FAILED_CLOSE_CHILD, shared.ipc_handle().hex()],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert child.stdout.splitlines() == ["1", "0"]  # open after the failure, closed by hand
+    assert child.stderr.splitlines() == [
+        "aiostream could not release 1 CUDA handle(s) (the first: cuIpcCloseMemHandle failed "
+        "on cuda:0: CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+    ]
+    del shared
+
+
 @needs_cuda
 def test_cuda_ipc_handles_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match=r"interprocess=True"):

@@ -234,6 +234,9 @@ IN_CHILDREN = {
     "aiostream._backends.cuda.sharing.xǁSharingǁipc_open": (
         "tests/test_interop_peers.py::test_cuda_a_",
     ),
+    "aiostream._backends.cuda.sharing.xǁSharingǁ_close": (
+        "tests/test_interop_peers.py::test_cuda_a_",
+    ),
     # what a program's exit does with work still pending: programs of the tests' own
     "aiostream._backends.cuda.devices.xǁDeviceǁdestroy_stream": (
         "tests/test_cuda_contract.py::test_exit_",

@@ -102,6 +102,27 @@ def test_a_capture_of_an_event_never_recorded_is_complete(device: str) -> None:
     assert called == [False, True]  # each watch at once
 
 
+@pytest.mark.parametrize("device", ["virtual:0", "cuda:0"])
+def test_a_stream_is_destroyed_once_and_a_default_stream_never(device: str) -> None:
+    """``stream_destroy`` runs in finalizers: it never raises, a second call does nothing, and
+    a device's default stream (which the backend does not own) stays usable."""
+    from aiostream import _backends
+
+    if device.startswith("cuda") and not _backends.probe("cuda")[0]:
+        pytest.skip("needs a CUDA device (python -m aiostream info says why)")
+    s, default = ais.Stream(device), ais.default_stream(device)
+    backend = s._backend
+    live = backend.stats().streams if device.startswith("virtual") else None
+    for _ in range(2):
+        backend.stream_destroy(default._handle)
+        backend.stream_destroy(s._handle)
+    if live is not None:
+        assert backend.stats().streams == live - 1
+    ais.delay(0.001, stream=default)
+    default.synchronize_blocking()
+    assert default.query()
+
+
 def test_the_stand_in_driver_loads_where_it_has_devices() -> None:
     """Where ``libcuda.so.1`` is the tests' stand-in with devices, the CUDA backend loads it.
     The CUDA suites skip where no driver loads, so a loader that refused a working driver

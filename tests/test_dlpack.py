@@ -140,6 +140,17 @@ def test_versioned_capsules_when_the_consumer_reads_them() -> None:
         imported.release()
 
 
+def test_an_empty_virtual_buffer_is_exported_with_no_address() -> None:
+    """A buffer of no bytes has no memory to point at: its tensor's data is NULL, as DLPack
+    allows for a tensor of no elements, and a consumer reads an empty array."""
+    buf = ais.DeviceBuffer(0, "virtual:0")
+    capsule = buf.__dlpack__(max_version=(1, 0))
+    tensor = managed(capsule).dl_tensor
+    assert tensor.data is None and tensor.shape[0] == 0
+    del capsule
+    assert np.from_dlpack(buf).shape == (0,)
+
+
 def test_export_arguments_are_checked_as_the_standard_says() -> None:
     buf = ais.DeviceBuffer(8, "virtual:0")
     with pytest.raises(BufferError, match=r"copy=True\) is not supported"):

@@ -305,9 +305,20 @@ def test_options_are_one_frozen_record() -> None:
     assert options.slots() == {"compute": 3, "h2d": 1, "d2h": 1}
     with pytest.raises(AttributeError):
         options.devices = 3  # type: ignore[misc]
-    with pytest.raises(TypeError, match="unknown virtual backend option.*'slots'"):
-        ais.virtual.VirtualOptions.from_kwargs(slots=2)
+    with pytest.raises(TypeError) as info:
+        ais.virtual.VirtualOptions.from_kwargs(zz=1, slots=2)
+    assert str(info.value) == (
+        "unknown virtual backend option(s) 'slots', 'zz'; accepted: devices, compute_slots, "
+        "h2d_slots, d2h_slots, bandwidth, latency, d2d_bandwidth, memory"
+    )
     assert ais.virtual.VirtualOptions.names()[:2] == ("devices", "compute_slots")
+    # rates and times given as ints are kept as the floats the time model computes with
+    rates = ais.virtual.VirtualOptions(bandwidth=16, d2d_bandwidth=32, latency=0)
+    assert [(type(v), v) for v in (rates.bandwidth, rates.d2d_bandwidth, rates.latency)] == [
+        (float, 16.0),
+        (float, 32.0),
+        (float, 0.0),
+    ]
 
 
 def test_option_durations_are_kept_to_the_nanosecond() -> None:
@@ -707,7 +718,7 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
     first.record(s)
     clock.advance(0.5)
     later.record(s)
-    buf = ais.DeviceBuffer(16)
+    host, big, buf = ais.HostBuffer(8), ais.DeviceBuffer(32), ais.DeviceBuffer(16)
     async with anyio.create_task_group() as tg:
         tg.start_soon(later.synchronize)
         await anyio.wait_all_tasks_blocked()
@@ -720,10 +731,12 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
             "live stream virtual:0 stream 2 (priority 0)",
             "live event virtual:0 event 1",  # by id: the order they were made in
             "live event virtual:0 event 2",
-            "live buffer of 16 bytes on virtual:0",
+            "live buffer of 16 bytes on virtual:0",  # device memory by size, then the host's
+            "live buffer of 32 bytes on virtual:0",
+            "live buffer of 8 bytes on host",
         ]
         tg.cancel_scope.cancel()
-    del buf, idle
+    del host, big, buf, idle
 
 
 def test_a_device_failing_spares_the_work_of_other_devices_waiting_on_one_event() -> None:

@@ -164,6 +164,7 @@ MODULES: dict[str, Module] = {
             "tests/test_exact_time.py",
             "tests/test_profiler.py",
             "tests/test_interop_peers.py",
+            "tests/test_dlpack.py",  # a virtual buffer's export as host memory
         ),
     ),
     "cuda": Module(
@@ -350,6 +351,7 @@ process_isolation = "forkserver"
 forkserver_warmup = "import"
 preload_modules_file = "preload.txt"
 use_git_change_detection = false
+debug = {"true" if args.debug else "false"}
 """
     (workdir / "pyproject.toml").write_text(config)
 
@@ -484,6 +486,8 @@ def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path
         tail = (workdir / "mutmut.log").read_text().replace("\r", "\n").splitlines()[-30:]
         print("\n".join(tail))
         print(f"   mutmut failed (exit status {rc}); its log: {workdir / 'mutmut.log'}")
+        if not args.debug:
+            print("   (--debug puts the output of mutmut's test runs in that log)")
     score = 100.0 * killed / total if total else 0.0
     detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     summary = f"{name}: {killed}/{total} killed ({score:.1f}%) in {seconds / 60:.1f} min [{detail}]"
@@ -564,6 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         "--working-tree",
         action="store_true",
         help="measure the checkout as it is, uncommitted edits included (default: HEAD)",
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="mutmut writes each test run's command and output to the module's mutmut.log "
+        "(to see which test failed when it says 'failed to collect stats')",
     )
     parser.add_argument(
         "--with-tests",

@@ -107,11 +107,9 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
         return self._sim.devices[index].default
 
     def stream_destroy(self, stream: Stream) -> None:
-        # Never raises: finalizers call it, also after a reset. Queued work still runs.
+        # Never raises: finalizers call it, also after a reset. Queued work still runs. A
+        # stream not counted live (a device's default stream, one destroyed) stays as it is.
         with self._sim.lock:
-            if stream.destroyed or stream.default:
-                return
-            stream.destroyed = True
             self._live_streams.discard(stream)
 
     def stream_id(self, stream: Stream) -> int:

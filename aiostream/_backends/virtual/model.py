@@ -184,19 +184,17 @@ class Device:
         self.stream_ids = itertools.count(1)
         #: items submitted and not completed, in submission order (a dict as an ordered set)
         self.live: dict[Item, None] = {}
-        self.default = Stream(self, 0, 0, default=True)
+        self.default = Stream(self, 0, 0)
         self.allocated = 0  # bytes of device memory in use
 
 
 class Stream:
-    __slots__ = ("default", "destroyed", "device", "id", "last", "priority", "waits")
+    __slots__ = ("device", "id", "last", "priority", "waits")
 
-    def __init__(self, device: Device, sid: int, priority: int, *, default: bool = False):
+    def __init__(self, device: Device, sid: int, priority: int):
         self.device = device
         self.id = sid
         self.priority = priority
-        self.default = default
-        self.destroyed = False
         self.last: Item | None = None  # the last item submitted
         self.waits: list[Item] = []  # event captures the next item waits for
 

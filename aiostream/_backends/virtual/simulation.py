@@ -185,7 +185,7 @@ class Simulation:
 
     def release(self, target: Target) -> None:
         with self.lock:
-            self.targets.pop(target, None)
+            del self.targets[target]  # made by target_locked; Target.release calls once
             watchers = target.item.watchers
             if watchers is not None and target in watchers:
                 watchers.remove(target)

@@ -567,8 +567,15 @@ def own_backend() -> Iterator[Any]:
     from aiostream._backends.cuda import CudaBackend
 
     ais.Stream(DEV)  # the shared backend holds the context: the test's close never resets it
-    gc.collect()  # and what earlier tests dropped is released now, not during the test
-    _backends.get("cuda").held(0)  # a sweep: its idle flag memory is given back now too
+    # what earlier tests dropped is released now, not during the test: their work ends (on
+    # the stand-in) and is over, an allocation frees the memory that waited for it (and the
+    # streams that waited for their memory), and a sweep gives back idle flag memory
+    hurry()
+    with primary_context() as cu:
+        cu.cuCtxSynchronize()
+    gc.collect()
+    ais.DeviceBuffer(1, DEV)
+    _backends.get("cuda").held(0)
     backend = CudaBackend()
     old = _backends.replace("cuda", backend)
     try:

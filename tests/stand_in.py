@@ -51,6 +51,8 @@ def _load() -> Any:
     lib.fake_cuda_fail_call.argtypes = [ctypes.c_char_p, ctypes.c_long, ctypes.c_int]
     lib.fake_cuda_relax.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.fake_cuda_stream_priority.argtypes = [ctypes.c_void_p]
+    lib.fake_cuda_last_launch.argtypes = [ctypes.POINTER(ctypes.c_uint)]
+    lib.fake_cuda_last_launch.restype = None
     lib.fake_cuda_event_flags.argtypes = [ctypes.c_void_p]
     lib.fake_cuda_host_fn_delay.argtypes = [ctypes.c_uint64]
     lib.fake_cuda_host_fn_return_delay.argtypes = [ctypes.c_uint64]

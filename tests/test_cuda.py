@@ -8,6 +8,7 @@ stand-in's hooks (fault injection, handle counts) skip on a real GPU.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import re
 import sys
@@ -101,6 +102,16 @@ def test_priorities_reach_the_driver() -> None:
         assert ais.ExternalStream(s.stream_id, DEV).priority == priority
     default = ais.Stream(DEV)  # 0, the driver's default
     assert default.priority == ais.ExternalStream(default.stream_id, DEV).priority == 0
+
+
+@needs_stand_in
+def test_delay_takes_one_thread_of_the_device() -> None:
+    """``delay`` launches its sleep kernel as one block of one thread, with no shared memory:
+    the least of the device a kernel can take, so that it delays its stream and little else."""
+    launch = (ctypes.c_uint * 7)()
+    ais.delay(0.001, stream=ais.Stream(DEV))
+    FAKE.fake_cuda_last_launch(launch)
+    assert list(launch) == [1, 1, 1, 1, 1, 1, 0]
 
 
 def test_cuda_stream_protocol_and_external_streams() -> None:

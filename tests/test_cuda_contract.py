@@ -651,15 +651,20 @@ def test_close_leaves_a_context_with_work_pending_on_a_stream_still_held(
 
 @needs_stand_in
 async def test_devices_that_write_no_values_wait_on_marker_events(
-    anyio_backend: object, own_backend: Any
+    anyio_backend: object, own_backend: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Where ``cuStreamWriteValue32`` is not supported, marks are internal events, waits of
-    every strategy still end with their work, and each marker goes back to its pool when its
-    last wait and event let go of it."""
+    """Where ``cuStreamWriteValue32`` is not supported, marks are internal events (the debug
+    log says so once), waits of every strategy still end with their work, and each marker
+    goes back to its pool when its last wait and event let go of it."""
     from aiostream._backends.cuda.devices import MARKER_POOL
 
     assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
     s, t = ais.Stream(DEV), ais.Stream(DEV)
+    with caplog.at_level("DEBUG", logger="aiostream"):
+        s.record_event()
+        s.record_event()
+    said = "cuda:0: cuStreamWriteValue32 is not supported; waits mark their work with events"
+    assert caplog.messages.count(said) == 1, caplog.messages
     t.__cuda_stream__()  # handed out: its event waits get no host function
     for _ in range(MARKER_POOL + 2):
         for strategy in ("hybrid", "poll", "thread", "callback"):
@@ -739,6 +744,28 @@ async def test_a_failed_host_function_on_a_handed_out_stream_is_raised(
     finally:
         FAKE.fake_cuda_clear_error()
     assert str(info.value) == "cuLaunchHostFunc failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+    with anyio.fail_after(5):
+        await s.synchronize(strategy=strategy)
+    assert s.query()
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", sorted(ais._waiting.WAKE))
+async def test_an_allocation_after_an_awaited_mark_makes_the_stream_busy_again(
+    anyio_backend: object, strategy: str
+) -> None:
+    """A stream awaited with a host function is idle once the work before its mark is done,
+    the host function still queued or not; work submitted after the mark makes it busy
+    again, a stream-ordered allocation too (here followed by a kernel that reads it)."""
+    s = ais.Stream(DEV)
+    ais.delay(0.02, stream=s)
+    with anyio.fail_after(5):
+        await s.synchronize(strategy=strategy)
+    assert s.query()
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(N, DEV)  # cuMemAllocAsync on s
+    touch(s, ptr(buf), N, 0.3)
+    assert not s.query()
     with anyio.fail_after(5):
         await s.synchronize(strategy=strategy)
     assert s.query()

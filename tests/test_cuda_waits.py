@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import random
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -90,6 +91,27 @@ async def settle(before_slots: int) -> dict[str, int]:
         while (now := held())["slots"] > before_slots:
             await anyio.sleep(0.01)
     return now
+
+
+# ---------------------------------------------------------------------- the host function
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX semaphores of glibc")
+def test_the_watcher_sleeps_on_a_semaphore_that_sem_post_wakes() -> None:
+    """The host function that announces a wait is libc's ``sem_post``, handed to the driver
+    by its address; the watcher's thread sleeps in ``sem_timedwait`` until it is posted."""
+    from aiostream._backends.cuda.watcher import Semaphores
+
+    sems = Semaphores()
+    libc = ctypes.CDLL(None)
+    assert sems.post_address == ctypes.cast(libc.sem_post, ctypes.c_void_p).value != 0
+    sem = sems.new()
+    assert not sems.wait(sem, 0.01)  # nothing posted: the time limit
+    sems.post(sem)
+    sems.post(sem)
+    assert sems.wait(sem, 0.01)
+    assert sems.wait(sem, None)
+    assert not sems.wait(sem, 0.0)
 
 
 # ---------------------------------------------------------------------- scale

@@ -322,6 +322,34 @@ def test_a_chosen_call_fails_on_its_nth_call(ctx0: Context) -> None:
     assert take_violations()[0] == 0
 
 
+def test_kernel_launches_keep_the_device_limits(ctx0: Context) -> None:
+    """cuLaunchKernel refuses a launch no device takes (CUDA_ERROR_INVALID_VALUE): a grid or
+    block dimension of 0, more than 1024 threads a block, more than 48 KiB of dynamic shared
+    memory; a launch it takes is recorded for the tests, grid, block and shared memory."""
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        ctx0.sleep(stream, 0.0)
+        fn = ok(cu.cuModuleGetFunction(ctx0.module, b"aiostream_sleep"))
+        args = ((0,), (ctypes.c_uint64,))
+        for dims in (
+            (0, 1, 1, 1, 1, 1, 0),
+            (1, 1, 0, 1, 1, 1, 0),
+            (1, 1, 1, 0, 1, 1, 0),
+            (1, 1, 1, 1, 1, 0, 0),
+            (1, 1, 1, 1025, 1, 1, 0),
+            (1, 1, 1, 32, 32, 2, 0),
+            (1, 1, 1, 1, 1, 1, 48 * 1024 + 1),
+        ):
+            assert code(cu.cuLaunchKernel(fn, *dims, stream, args, 0)) == 1, dims
+        ok(cu.cuLaunchKernel(fn, 2, 3, 4, 32, 32, 1, 48 * 1024, stream, args, 0))
+        launch = (ctypes.c_uint * 7)()
+        FAKE.fake_cuda_last_launch(launch)
+        assert list(launch) == [2, 3, 4, 32, 32, 1, 48 * 1024]
+        ok(cu.cuStreamSynchronize(stream))
+        ok(cu.cuStreamDestroy(stream))
+    assert take_violations()[0] == 0
+
+
 def test_a_failed_call_has_no_effect(ctx0: Context) -> None:
     """A call made to fail returns its code before it does anything: no stream is made, no
     operation is submitted, and the sticky error of the context is untouched."""

@@ -1111,12 +1111,22 @@ static CUresult cuModuleGetFunction(void **out, void *h, const char *name) {
 }
 
 /* Runs the sleep kernel: its one parameter is the duration in nanoseconds. */
+static unsigned last_launch[7];  /* grid x, y, z, block x, y, z, shared bytes */
+
 static CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, void *hs, void **params,
                                void **extra) {
-    (void)gx; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)shmem; (void)extra;
+    (void)extra;
     ENTER();
     CUresult r;
+    /* the documented limits of every device: no dimension 0, at most 1024 threads a block,
+     * at most 48 KiB of dynamic shared memory without opting in */
+    if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024 ||
+        shmem > 48 * 1024) {
+        LEAVE(INVALID_VALUE);
+    }
+    unsigned launch[7] = {gx, gy, gz, bx, by, bz, shmem};
+    memcpy(last_launch, launch, sizeof launch);
     Function *f = (Function *)lookup(hf, KIND_FUNCTION, "cuLaunchKernel", &r);
     if (f == NULL) LEAVE(r);
     Stream *s = stream_of(hs, "cuLaunchKernel", &r);
@@ -1691,6 +1701,14 @@ int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
     b->pending++;
     pthread_mutex_unlock(&lock);
     return OK;
+}
+
+/* The grid (x, y, z), block (x, y, z) and dynamic shared memory of the last kernel launch
+ * that passed the launch checks, into out[7]. */
+void fake_cuda_last_launch(unsigned *out) {
+    pthread_mutex_lock(&lock);
+    memcpy(out, last_launch, sizeof last_launch);
+    pthread_mutex_unlock(&lock);
 }
 
 /* The priority the driver recorded for a stream (-100 for a bad handle). */

@@ -381,7 +381,11 @@ class Watcher:
                 address = self.flags.take(mark)
                 (err,) = cu.cuStreamWriteValue32(stream, address, mark.value, 0)
                 if err == NOT_SUPPORTED:
-                    logger.debug("cuda:%d writes no values from streams: events", self.index)
+                    logger.debug(
+                        "cuda:%d: cuStreamWriteValue32 is not supported; waits mark their "
+                        "work with events",
+                        self.index,
+                    )
                     self.memops = False
                 if err != SUCCESS:
                     self.flags.free(mark)

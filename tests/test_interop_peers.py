@@ -419,8 +419,7 @@ except ais.CudaError as exc:
 finally:
     FAKE.fake_cuda_clear_error()
 gc.collect()
-ais.current_stream("cuda:0").synchronize_blocking()
-print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)  # the opened memory, closed after its stream
+ais.current_stream("cuda:0").synchronize_blocking()  # the opened memory waits for its stream
 ais.DeviceBuffer(16, "cuda:0")  # an allocation frees what waited for work now over
 gc.collect()
 print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)
@@ -444,11 +443,11 @@ def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None
         timeout=120,
     )
     assert child.returncode == 0, child.stderr[-3000:]
-    said, waiting, after = child.stdout.splitlines()
+    said, after = child.stdout.splitlines()
     assert said.startswith(
         "CudaError: cuStreamWaitEvent failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
     )
-    assert (waiting, after) == ("1", "0")
+    assert after == "0"  # closed (the stand-in counts a close under pending work a violation)
     assert "fake_cuda: at exit" not in child.stderr, child.stderr
     del shared
 

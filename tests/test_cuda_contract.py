@@ -1184,6 +1184,7 @@ def test_a_faulted_program_exits_without_tracebacks() -> None:
 
 NO_POOLS = """
 import gc, numpy as np, anyio, aiostream as ais
+from tests.stand_in import hurry
 
 async def main():
     s = ais.Stream("cuda:0")
@@ -1206,12 +1207,13 @@ async def main():
     streams = [ais.Stream("cuda:0") for _ in range(4)]
     bufs = [ais.DeviceBuffer(256, "cuda:0") for _ in range(50)]
     for t in streams:
-        ais.delay(0.01, stream=t)
+        ais.delay(60.0, stream=t)  # pending however slow the machine
         for b in bufs:
             b.record_stream(t)
     del b, bufs
     gc.collect()
     assert _backends.get("cuda").held(0)["events"] >= 200  # the frees wait for them
+    hurry()  # the kernels end now
     for t in streams:
         await t.synchronize()
     ais.DeviceBuffer(256, "cuda:0")  # an allocation frees what is done

@@ -74,8 +74,12 @@ def test_the_virtual_backend_checks_what_the_user_objects_check_first() -> None:
         backend.event_record(start, s)
         backend.delay(s, 1.0)
         backend.event_record(end, s)
-        with pytest.raises(NotReadyError, match="needs both events complete"):
+        with pytest.raises(NotReadyError) as busy:
             backend.event_elapsed_ms(start, end)
+        assert str(busy.value) == (
+            "elapsed_time() needs both events complete; await synchronize() on the later one first"
+        )
+        assert backend.device_name(0) == "simulated"  # as `python -m aiostream info` says
     finally:
         backend.close()
 
@@ -90,12 +94,21 @@ def test_a_capture_of_an_event_never_recorded_is_complete(device: str) -> None:
 
     if device.startswith("cuda") and not _backends.probe("cuda")[0]:
         pytest.skip("needs a CUDA device (python -m aiostream info says why)")
+    if device.startswith("virtual"):
+        clock = ais.virtual.VirtualClock()
+        ais.virtual.reset(clock=clock)
+        clock.advance(1.5)
     e = ais.Event(device, interprocess=True)
     e.ipc_handle()  # the handle is made now, with nothing recorded
     called: list[bool] = []
     for wake in (False, True):
         target = e._backend.event_capture(e._handle, wake)
         assert target.done() is True
+        if device.startswith("virtual"):  # a wait held until released, on work done now
+            assert e._backend.leaks()[0] == (
+                "pending wait on virtual:0 stream 0 (for the work up to its 'sync', "
+                "submitted at t=1.500000000s)"
+            )
         target.watch(lambda wake=wake: called.append(wake))  # type: ignore[misc]
         target.release()
         target.release()

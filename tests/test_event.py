@@ -219,6 +219,9 @@ def test_ipc_bad_input() -> None:
         ais.Event.from_ipc_handle("virtual:0", bytes(64))
     gone = ais.Event(interprocess=True)
     handle = gone.ipc_handle()
+    # 64 bytes, as the driver's: a 16-byte magic, the backend's token, device, event and
+    # process, then zeros
+    assert len(handle) == 64 and handle[:14] == b"aiostream:virt" and handle[40:] == bytes(24)
     del gone
     gc.collect()
     with pytest.raises(ValueError) as caught:

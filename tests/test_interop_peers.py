@@ -317,9 +317,20 @@ def test_ipc_handles_of_virtual_buffers_are_checked() -> None:
     spoiled[20:36] = bytes(16)  # the memory handle's magic, after the 20-byte header
     with pytest.raises(ValueError, match="not an IPC handle of a virtual device buffer"):
         ais.DeviceBuffer.from_ipc_handle(None, bytes(spoiled))
+    resized = bytearray(handle)
+    resized[8:16] = (16).to_bytes(8, "little")  # the header's size: 16 bytes, not 8
+    with pytest.raises(ValueError) as wrong:
+        ais.DeviceBuffer.from_ipc_handle(None, bytes(resized))
+    assert str(wrong.value) == (
+        "the IPC handle says 16 bytes, but the buffer behind it has 8: pass the handle unchanged"
+    )
     del buf
-    with pytest.raises(ValueError, match="no longer exists"):
+    with pytest.raises(ValueError) as gone:
         ais.DeviceBuffer.from_ipc_handle(None, handle)
+    assert str(gone.value) == (
+        "the buffer behind this IPC handle no longer exists: keep the exported DeviceBuffer "
+        "alive until the other side has opened it and is done with it"
+    )
     handle = ais.DeviceBuffer(8, interprocess=True).ipc_handle()
     ais.virtual.reset()
     with pytest.raises(ais.StaleHandleError, match=r"virtual.reset\(\) replaced"):

@@ -290,6 +290,7 @@ async def test_any_callable_can_be_the_clock() -> None:
             "d2d_bandwidth must be a finite number >= 1 (bytes per second), got 0",
         ),
         ({"latency": -1}, ValueError, "latency must be >= 0 seconds, got -1"),
+        ({"memory": 0}, ValueError, "memory must be >= 1, got 0"),
     ],
 )
 def test_reset_rejects_bad_input(
@@ -298,6 +299,21 @@ def test_reset_rejects_bad_input(
     with pytest.raises(error) as info:
         ais.virtual.reset(**options)
     assert str(info.value) == message
+
+
+def test_the_timeline_keeps_the_last_operations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeline keeps the last ``TIMELINE_LIMIT`` completed operations (100,000; 5 here),
+    the earlier ones dropped, so that a long run holds bounded memory."""
+    from aiostream._backends.virtual import scheduler
+
+    monkeypatch.setattr(scheduler, "TIMELINE_LIMIT", 5)
+    clock = ais.virtual.VirtualClock()
+    ais.virtual.reset(clock=clock)
+    s = ais.Stream()
+    for _ in range(8):
+        ais.delay(1.0, stream=s)
+    clock.advance(8.0)
+    assert [r.end for r in ais.virtual.timeline()] == [4.0, 5.0, 6.0, 7.0, 8.0]
 
 
 def test_options_are_one_frozen_record() -> None:

@@ -381,11 +381,7 @@ class Watcher:
                 address = self.flags.take(mark)
                 (err,) = cu.cuStreamWriteValue32(stream, address, mark.value, 0)
                 if err == NOT_SUPPORTED:
-                    logger.debug(
-                        "cuda:%d: cuStreamWriteValue32 is not supported; waits mark their "
-                        "work with events",
-                        self.index,
-                    )
+                    logger.debug("cuda:%d: no cuStreamWriteValue32: events mark waits", self.index)
                     self.memops = False
                 if err != SUCCESS:
                     self.flags.free(mark)

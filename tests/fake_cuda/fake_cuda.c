@@ -1110,9 +1110,9 @@ static CUresult cuModuleGetFunction(void **out, void *h, const char *name) {
     LEAVE(OK);
 }
 
-/* Runs the sleep kernel: its one parameter is the duration in nanoseconds. */
 static unsigned last_launch[7];  /* grid x, y, z, block x, y, z, shared bytes */
 
+/* Runs the sleep kernel: its one parameter is the duration in nanoseconds. */
 static CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, void *hs, void **params,
                                void **extra) {

@@ -684,6 +684,22 @@ async def test_devices_that_write_no_values_wait_on_marker_events(
     assert held["events"] <= MARKER_POOL + 1, held  # given back to the pool
 
 
+async def a_wait_failing_once(s: ais.Stream, strategy: str, call: str) -> None:
+    """Await ``s`` with the driver's next ``call`` failing: the wait raises that error, with
+    the call, device and code; the next wait gets the driver's own answers and ends with the
+    work."""
+    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
+    try:
+        with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
+            await s.synchronize(strategy=strategy)
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert str(info.value) == f"{call} failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+    with anyio.fail_after(5):
+        await s.synchronize(strategy=strategy)
+    assert s.query()
+
+
 @needs_stand_in
 @pytest.mark.parametrize("strategy", ["hybrid", "poll"])  # the strategies that query
 async def test_a_failed_query_of_a_marker_event_is_raised_with_its_call(
@@ -694,16 +710,7 @@ async def test_a_failed_query_of_a_marker_event_is_raised_with_its_call(
     assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
     s = ais.Stream(DEV)
     ais.delay(0.05, stream=s)
-    assert FAKE.fake_cuda_fail_call(b"cuEventQuery", 1, 999)  # the first: the marker's
-    try:
-        with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
-            await s.synchronize(strategy=strategy)
-    finally:
-        FAKE.fake_cuda_clear_error()
-    assert str(info.value) == "cuEventQuery failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
-    with anyio.fail_after(5):
-        await s.synchronize(strategy=strategy)  # the driver's next answer is its own
-    assert s.query()
+    await a_wait_failing_once(s, strategy, "cuEventQuery")  # the first: the marker's
 
 
 @needs_stand_in
@@ -737,16 +744,7 @@ async def test_a_failed_host_function_on_a_handed_out_stream_is_raised(
     s = ais.Stream(DEV)
     s.__cuda_stream__()
     ais.delay(0.02, stream=s)
-    assert FAKE.fake_cuda_fail_call(b"cuLaunchHostFunc", 1, 999)
-    try:
-        with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
-            await s.synchronize(strategy=strategy)
-    finally:
-        FAKE.fake_cuda_clear_error()
-    assert str(info.value) == "cuLaunchHostFunc failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
-    with anyio.fail_after(5):
-        await s.synchronize(strategy=strategy)
-    assert s.query()
+    await a_wait_failing_once(s, strategy, "cuLaunchHostFunc")
 
 
 @needs_stand_in

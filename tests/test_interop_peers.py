@@ -24,7 +24,7 @@ import pytest
 import aiostream as ais
 from aiostream.testing import VirtualTime
 
-from .conftest import ROOT, in_spawned_process
+from .conftest import ROOT, in_spawned_process, run_python
 from .stand_in import FAKE, NO_CUDA, OK, hurry, needs_stand_in, take_violations
 
 needs_cuda = pytest.mark.skipif(not OK, reason=NO_CUDA)
@@ -445,14 +445,7 @@ def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None
     leaves nothing open at exit. The exporter (this process) stays alive meanwhile, as the
     driver needs."""
     shared = ais.DeviceBuffer(16, DEV, interprocess=True)
-    child = subprocess.run(
-        [sys.executable, "-c", FAILED_WAIT_CHILD, shared.ipc_handle().hex()],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    child = run_python("-c", FAILED_WAIT_CHILD, shared.ipc_handle().hex())
     assert child.returncode == 0, child.stderr[-3000:]
     said, after = child.stdout.splitlines()
     assert said.startswith(
@@ -494,14 +487,7 @@ def test_cuda_a_shared_buffer_that_cannot_be_closed_is_said_at_exit() -> None:
     is over; a close that fails never raises (it runs in a finalizer) and is said once at
     exit, with its call, device and code. The handle is left as it was, for the driver."""
     shared = ais.DeviceBuffer(16, DEV, interprocess=True)
-    child = subprocess.run(
-        [sys.executable, "-c", FAILED_CLOSE_CHILD, shared.ipc_handle().hex()],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    child = run_python("-c", FAILED_CLOSE_CHILD, shared.ipc_handle().hex())
     assert child.returncode == 0, child.stderr[-3000:]
     assert child.stdout.splitlines() == ["1", "0"]  # open after the failure, closed by hand
     assert child.stderr.splitlines() == [

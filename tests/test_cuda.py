@@ -125,6 +125,10 @@ def test_cuda_stream_protocol_and_external_streams() -> None:
     gc.collect()
     s.record_event()  # dropping the wrapper did not destroy the stream
     assert ais.ExternalStream(0, DEV) == ais.default_stream(DEV)
+    # the default stream's handle is 0, the driver's NULL stream, as torch's default stream's
+    # cuda_stream is: CU_STREAM_LEGACY (1) would name the legacy stream even where the
+    # bindings make 0 the per-thread one
+    assert ais.default_stream(DEV).__cuda_stream__() == (0, 0)
     with pytest.raises(TypeError, match="is not a CUDA stream"):
         ais.Stream("virtual:0").__cuda_stream__()
     with pytest.raises(TypeError) as caught:
@@ -298,8 +302,16 @@ def test_bad_ipc_handles_are_refused_cleanly() -> None:
         ais.Event.from_ipc_handle(DEV, b"short")
     with pytest.raises(TypeError, match="handle must be bytes"):
         ais.Event.from_ipc_handle(DEV, "x" * 64)  # type: ignore[arg-type]
-    with pytest.raises((ValueError, ais.CudaError)):
+    with pytest.raises((ValueError, ais.CudaError)) as zeros:
         ais.Event.from_ipc_handle(DEV, b"\x00" * 64)
+    if FAKE is not None:  # a driver refuses a handle it never gave with INVALID_VALUE
+        assert zeros.type is ValueError and str(zeros.value) == (
+            "the driver cannot open this event IPC handle (CUDA_ERROR_INVALID_VALUE): pass the "
+            "64 bytes that Event.ipc_handle() returned in another process"
+        )
+        cause = zeros.value.__cause__
+        assert isinstance(cause, ais.CudaError) and cause.name == "CUDA_ERROR_INVALID_VALUE"
+        assert "cuIpcOpenEventHandle" in str(cause), cause
 
 
 @needs_stand_in

@@ -28,6 +28,7 @@ from aiostream import _backends
 
 from .conftest import run_python
 from .stand_in import (
+    EVENTS,
     FAKE,
     MODULES,
     NO_CUDA,
@@ -830,6 +831,70 @@ async def test_flag_memory_shrinks_only_from_its_last_chunk_and_only_once_that_i
     held = own_backend.held(0)
     assert (held["chunks"], held["slots"]) == (1, 0), held
     assert FAKE.fake_cuda_live(3) == pinned + 1  # the second chunk went back to the driver
+
+
+@needs_stand_in
+async def test_a_full_chunk_of_flags_takes_back_its_landed_slots_before_growing(
+    anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When every slot is taken, a new mark first frees the slots whose values have landed
+    (held by events no one has asked since) and takes one of those: flag memory grows only
+    when the slots are all still pending. Chunks of four slots here."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "CHUNK", 4)  # this backend has no chunk yet
+    s = ais.Stream(DEV)
+    ais.delay(0.001, stream=s)
+    events = [s.record_event() for _ in range(4)]  # the chunk's four slots
+    with primary_context() as cu:  # their values land; nothing of aiostream's looks
+        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+    ais.delay(3600.0, stream=s)  # the fifth mark's value does not land during the test
+    try:
+        fifth = s.record_event()
+        held = own_backend.held(0)
+        assert (held["chunks"], held["slots"]) == (1, 1), held
+    finally:
+        hurry()
+    with anyio.fail_after(5):
+        for e in [*events, fifth]:
+            await e.synchronize()  # the events whose slots were taken back are complete
+            assert e.query()
+
+
+@needs_stand_in
+def test_a_device_keeps_so_many_idle_markers_and_destroys_the_rest(own_backend: Any) -> None:
+    """Markers given back go to the device's pool until it holds ``MARKER_POOL``; the rest are
+    destroyed at once. Close destroys the pool and every marker in use; one of those given
+    back after close is neither kept nor destroyed a second time."""
+    from aiostream._backends.cuda.devices import MARKER_POOL
+
+    ais.Stream(DEV)
+    dev = own_backend._devices.get(0)
+    before = FAKE.fake_cuda_live(EVENTS)
+    markers = [dev.marker() for _ in range(MARKER_POOL + 3)]
+    assert FAKE.fake_cuda_live(EVENTS) == before + MARKER_POOL + 3
+    for marker in markers[:-1]:
+        dev.give_back(marker)
+    assert dev.markers == markers[:MARKER_POOL]
+    assert FAKE.fake_cuda_live(EVENTS) == before + MARKER_POOL + 1  # the pool and one in use
+    assert dev.marker() is markers[MARKER_POOL - 1]  # taken from the pool, last in first out
+    own_backend.close()
+    assert FAKE.fake_cuda_live(EVENTS) == before
+    for marker in markers:
+        dev.give_back(marker)  # the stand-in would count a second destroy as a violation
+    assert dev.markers == []
+    assert FAKE.fake_cuda_live(EVENTS) == before
+
+
+def test_host_memory_the_machine_cannot_hold_is_refused_by_its_device() -> None:
+    """Pageable host memory for a CUDA device is the machine's: more than it has is refused
+    with a DeviceError of that device, as pinned memory the driver cannot give is."""
+    with pytest.raises(ais.DeviceError) as refused:
+        ais.HostBuffer(1 << 62, pinned=False, device=DEV)
+    assert refused.value.device == DEV
+    assert str(refused.value) == (
+        f"{DEV}: cannot allocate {1 << 62} bytes of host memory (the machine does not have it)"
+    )
 
 
 def _nothing(device: str) -> None:

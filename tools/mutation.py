@@ -18,8 +18,9 @@ mutant is *killed* when a test fails (or the run times out, or crashes); it *sur
 they all pass, and has *no tests* when none calls its function. The score is killed / all mutants.
 
 Every module runs with the stand-in CUDA driver (tests/fake_cuda/fake_cuda.c, built here
-with the C compiler) as ``libcuda.so.1``, one device: the CUDA test files and the
-conformance suite's ``cuda:0`` runs take part, as in CI's fake-driver run, and a session
+with the C compiler) as ``libcuda.so.1``, two devices (a mutant that names device 0 where
+the code names its device passes with one): the CUDA test files and the conformance suite's
+``cuda:0`` runs take part, as in CI's fake-driver run, and a session
 that leaves a contract violation counted on the stand-in fails (its exit check, which the
 mutants' test runs never reach). Without a C compiler only the CUDA module is refused.
 
@@ -237,6 +238,9 @@ IN_CHILDREN = {
         "tests/test_interop_peers.py::test_cuda_a_",
     ),
     "aiostream._backends.cuda.sharing.xǁSharingǁ_close": (
+        "tests/test_interop_peers.py::test_cuda_a_",
+    ),
+    "aiostream._backends.cuda.backend.xǁCudaBackendǁmemory_from_ipc_handle": (
         "tests/test_interop_peers.py::test_cuda_a_",
     ),
     # what a program's exit does with work still pending: programs of the tests' own
@@ -463,7 +467,7 @@ def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             [str(driver), *filter(None, [env.get("LD_LIBRARY_PATH")])]
         )
-        env["FAKE_CUDA_DEVICES"] = "1"
+        env["FAKE_CUDA_DEVICES"] = "2"
     files = mutated_files(workdir, module)
     chosen = list(args.mutant)
     if args.sample and not chosen:

@@ -116,7 +116,9 @@ class Backend(Protocol[S, E, M, T]):
         """The host is about to read or write ``host`` (the virtual backend checks for races)."""
 
     def host_free(self, host: M) -> None: ...
-    def device_alloc(self, index: int, nbytes: int, stream: S | None) -> M: ...
+    def device_alloc(self, index: int, nbytes: int, stream: S) -> M:
+        """Device memory, its allocation ordered on ``stream`` (the current stream)."""
+
     def device_free(self, mem: M) -> None:
         """Free device memory once the work of every stream that used it (its allocation
         stream, the streams of copies, those given to :meth:`memory_use`) has completed,
@@ -147,7 +149,7 @@ class Backend(Protocol[S, E, M, T]):
         every stream that used ``mem``; never a host wait. ``stream`` does not become a user
         (its work does not hold the memory)."""
 
-    def device_alloc_interprocess(self, index: int, nbytes: int, stream: S | None) -> M:
+    def device_alloc_interprocess(self, index: int, nbytes: int, stream: S) -> M:
         """Device memory that :meth:`memory_ipc_handle` can share with other processes (on
         CUDA ``cuMemAlloc``'s: memory of a stream-ordered pool cannot be shared that way)."""
 

@@ -243,9 +243,8 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def host_free(self, host: Memory) -> None:
         self._memory.host_free(host)
 
-    def device_alloc(self, index: int, nbytes: int, stream: Stream | None) -> Memory:
-        s = stream if stream is not None else self.stream_default(index)
-        return self._memory.device_alloc(index, nbytes, s)
+    def device_alloc(self, index: int, nbytes: int, stream: Stream) -> Memory:
+        return self._memory.device_alloc(index, nbytes, stream)
 
     def device_free(self, mem: Memory) -> None:
         self._memory.device_free(mem)
@@ -275,9 +274,8 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     ) -> Memory:
         return self._sharing.wrap(index, ptr, nbytes, release)
 
-    def device_alloc_interprocess(self, index: int, nbytes: int, stream: Stream | None) -> Memory:
-        s = stream if stream is not None else self.stream_default(index)
-        return self._memory.device_alloc(index, nbytes, s, pooled=False)
+    def device_alloc_interprocess(self, index: int, nbytes: int, stream: Stream) -> Memory:
+        return self._memory.device_alloc(index, nbytes, stream, pooled=False)
 
     def memory_ipc_handle(self, mem: Memory) -> bytes:
         return self._sharing.ipc_handle(mem)

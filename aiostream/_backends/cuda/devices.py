@@ -117,12 +117,15 @@ class Device:
 
     def give_back(self, marker: Any) -> None:
         """Put ``marker`` back in the pool, or destroy it when the pool is full (a pending
-        record of it completes all the same)."""
+        record of it completes all the same). One given back after close was destroyed with
+        the rest: it is neither kept nor destroyed again."""
         with self.lock:
+            if marker not in self.internal:
+                return
             if len(self.markers) < MARKER_POOL:
                 self.markers.append(marker)
                 return
-            self.internal.pop(marker, None)
+            del self.internal[marker]
             self.release(self.drv.cu.cuEventDestroy, marker)
 
     def record_marker(self, stream: Stream) -> Any:

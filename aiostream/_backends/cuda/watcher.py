@@ -244,7 +244,7 @@ class _Chunk:
         memory = memoryview((ctypes.c_uint32 * CHUNK).from_address(ptr)).cast("B")
         self.flags = np.frombuffer(memory, dtype=np.uint32)
         self.flags[:] = 0
-        self.expected = np.zeros(CHUNK, dtype=np.uint32)  # 0: the slot expects nothing
+        self.expected = np.zeros_like(self.flags)  # 0: the slot expects nothing
         self.owners: list[Mark | None] = [None] * CHUNK
         self.free = list(range(CHUNK - 1, -1, -1))
         self.used = 0

@@ -289,7 +289,7 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
     def host_free(self, host: Memory) -> None:
         self._memory.host_free(host)
 
-    def device_alloc(self, index: int, nbytes: int, stream: Stream | None) -> Memory:
+    def device_alloc(self, index: int, nbytes: int, stream: Stream) -> Memory:
         return self._memory.device_alloc(index, nbytes)
 
     def device_free(self, mem: Memory) -> None:

@@ -36,7 +36,7 @@ class Sharing:
     def memory_wait(self, mem: Memory, stream: Stream) -> None:
         self._memory.wait_for_writers(mem, stream)
 
-    def device_alloc_interprocess(self, index: int, nbytes: int, stream: Stream | None) -> Memory:
+    def device_alloc_interprocess(self, index: int, nbytes: int, stream: Stream) -> Memory:
         return self._memory.device_alloc(index, nbytes)
 
     def memory_ipc_handle(self, mem: Memory) -> bytes:

@@ -632,6 +632,18 @@ async def test_close_releases_every_handle_the_backend_made(
 
 
 @needs_stand_in
+def test_close_releases_each_device_s_own_context(own_backend: Any) -> None:
+    """A backend that used only ``cuda:1`` holds a reference to its primary context, and
+    close gives back that one: device 0's references are never touched."""
+    two_devices()
+    refs = [FAKE.fake_cuda_context_refs(i) for i in (0, 1)]
+    ais.Stream("cuda:1").record_event()
+    assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == [refs[0], refs[1] + 1]
+    own_backend.close()
+    assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == refs
+
+
+@needs_stand_in
 def test_close_leaves_a_context_with_work_pending_on_a_stream_still_held(
     own_backend: Any,
 ) -> None:

@@ -667,6 +667,29 @@ def test_without_cuda_python_the_reason_says_what_to_install(
     ), info.value.reason
 
 
+def test_without_a_driver_library_the_reason_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bindings import but find no ``libcuda.so.1`` (cuda.pathfinder raises a
+    RuntimeError from the first call): the cuda backend is unavailable, and says which
+    library is missing and what to install or use instead, word for word."""
+    from cuda.bindings import driver
+
+    from aiostream._backends.cuda.driver import load_driver
+
+    def no_library(flags: int) -> None:
+        raise RuntimeError("libcuda.so.1 not found")
+
+    monkeypatch.setattr(driver, "cuInit", no_library)
+    with pytest.raises(ais.BackendUnavailableError) as info:
+        load_driver()
+    assert info.value.kind == "cuda"
+    assert info.value.reason == (
+        "no NVIDIA driver library (libcuda.so.1) could be loaded (libcuda.so.1 not found); "
+        "install the NVIDIA driver, or use a virtual device ('virtual:0')"
+    )
+
+
 async def test_pageable_host_buffers_and_device_to_device_copies_move_the_data(
     anyio_backend: object,
 ) -> None:

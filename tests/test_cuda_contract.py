@@ -11,6 +11,7 @@ a program of their own in a subprocess.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import textwrap
@@ -871,6 +872,98 @@ async def test_a_full_chunk_of_flags_takes_back_its_landed_slots_before_growing(
         for e in [*events, fifth]:
             await e.synchronize()  # the events whose slots were taken back are complete
             assert e.query()
+
+
+@needs_stand_in
+async def test_a_new_backend_announces_callback_waits_with_a_host_function(
+    anyio_backend: object, own_backend: Any
+) -> None:
+    """Each backend looks up the driver's ``cuLaunchHostFunc`` (``cuGetProcAddress``) when it
+    first uses a device: a callback wait on it is announced by one host function, not left to
+    polling; and the flags of its first wait are one chunk of pinned, portable, device-mapped
+    memory of four bytes a slot."""
+    from cuda.bindings import driver
+
+    from aiostream._backends.cuda.watcher import CHUNK
+
+    allocations = []
+    alloc = driver.cuMemHostAlloc
+
+    def spy(nbytes: int, flags: int) -> Any:
+        allocations.append((nbytes, flags))
+        return alloc(nbytes, flags)
+
+    s = ais.Stream(DEV)
+    ais.delay(3600.0, stream=s)
+    calls = FAKE.fake_cuda_host_calls()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(driver, "cuMemHostAlloc", spy)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
+                with anyio.fail_after(5):
+                    while not own_backend.held(0)["watched"]:
+                        await anyio.sleep(0)
+                assert FAKE.fake_cuda_host_calls() - calls == 1
+                tg.cancel_scope.cancel()
+        finally:
+            hurry()
+    assert allocations == [(4 * CHUNK, 0x1 | 0x2)]  # PORTABLE | DEVICEMAP
+
+
+@needs_stand_in
+async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mark(
+    anyio_backend: object,
+) -> None:
+    """On a stream handed out, a wait's host function comes right before its mark, which lands
+    only after the host function returns: the watcher counts such waits while it watches them
+    (it then polls for the mark after each post), each one, and none once they are gone."""
+    watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
+    s = ais.Stream(DEV)
+    s.__cuda_stream__()
+    ais.delay(3600.0, stream=s)
+    before = watcher.ahead
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
+            with anyio.fail_after(5):
+                while watcher.ahead < before + 2:
+                    await anyio.sleep(0)
+            await anyio.sleep(0.01)
+            assert watcher.ahead == before + 2
+            tg.cancel_scope.cancel()
+    finally:
+        hurry()
+    assert watcher.ahead == before
+
+
+def test_an_event_recorded_on_a_stream_waits_in_that_stream_s_lane() -> None:
+    """Work on one stream completes in order, the records of events on it included: a wait on
+    such an event joins the stream's lane (the waiter polls only each lane's head), placed by
+    where its record was; a wait on an event whose record aiostream did not see (opened from
+    an IPC handle) has a lane of its own."""
+    from aiostream._objects import handle
+
+    backend = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    recorded = ais.Event(DEV, interprocess=True)
+    recorded.record(s)
+    opened = ais.Event.from_ipc_handle(DEV, recorded.ipc_handle())  # its record is not ours
+    ais.delay(0.001, stream=s)
+    targets = [
+        backend.event_capture(handle(recorded), False),
+        backend.stream_capture(handle(s), False),
+        backend.event_capture(handle(opened), False),
+    ]
+    try:
+        first, whole, alone = targets
+        assert first.lane == whole.lane and first.seq < whole.seq
+        assert alone.lane != whole.lane
+    finally:
+        for target in targets:
+            target.release()
+    s.synchronize_blocking()
 
 
 @needs_stand_in

@@ -23,6 +23,7 @@ import pytest
 import aiostream as ais
 from aiostream import _backends
 
+from .conftest import run_python
 from .stand_in import (
     FAKE,
     NO_CUDA,
@@ -690,6 +691,46 @@ def test_a_semaphore_that_cannot_be_made_says_why() -> None:
     assert sems.post_address
     ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(sems.post_address)(sem)
     assert sems.wait(sem, 1.0)
+
+
+NO_SEMAPHORES = """
+import sys
+
+import anyio
+
+import aiostream as ais
+from aiostream._backends.cuda import watcher
+
+watcher.semaphores = None  # as where libc has none: no host function, nothing to post
+
+
+async def main() -> None:
+    s = ais.Stream("cuda:0")
+    for strategy in ("hybrid", "thread", "poll", "callback"):
+        ais.delay(0.01, stream=s)
+        e = s.record_event()
+        with anyio.fail_after(10):
+            await e.synchronize(strategy=strategy)
+        assert e.query()
+        await anyio.sleep(0.02)  # the watcher, with nothing to watch, sleeps and looks again
+    print("waited", flush=True)
+
+
+loop = sys.argv[1]
+options = {"use_uvloop": True} if loop == "uvloop" else {}
+anyio.run(main, backend="trio" if loop == "trio" else "asyncio", backend_options=options)
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_without_posix_semaphores_the_watcher_polls_and_every_wait_ends(loop: str) -> None:
+    """Where libc has no POSIX semaphores, no host function announces a wait and nothing
+    posts the watcher: its thread sleeps its polling intervals (and, with nothing to watch,
+    its longest one) and looks again, and a wait of every strategy still ends with its work.
+    In a program of its own, which has no semaphores from the start."""
+    proc = run_python("-c", NO_SEMAPHORES, loop, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "waited\n"
 
 
 @needs_stand_in

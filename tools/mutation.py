@@ -243,6 +243,10 @@ IN_CHILDREN = {
     "aiostream._backends.cuda.backend.xǁCudaBackendǁmemory_from_ipc_handle": (
         "tests/test_interop_peers.py::test_cuda_a_",
     ),
+    # a watcher with no POSIX semaphores: a program that has none from the start
+    "aiostream._backends.cuda.watcher.xǁWatcherǁ_run": (
+        "tests/test_cuda_waits.py::test_without_posix_semaphores",
+    ),
     # what a program's exit does with work still pending: programs of the tests' own
     "aiostream._backends.cuda.devices.xǁDeviceǁdestroy_stream": (
         "tests/test_cuda_contract.py::test_exit_",

@@ -83,7 +83,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def stream_default(self, index: int) -> Stream:
         dev = self._devices.get(index)
         if dev.default is None:
-            dev.default = Stream(self._cu.CUstream(0), index, owned=False, default=True)
+            dev.default = Stream(self._cu.CUstream(0), index, owned=False)
         return dev.default
 
     def stream_wrap(self, index: int, handle: int) -> tuple[Stream, int]:

@@ -17,7 +17,6 @@ class Stream:
     __slots__ = (
         "__weakref__",
         "alive",
-        "default",
         "doomed",
         "holds",
         "id",
@@ -31,13 +30,12 @@ class Stream:
         "woke",
     )
 
-    def __init__(self, ptr: Any, index: int, *, owned: bool, default: bool = False) -> None:
+    def __init__(self, ptr: Any, index: int, *, owned: bool) -> None:
         self.ptr = ptr
         self.index = index
         self.id = int(ptr)
         self.key: StreamKey = (index, self.id)
         self.owned = owned
-        self.default = default  # the legacy default stream of the device's primary context
         self.alive = True
         self.seq = itertools.count()  # the order of its captures
         #: work submitted through aiostream (kernels, copies, waits, allocations); event

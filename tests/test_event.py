@@ -201,8 +201,12 @@ def test_an_event_made_on_the_device_but_never_recorded_reports_the_device_s_sta
             event.query()
     assert ais.Event().query() is True  # one never made on the device asks nothing of it
     ais.virtual.reset()
-    with pytest.raises(ais.StaleHandleError):
+    with pytest.raises(ais.StaleHandleError) as stale:
         e.query()
+    assert str(stale.value) == (
+        "this object belongs to a virtual backend that aiostream.virtual.reset() replaced; "
+        "create new streams and events after the reset"
+    )
 
 
 def test_ipc_bad_input() -> None:

@@ -237,6 +237,8 @@ def test_virtual_clock_rejects_bad_input() -> None:
     clock = VirtualClock(start=2.5)
     assert clock.now() == 2.5 and clock.now_ns() == 2_500_000_000
     assert repr(clock) == "VirtualClock(now=2.5)"
+    # a start before zero is a reading like any other (only durations must not be negative)
+    assert VirtualClock(start=-1.5).now_ns() == -1_500_000_000
     with pytest.raises(ValueError) as negative:
         clock.advance(-1)
     assert str(negative.value) == "seconds must be >= 0 seconds, got -1"

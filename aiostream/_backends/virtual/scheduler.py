@@ -45,7 +45,8 @@ _MAX_NS = round(MAX_SECONDS * 1e9)
 TIMELINE_LIMIT = 100_000
 
 # A timeline entry: (start, device, stream id, seq, name, engine, submitted, end, error); an
-# OpRecord is made only when someone reads the timeline.
+# OpRecord is made only when someone reads the timeline. Entries sort by their first four
+# items alone: no two share a seq, so a comparison never reaches the name or the error.
 _Entry = tuple[int, int, int, int, str, str, int, int, "str | None"]
 
 
@@ -308,7 +309,7 @@ class Scheduler:
         aborted = list(device.live)  # in submission order
         for engine in device.engines.values():
             engine.ready.clear()
-            engine.provisional = []
+            engine.provisional.clear()
             engine.busy = 0
         for item in aborted:  # all done first, so that none of them is started by another
             if item.state != RUNNING:
@@ -336,9 +337,7 @@ class Scheduler:
                 end=end / 1e9,
                 error=error,
             )
-            for start, dev, sid, _, name, engine, submitted, end, error in sorted(
-                self._timeline, key=_by_key
-            )
+            for start, dev, sid, _, name, engine, submitted, end, error in sorted(self._timeline)
         ]
 
     def unfinished_ops(self) -> Iterator[Item]:
@@ -373,10 +372,6 @@ def _reversed_key(item: Item) -> tuple[int, int, int, int, int, int, Item]:
         -item.seq,
         item,
     )
-
-
-def _by_key(entry: _Entry) -> tuple[int, int, int, int]:
-    return entry[:4]
 
 
 def _by_seq(item: Item) -> int:

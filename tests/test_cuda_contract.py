@@ -638,7 +638,7 @@ def test_close_releases_each_device_s_own_context(own_backend: Any) -> None:
     close gives back that one: device 0's references are never touched."""
     two_devices()
     refs = [FAKE.fake_cuda_context_refs(i) for i in (0, 1)]
-    ais.Stream("cuda:1").record_event()
+    ais.Stream("cuda:1").record_event().synchronize_blocking()  # its mark's slot is free
     assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == [refs[0], refs[1] + 1]
     own_backend.close()
     assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == refs
@@ -909,6 +909,8 @@ async def test_a_new_backend_announces_callback_waits_with_a_host_function(
         finally:
             hurry()
     assert allocations == [(4 * CHUNK, 0x1 | 0x2)]  # PORTABLE | DEVICEMAP
+    with primary_context() as cu:  # the cancelled wait's mark lands before the close
+        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
 
 
 @needs_stand_in
@@ -964,6 +966,45 @@ def test_an_event_recorded_on_a_stream_waits_in_that_stream_s_lane() -> None:
         for target in targets:
             target.release()
     s.synchronize_blocking()
+
+
+@needs_stand_in
+async def test_waits_a_sweep_off_the_thread_finds_complete_are_called_back_by_the_thread(
+    anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep made off the watcher's thread (for a full chunk of flags, or a count of what is
+    held) may find watched waits complete: it leaves their callbacks to the thread and wakes
+    it, and the waits end then, not at the thread's next look. Here the thread would look
+    again only after 30 s, and the host function that announces the wait runs 30 s late."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "HEALTH_S", 30.0)
+    FAKE.fake_cuda_host_fn_delay(round(30e9))
+    done = []
+
+    async def wait(s: ais.Stream) -> None:
+        await s.synchronize(strategy="callback")
+        done.append(time.monotonic())
+
+    try:
+        s = ais.Stream(DEV)
+        ais.delay(0.01, stream=s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, s)
+            with anyio.fail_after(5):
+                while not own_backend.held(0)["watched"]:
+                    await anyio.sleep(0)
+            await anyio.sleep(0.05)  # the kernel ends: the mark lands, and no one looks
+            assert not done
+            own_backend.held(0)  # a sweep off the thread
+            with anyio.fail_after(5):
+                while not done:
+                    await anyio.sleep(0.001)
+    finally:
+        FAKE.fake_cuda_host_fn_delay(0)
+        hurry()
+    with primary_context() as cu:  # the late host function runs before the close
+        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
 
 
 @needs_stand_in
@@ -1284,6 +1325,45 @@ def test_a_failed_free_is_said_once_at_close_and_loses_nothing_else(
             freed = cu.cuMemFreeAsync(cu.CUdeviceptr(address), cu.CUstream(0))
             assert freed == (cu.CUresult.CUDA_SUCCESS,)
             assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+
+
+@needs_stand_in
+@pytest.mark.parametrize("answer", ["no pools", "no answer"])
+def test_a_device_that_does_not_say_it_has_memory_pools_never_asks_for_them(
+    own_backend: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, answer: str
+) -> None:
+    """Stream-ordered memory is used only where the device says it has memory pools
+    (CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED is 1): where it says 0, or the query fails
+    (whatever value comes with the failure), buffers come from ``cuMemAlloc`` from the first,
+    and ``cuMemAllocAsync`` is never tried."""
+    from cuda.bindings import driver
+
+    code = driver.CUresult.CUDA_SUCCESS if answer == "no pools" else driver.CUresult(1)
+    value = 0 if answer == "no pools" else 1
+    monkeypatch.setattr(driver, "cuDeviceGetAttribute", lambda attribute, dev: (code, value))
+    with caplog.at_level("DEBUG", logger="aiostream"):
+        buf = ais.DeviceBuffer(N, DEV)
+    assert not buf._handle.pooled
+    assert not [r for r in caplog.records if "memory pools" in r.getMessage()]
+    del buf
+    gc.collect()
+
+
+@needs_stand_in
+def test_a_device_that_fails_to_open_gives_back_its_own_context(own_backend: Any) -> None:
+    """A device whose opening fails after its primary context was retained (here the query of
+    its stream priorities) releases that context, its own: the error names the call and the
+    device, and no device's references change."""
+    two_devices()
+    refs = [FAKE.fake_cuda_context_refs(i) for i in (0, 1)]
+    assert FAKE.fake_cuda_fail_call(b"cuCtxGetStreamPriorityRange", 1, 999)
+    try:
+        with pytest.raises(ais.CudaError) as info:
+            ais.Stream("cuda:1")
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert info.value.device == "cuda:1" and "cuCtxGetStreamPriorityRange" in str(info.value)
+    assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == refs
 
 
 @needs_stand_in

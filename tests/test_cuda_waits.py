@@ -497,13 +497,19 @@ async def test_short_hybrid_waits_add_no_host_function(
 
 
 @needs_stand_in
+@pytest.mark.parametrize("later", ["kernel", "event wait and kernel"])
 async def test_a_handed_over_wait_gets_no_host_function_behind_later_work(
-    anyio_backend: object,
+    anyio_backend: object, later: str
 ) -> None:
     """hybrid's host function comes when the loop hands the wait over; if work of the user's
-    was submitted to the stream since the capture, a host function would wait for it too: the
-    watcher polls the mark instead, and the wait ends with the work it captured."""
+    was submitted to the stream since the capture (a kernel; or a wait on an event, then a
+    kernel: each counts), a host function would wait for it too: the watcher polls the mark
+    instead, and the wait ends with the work it captured."""
     s = ais.Stream(DEV)
+    if later != "kernel":
+        other = ais.Stream(DEV)
+        ais.delay(0.01, stream=other)
+        pending = other.record_event()
     ais.delay(0.05, stream=s)
     calls = FAKE.fake_cuda_host_calls()
     finished: list[float] = []
@@ -518,6 +524,8 @@ async def test_a_handed_over_wait_gets_no_host_function_behind_later_work(
         with anyio.fail_after(0.04):
             while not ais.pending_waits():  # the capture is made
                 await anyio.sleep(0)
+        if later != "kernel":
+            s.wait_event(pending)
         ais.delay(0.5, stream=s)  # later work of the user's
     assert finished and finished[0] - start < 0.3
     assert FAKE.fake_cuda_host_calls() == calls

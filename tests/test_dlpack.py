@@ -241,6 +241,34 @@ async def test_cuda_the_consumer_stream_waits_on_the_device_never_the_host(
 
 
 @needs_cuda
+def test_cuda_the_consumer_stream_waits_for_the_other_users_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exported to a stream, a buffer makes that stream wait for every other stream that used
+    it (one ``cuStreamWaitEvent`` each), and not for itself: its own work is in order already."""
+    from cuda.bindings import driver
+
+    waits = []
+    wait = driver.cuStreamWaitEvent
+
+    def spy(stream: Any, event: Any, flags: int) -> Any:
+        waits.append(int(stream))
+        return wait(stream, event, flags)
+
+    work, other = ais.Stream(DEV), ais.Stream(DEV)
+    with ais.use_stream(work):
+        buf = ais.DeviceBuffer(64, DEV)
+    monkeypatch.setattr(driver, "cuStreamWaitEvent", spy)
+    buf.__dlpack__(stream=work.stream_id, max_version=(1, 0))
+    assert waits == []  # its only user is the consumer itself
+    buf.record_stream(other)  # (its first use waits for the allocation)
+    waits.clear()
+    buf.__dlpack__(stream=work.stream_id, max_version=(1, 0))
+    assert waits == [work.stream_id]  # the consumer waits once, for the other user
+    work.synchronize_blocking()
+
+
+@needs_cuda
 async def test_cuda_stream_values_of_the_standard(anyio_backend: Any) -> None:
     work = ais.Stream(DEV)
     ais.delay(0.3, stream=work)

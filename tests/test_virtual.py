@@ -809,3 +809,23 @@ def test_a_host_function_that_asks_the_device_leaves_the_timeline_as_it_was() ->
         ("delay", t.stream_id, 0.0, 1.0),
         ("delay", s.stream_id, 1.0, 1.5),
     ]
+
+
+def test_a_completion_check_in_doubt_is_not_settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settled()`` reads the heap of running work without the lock, and another thread may
+    empty it between its two reads: in that doubt the answer is "not settled" (the caller
+    then takes the lock and brings the simulation to now), never "settled"."""
+    from aiostream import _backends
+
+    sim = _backends.get("virtual")._sim  # type: ignore[attr-defined]
+
+    class EmptiedMeanwhile(list):  # type: ignore[type-arg]
+        def __bool__(self) -> bool:
+            return True  # still work when first asked...
+
+        def __getitem__(self, index: Any) -> Any:
+            raise IndexError(index)  # ...and none a moment later
+
+    assert sim.settled()  # nothing running: settled
+    monkeypatch.setattr(sim.sched, "running", EmptiedMeanwhile())
+    assert sim.settled() is False

@@ -940,6 +940,7 @@ async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mar
     assert watcher.ahead == before
 
 
+@needs_stand_in  # opens an event's IPC handle in the process that made it
 def test_an_event_recorded_on_a_stream_waits_in_that_stream_s_lane() -> None:
     """Work on one stream completes in order, the records of events on it included: a wait on
     such an event joins the stream's lane (the waiter polls only each lane's head), placed by

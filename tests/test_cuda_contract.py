@@ -592,6 +592,17 @@ def live() -> list[int]:
     return [FAKE.fake_cuda_live(kind) for kind in range(6)]
 
 
+def context_refs() -> list[int]:
+    """The stand-in's count of references to the primary contexts of cuda:0 and cuda:1."""
+    return [FAKE.fake_cuda_context_refs(index) for index in (0, 1)]
+
+
+def device_finishes() -> None:
+    """Wait until cuda:0 has finished all its work, as a program's last synchronize does."""
+    with primary_context() as cu:
+        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+
+
 @needs_stand_in
 async def test_close_releases_every_handle_the_backend_made(
     anyio_backend: object, own_backend: Any
@@ -621,8 +632,7 @@ async def test_close_releases_every_handle_the_backend_made(
     assert live() != before
     # close leaves a context with work pending (a free, a host function) to the exit: let the
     # device finish first, as a program's last synchronize would
-    with primary_context() as cu:
-        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+    device_finishes()
     own_backend.close()
     assert live() == before, (before, live())  # the program still holds s, t, ipc, opened
     own_backend.close()
@@ -637,11 +647,11 @@ def test_close_releases_each_device_s_own_context(own_backend: Any) -> None:
     """A backend that used only ``cuda:1`` holds a reference to its primary context, and
     close gives back that one: device 0's references are never touched."""
     two_devices()
-    refs = [FAKE.fake_cuda_context_refs(i) for i in (0, 1)]
+    refs = context_refs()
     ais.Stream("cuda:1").record_event().synchronize_blocking()  # its mark's slot is free
-    assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == [refs[0], refs[1] + 1]
+    assert context_refs() == [refs[0], refs[1] + 1]
     own_backend.close()
-    assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == refs
+    assert context_refs() == refs
 
 
 @needs_stand_in
@@ -859,8 +869,7 @@ async def test_a_full_chunk_of_flags_takes_back_its_landed_slots_before_growing(
     s = ais.Stream(DEV)
     ais.delay(0.001, stream=s)
     events = [s.record_event() for _ in range(4)]  # the chunk's four slots
-    with primary_context() as cu:  # their values land; nothing of aiostream's looks
-        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+    device_finishes()  # their values land; nothing of aiostream's looks
     ais.delay(3600.0, stream=s)  # the fifth mark's value does not land during the test
     try:
         fifth = s.record_event()
@@ -909,8 +918,7 @@ async def test_a_new_backend_announces_callback_waits_with_a_host_function(
         finally:
             hurry()
     assert allocations == [(4 * CHUNK, 0x1 | 0x2)]  # PORTABLE | DEVICEMAP
-    with primary_context() as cu:  # the cancelled wait's mark lands before the close
-        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+    device_finishes()  # the cancelled wait's mark lands before the close
 
 
 @needs_stand_in
@@ -1004,8 +1012,7 @@ async def test_waits_a_sweep_off_the_thread_finds_complete_are_called_back_by_th
     finally:
         FAKE.fake_cuda_host_fn_delay(0)
         hurry()
-    with primary_context() as cu:  # the late host function runs before the close
-        assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+    device_finishes()  # the late host function runs before the close
 
 
 @needs_stand_in
@@ -1356,7 +1363,7 @@ def test_a_device_that_fails_to_open_gives_back_its_own_context(own_backend: Any
     its stream priorities) releases that context, its own: the error names the call and the
     device, and no device's references change."""
     two_devices()
-    refs = [FAKE.fake_cuda_context_refs(i) for i in (0, 1)]
+    refs = context_refs()
     assert FAKE.fake_cuda_fail_call(b"cuCtxGetStreamPriorityRange", 1, 999)
     try:
         with pytest.raises(ais.CudaError) as info:
@@ -1364,7 +1371,7 @@ def test_a_device_that_fails_to_open_gives_back_its_own_context(own_backend: Any
     finally:
         FAKE.fake_cuda_clear_error()
     assert info.value.device == "cuda:1" and "cuCtxGetStreamPriorityRange" in str(info.value)
-    assert [FAKE.fake_cuda_context_refs(i) for i in (0, 1)] == refs
+    assert context_refs() == refs
 
 
 @needs_stand_in

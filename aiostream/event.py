@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import _backends, _check, _diagnostics, _objects
+from ._backends.base import Interop
 from .device import Device
 from .device import device as _resolve_device
 from .stream import Stream, stream_or_current
@@ -79,7 +80,17 @@ class Event(_objects.Awaitable):
 
     @property
     def event_id(self) -> int:
-        """0 until the first record; then non-zero, distinct between events, and stable."""
+        """0 until the first record; then non-zero, distinct between events, and stable (on
+        CUDA, the ``CUevent`` handle, which others may then record)."""
+        if self._handle is None:
+            return 0
+        backend = self._backend
+        if isinstance(backend, Interop):
+            return backend.event_native(self._handle)
+        return backend.event_id(self._handle)
+
+    def _id(self) -> int:
+        """``event_id`` for aiostream's own messages (hands nothing out)."""
         return 0 if self._handle is None else self._backend.event_id(self._handle)
 
     @property
@@ -131,7 +142,7 @@ class Event(_objects.Awaitable):
 
     def _subject(self) -> str:
         on = self._recorded_on
-        return f"event {self.event_id}" + ("" if on is None else f" on stream {on}")
+        return f"event {self._id()}" + ("" if on is None else f" on stream {on}")
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between this event and ``end_event``, both complete and timed.
@@ -208,7 +219,7 @@ class Event(_objects.Awaitable):
 
     def __repr__(self) -> str:
         return (
-            f"<aiostream.Event device={self._device} id={self.event_id} "
+            f"<aiostream.Event device={self._device} id={self._id()} "
             f"timing={self._timing} interprocess={self._interprocess}>"
         )
 

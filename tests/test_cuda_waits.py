@@ -608,6 +608,91 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     assert 0.009 <= took[0] and took[2] < 0.035, took  # the health check: 50 ms and more
 
 
+@pytest.mark.parametrize("strategy", ["hybrid", "callback"])
+async def test_a_record_after_an_announced_wait_is_complete(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """Once ``await e.synchronize()`` returns, the host function that announced it may still be
+    running on the driver's thread, and a record after it completes on the device only once
+    that returns (the stand-in's thread takes 8 ms to return here). An event recorded then
+    captured no work of the user's that had not completed: it, its stream, and an earlier
+    event recorded again, are complete at once, and ``elapsed_time`` reads them (waiting the
+    host function out), as where no host function was added."""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s = ais.Stream(DEV)
+    start = ais.Event(DEV, enable_timing=True)
+    if FAKE is not None:
+        FAKE.fake_cuda_host_fn_return_delay(round(0.008e9))
+    try:
+        for _ in range(3):
+            start.record(s)
+            ais.delay(0.001, stream=s)
+            e = s.record_event()
+            with anyio.fail_after(5):
+                await e.synchronize(strategy=strategy)
+            end = s.record_event(ais.Event(DEV, enable_timing=True))
+            e.record(s)
+            assert "id=" in repr(e)  # its handle named in a message is not handed out
+            assert end.query() and e.query() and s.query()
+            assert start.elapsed_time(end) >= 0.0
+            ais.delay(0.001, stream=s)  # the user's work after them: not complete
+            later = s.record_event()
+            assert not (later.query() or s.query()) or FAKE is None
+            await s.synchronize(strategy=strategy)
+    finally:
+        if FAKE is not None:
+            FAKE.fake_cuda_host_fn_return_delay(0)
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "callback"])
+async def test_a_record_after_others_work_is_not_complete(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """Others may record another library's event unseen, and, once a stream's handle is
+    handed out, submit to it unseen: an event recorded after an announced wait is then
+    complete only once the driver says so."""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s = ais.Stream(DEV)
+    owner = ais.Event(DEV)
+    ais.delay(0.001, stream=s)
+    owner.record(s)
+    foreign = ais.as_event(owner.event_id, DEV)
+    foreign.record(s)
+    with anyio.fail_after(5):
+        await foreign.synchronize(strategy=strategy)
+    elsewhere = ais.Stream(DEV)
+    ais.delay(0.2, stream=elsewhere)
+    owner.record(elsewhere)  # the same CUDA event, recorded where the wrapper does not see
+    assert not foreign.query()
+    others = ais.ExternalStream(s.__cuda_stream__()[1], DEV)
+    ais.delay(0.2, stream=others)  # another library's work, unseen by s
+    after = s.record_event()
+    assert not after.query() and not s.query()
+    with anyio.fail_after(5):
+        await after.synchronize()
+        await foreign.synchronize()
+
+
+async def test_an_event_handed_out_may_be_recorded_unseen(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an event's handle is handed out (``event_id``), others may record it unseen:
+    recorded after an announced wait, it is complete only once the driver says so."""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s, elsewhere = ais.Stream(DEV), ais.Stream(DEV)
+    e = ais.Event(DEV)
+    ais.delay(0.001, stream=s)
+    e.record(s)
+    with anyio.fail_after(5):
+        await e.synchronize(strategy="callback")
+    other = ais.as_event(e.event_id, DEV)
+    ais.delay(0.2, stream=elsewhere)
+    other.record(elsewhere)  # the same CUDA event, recorded where e does not see
+    assert not e.query()
+    with anyio.fail_after(5):
+        await other.synchronize()
+
+
 # ---------------------------------------------------------------------- from threads
 
 

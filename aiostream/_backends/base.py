@@ -202,6 +202,10 @@ class Interop(Protocol[S, E_co]):
     def stream_native(self, stream: S) -> int:
         """The driver's handle of ``stream``, as an int (for ``__cuda_stream__``)."""
 
+    def event_native(self, event: Any) -> int:
+        """The driver's handle of ``event``, as an int, handed out (``Event.event_id``): others
+        may record it from now on."""
+
     def event_wrap(self, index: int, handle: int) -> E_co:
         """An event made elsewhere, not owned."""
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from ... import _hooks
-from ..._errors import NotReadyError
 from ..base import Backend, Interop
 from .devices import Devices
 from .driver import (
@@ -18,7 +17,6 @@ from .driver import (
     EVENT_DISABLE_TIMING,
     EVENT_INTERPROCESS,
     INVALID_VALUE,
-    NOT_READY,
     STREAM_NON_BLOCKING,
     SUCCESS,
     Driver,
@@ -170,29 +168,24 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def event_id(self, event: Event) -> int:
         return event.id
 
+    def event_native(self, event: Event) -> int:
+        event.private = False  # others may record it now: see Waits.query
+        return event.id
+
     def event_record(self, event: Event, stream: Stream) -> None:
         self._waits.record(event, stream)
 
     def event_query(self, event: Event) -> bool:
-        with self._devices[event.index].pushed:
-            (err,) = self._cu.cuEventQuery(event.ptr)
-        return self._drv.ready(err, event.index, "cuEventQuery")
+        return self._waits.query(event)
 
     def event_capture(self, event: Event, wake: bool) -> Target:
         return self._waits.event_capture(event, wake)
 
     def event_elapsed_ms(self, start: Event, end: Event) -> float:
-        with self._devices[start.index].pushed:
-            err, ms = self._cu.cuEventElapsedTime(start.ptr, end.ptr)
-        if err == NOT_READY:
-            raise NotReadyError(
-                "elapsed_time() needs both events complete; await end_event.synchronize() first"
-            )
-        if err != SUCCESS:
-            raise self._drv.error(err, start.index, "cuEventElapsedTime")
-        return float(ms)
+        return self._waits.elapsed_ms(start, end)
 
     def event_ipc_handle(self, event: Event) -> bytes:
+        event.private = False  # the process that opens it may record it
         with self._devices[event.index].pushed:
             result = self._cu.cuIpcGetEventHandle(event.ptr)
         handle = self._drv.check(result, event.index, "cuIpcGetEventHandle")

@@ -61,6 +61,7 @@ class Event:
         "index",
         "mark",
         "owned",
+        "private",
         "ptr",
         "seq",
         "stream",
@@ -71,6 +72,8 @@ class Event:
         self.index = index
         self.id = int(ptr)
         self.owned = owned
+        #: made here and its handle never handed out: only aiostream records it (Waits.query)
+        self.private = owned
         self.alive = True
         #: the stream aiostream last recorded it on (None: not known), and that stream's
         #: ``ops`` then: while they are unchanged, the event captures all of its work

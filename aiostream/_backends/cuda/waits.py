@@ -18,14 +18,19 @@ handle was handed out, others may submit unseen: a stream capture's host functio
 at once there, right before its mark (so that a stream told complete has no host function of
 aiostream's left queued, and ``cuStreamQuery`` agrees), and an event's never. Other waits are polled
 by the watcher, from the flags, with a back-off.
+
+Once a wait a host function announced has ended, its stream (``idle``), and an event recorded on
+it since with no work of the user's in between (``query``), are complete, though the driver may
+still be running the host function, which the stream and the record follow on the device.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..._errors import NotReadyError
 from .devices import Devices
-from .driver import Driver
+from .driver import NOT_READY, SUCCESS, Driver
 from .handles import Event, Stream
 from .watcher import Mark, Target
 
@@ -75,6 +80,46 @@ class Waits:
         dev = self.devices[stream.index]
         return dev.watcher.reached(woke[0])
 
+    def query(self, event: Event) -> bool:
+        """Whether the work ``event`` captured has completed (raise if it failed)."""
+        with self.devices[event.index].pushed:
+            (err,) = self.drv.cu.cuEventQuery(event.ptr)
+        return self.drv.ready(err, event.index, "cuEventQuery") or self._done(event)
+
+    def _done(self, event: Event) -> bool:
+        """Whether the work ``event`` captured has completed, when ``cuEventQuery`` says it
+        has not: a record that came after the host function announcing a mark of its private
+        stream completes on the device only once the driver's thread has returned from that
+        function, after the wait it announced ended; the work before that mark is the
+        user's. (An event whose handle was handed out may have been recorded since,
+        unseen.)"""
+        stream = event.stream
+        woke = stream.woke if stream is not None and stream.private else None
+        if stream is None or woke is None or woke[1] < event.at or not event.private:
+            return False  # captured work the mark does not cover, or others' unseen work
+        return self.devices[stream.index].watcher.reached(woke[0])
+
+    def elapsed_ms(self, start: Event, end: Event) -> float:
+        """Milliseconds from ``start`` to ``end`` (``cuEventElapsedTime``)."""
+        cu, dev = self.drv.cu, self.devices[start.index]
+        with dev.pushed:
+            err, ms = cu.cuEventElapsedTime(start.ptr, end.ptr)
+        if err == NOT_READY and self.query(start) and self.query(end):
+            # complete but for a host function of aiostream's before them, ending: wait for it
+            with dev.pushed:
+                for event in (start, end):
+                    self.drv.check(
+                        cu.cuEventSynchronize(event.ptr), event.index, "cuEventSynchronize"
+                    )
+                err, ms = cu.cuEventElapsedTime(start.ptr, end.ptr)
+        if err == NOT_READY:
+            raise NotReadyError(
+                "elapsed_time() needs both events complete; await end_event.synchronize() first"
+            )
+        if err != SUCCESS:
+            raise self.drv.error(err, start.index, "cuEventElapsedTime")
+        return float(ms)
+
     def record(self, event: Event, stream: Stream) -> None:
         """Record ``event`` on ``stream`` (``cuEventRecord``) and mark the point right after it
         (the event holds the mark until its next record); note where it stands on the
@@ -87,7 +132,6 @@ class Waits:
             old = event.mark
             event.mark = None
             event.stream, event.at, event.seq = stream, stream.ops, next(stream.seq)
-            stream.woke = None  # the record comes after the host function
             try:
                 if dev.watcher.memops:
                     event.mark = dev.watcher.mark(stream.ptr, False)

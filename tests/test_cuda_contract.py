@@ -1120,6 +1120,31 @@ def test_driver_calls_of_the_backend_s_own_are_checked(
     gc.collect()
 
 
+@pytest.mark.parametrize("part", ["memory", "event"])
+def test_a_shared_buffer_handle_of_the_wrong_size_says_what_to_pass(part: str) -> None:
+    """A handle whose header is aiostream's but whose memory or event part is not the CUDA
+    backend's size is refused before any driver call, saying what to pass."""
+    import struct
+
+    from aiostream.buffers import _IPC_HEADER
+
+    handle = ais.DeviceBuffer(N, DEV, interprocess=True).ipc_handle()
+    at = struct.calcsize(_IPC_HEADER)
+    magic, nbytes, mem_len, event_len = struct.unpack_from(_IPC_HEADER, handle)
+    memory, event = handle[at : at + mem_len], handle[at + mem_len :]
+    if part == "memory":
+        memory += b"\0"
+    else:
+        event = event[:-1]
+    header = struct.pack(_IPC_HEADER, magic, nbytes, len(memory), len(event))
+    with pytest.raises(ValueError) as info:
+        ais.DeviceBuffer.from_ipc_handle(DEV, header + memory + event)
+    assert str(info.value) == (
+        "not an IPC handle of CUDA device memory: pass the bytes that DeviceBuffer.ipc_handle() "
+        "returned in the exporting process"
+    )
+
+
 @needs_stand_in
 @pytest.mark.parametrize("code", [1, 999])
 def test_a_shared_buffer_the_driver_cannot_open_says_so(code: int) -> None:
@@ -1568,7 +1593,8 @@ def test_exit_frees_no_flag_memory_that_a_dropped_streams_work_will_write() -> N
 
 
 DROPPED_BUSY_AT_EXIT = """
-import gc, aiostream as ais
+import gc, logging, aiostream as ais
+logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
 s = ais.Stream("cuda:0")
 ais.delay(2.0, stream=s)
 del s  # destroyed: the driver lets its work run on
@@ -1587,6 +1613,10 @@ def test_exit_sees_work_pending_on_a_stream_already_destroyed() -> None:
     assert "at exit: 0 violation(s), 0 handle(s) leaked at a context reset, 0 live" in (
         proc.stderr
     ), proc.stderr
+    assert (
+        "aiostream: cuda:0: work that may use its context is pending at close: the context is "
+        "left to the exit\n"
+    ) in proc.stderr, proc.stderr
 
 
 USED_ELSEWHERE_AT_EXIT = """

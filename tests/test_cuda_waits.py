@@ -644,6 +644,28 @@ async def test_a_record_after_an_announced_wait_is_complete(
             FAKE.fake_cuda_host_fn_return_delay(0)
 
 
+async def test_a_free_after_the_users_work_leaves_the_stream_busy(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A buffer freed on its stream (``cuMemFreeAsync``) after an announced wait and the
+    user's later work: the stream is busy until that work completes, the free being
+    submitted work too."""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s = ais.Stream(DEV)
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(1 << 10, DEV)  # allocated on s, used there only
+    ais.delay(0.001, stream=s)
+    with anyio.fail_after(5):
+        await s.synchronize(strategy="callback")
+    ais.delay(0.2, stream=s)
+    del buf
+    gc.collect()
+    assert not s.query()
+    with anyio.fail_after(5):
+        await s.synchronize()
+    assert s.query()
+
+
 @pytest.mark.parametrize("strategy", ["hybrid", "callback"])
 async def test_a_record_after_others_work_is_not_complete(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str

@@ -72,10 +72,9 @@ def describe(driver: Any, code: int) -> str:
         result = driver.CUresult(code)
     except ValueError:
         return f"CUresult {code}"
-    err, name = driver.cuGetErrorName(result)
-    err2, message = driver.cuGetErrorString(result)
-    name_s = name.decode() if int(err) == SUCCESS and name else result.name
-    msg_s = message.decode() if int(err2) == SUCCESS and message else ""
+    name_s = result.name  # the bindings' names are the driver's (cuGetErrorName's)
+    err, message = driver.cuGetErrorString(result)
+    msg_s = message.decode() if int(err) == SUCCESS and message else ""
     return f"{name_s} ({code}): {msg_s}" if msg_s and msg_s != name_s else f"{name_s} ({code})"
 
 

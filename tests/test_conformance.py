@@ -31,6 +31,19 @@ async def test_record_query_synchronize(aiostream_device: ais.Device) -> None:
     quiet(aiostream_device)
 
 
+async def test_a_record_after_a_completed_wait_is_complete(aiostream_device: ais.Device) -> None:
+    """Nothing of the user's is pending once a wait on all of a stream's work returned: an
+    event recorded then, and the same event recorded again, are complete at once."""
+    s = ais.Stream(aiostream_device)
+    ais.delay(SHORT, stream=s)
+    e = s.record_event()
+    await e.synchronize()
+    later = s.record_event()
+    e.record(s)
+    assert later.query() and e.query() and s.query()
+    quiet(aiostream_device)
+
+
 async def test_stream_synchronize_waits_for_all_work(aiostream_device: ais.Device) -> None:
     s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)

@@ -132,10 +132,12 @@ async def test_elapsed_time_needs_both_events_complete(aiostream_device: ais.Dev
     start = busy.record_event(ais.Event(aiostream_device, enable_timing=True))
     end = idle.record_event(ais.Event(aiostream_device, enable_timing=True))
     await end.synchronize()
-    with pytest.raises(ais.NotReadyError):
-        start.elapsed_time(end)  # the start is pending, the end is not
-    with pytest.raises(ais.NotReadyError):
-        end.elapsed_time(start)
+    for first, last in ((start, end), (end, start)):  # the start is pending, the end is not
+        with pytest.raises(ais.NotReadyError) as info:
+            first.elapsed_time(last)
+        assert str(info.value) == (
+            "elapsed_time() needs both events complete; await synchronize() on the later one first"
+        )
     await start.synchronize()
     assert start.elapsed_time(end) < 0.0 < end.elapsed_time(start)
     quiet(aiostream_device)

@@ -114,7 +114,8 @@ class Waits:
                 err, ms = cu.cuEventElapsedTime(start.ptr, end.ptr)
         if err == NOT_READY:
             raise NotReadyError(
-                "elapsed_time() needs both events complete; await end_event.synchronize() first"
+                "elapsed_time() needs both events complete; await synchronize() on the later one "
+                "first"
             )
         if err != SUCCESS:
             raise self.drv.error(err, start.index, "cuEventElapsedTime")

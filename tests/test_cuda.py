@@ -324,6 +324,7 @@ async def test_device_failures_are_sticky_cuda_errors(anyio_backend: object, fak
     with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
         await e.synchronize()
     assert info.value.code == 719 and info.value.name == "CUDA_ERROR_LAUNCH_FAILED"
+    assert info.value.device == DEV and f"failed on {DEV}: " in str(info.value)
     assert "unspecified launch failure" in str(info.value)
     with pytest.raises(ais.CudaError, match="CUDA_ERROR_LAUNCH_FAILED"):
         e.query()

@@ -922,6 +922,32 @@ async def test_a_new_backend_announces_callback_waits_with_a_host_function(
 
 
 @needs_stand_in
+@pytest.mark.parametrize("lookup", ["not found", "no cuGetProcAddress"])
+async def test_a_driver_without_cuLaunchHostFunc_has_every_wait_polled(
+    anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch, lookup: str
+) -> None:
+    """Where the driver has no ``cuLaunchHostFunc`` to give (or no ``cuGetProcAddress`` to
+    ask), no wait is announced by a host function: a wait of every strategy is polled by the
+    watcher or the loop, and ends with its work."""
+    from cuda.bindings import driver
+
+    def refuse(symbol: bytes, version: int, flags: int) -> Any:
+        if lookup == "not found":
+            return driver.CUresult.CUDA_ERROR_NOT_FOUND, 0, None
+        raise RuntimeError("Function cuGetProcAddress not found")
+
+    monkeypatch.setattr(driver, "cuGetProcAddress", refuse)
+    s = ais.Stream(DEV)  # the device's first use by this backend: its watcher looks it up
+    calls = FAKE.fake_cuda_host_calls()
+    for strategy in ("callback", "hybrid", "thread", "poll"):
+        ais.delay(0.005, stream=s)
+        with anyio.fail_after(5):
+            await s.synchronize(strategy=strategy)
+        assert s.query(), strategy
+    assert FAKE.fake_cuda_host_calls() == calls
+
+
+@needs_stand_in
 async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mark(
     anyio_backend: object,
 ) -> None:

@@ -1646,7 +1646,8 @@ def test_exit_sees_work_pending_on_a_stream_already_destroyed() -> None:
 
 
 USED_ELSEWHERE_AT_EXIT = """
-import gc, sys, anyio, aiostream as ais
+import gc, logging, sys, anyio, aiostream as ais
+logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
 
 async def main():
     up = ais.HostBuffer(1 << 16, device="cuda:0")
@@ -1681,6 +1682,10 @@ def test_exit_keeps_a_context_whose_memory_another_devices_pending_work_uses(cas
         proc.stderr
     ), proc.stderr
     assert "cuda:0 reset" not in proc.stderr, proc.stderr
+    assert (
+        "aiostream: cuda:0: 1 buffer(s) may still be in use by another device's pending work "
+        "at close: they are left to the exit, with the context\n"
+    ) in proc.stderr, proc.stderr
 
 
 HELD_ELSEWHERE = """

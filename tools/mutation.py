@@ -255,6 +255,7 @@ IN_CHILDREN = {
     "aiostream._backends.cuda.devices.xǁDeviceǁrelease_all": (
         "tests/test_cuda_contract.py::test_exit_",
     ),
+    "aiostream._backends.cuda.memory.xǁMemoriesǁreap": ("tests/test_cuda_contract.py::test_exit_",),
 }
 
 # mutmut, run with two changes: a function that only one test called while mutmut learned

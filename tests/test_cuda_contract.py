@@ -922,6 +922,26 @@ async def test_a_new_backend_announces_callback_waits_with_a_host_function(
 
 
 @needs_stand_in
+def test_an_event_destroyed_gives_back_the_marker_its_record_took(own_backend: Any) -> None:
+    """A device found unable to write values at an event's record (stream memory operations
+    unsupported) marks that record with an internal marker event, which the event holds:
+    destroyed, the event gives it back to the device's pool."""
+    assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
+    try:
+        s = ais.Stream(DEV)
+        ais.delay(0.001, stream=s)
+        e = s.record_event()
+        dev = own_backend._devices.get(0)
+        assert not dev.watcher.memops and not dev.markers
+        del e
+        gc.collect()
+        assert len(dev.markers) == 1
+    finally:
+        FAKE.fake_cuda_clear_error()
+    device_finishes()
+
+
+@needs_stand_in
 @pytest.mark.parametrize("lookup", ["not found", "no cuGetProcAddress"])
 async def test_a_driver_without_cuLaunchHostFunc_has_every_wait_polled(
     anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch, lookup: str

@@ -330,27 +330,6 @@ async def test_an_event_wait_reads_the_mark_of_its_record(anyio_backend: object)
     assert first.query() and s.query()
 
 
-def test_an_event_destroyed_gives_back_the_marker_of_its_record(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Where the device writes no values (marks are then internal marker events), an event
-    holds the marker of its last record until it is destroyed, and gives it back then: events
-    made and destroyed over and over take the same markers again, no new ones."""
-    watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
-    monkeypatch.setattr(watcher, "memops", False)
-    s = ais.Stream(DEV)
-
-    def made_and_destroyed() -> int:
-        events = [s.record_event() for _ in range(8)]
-        s.synchronize_blocking()
-        del events
-        gc.collect()
-        return held()["events"]
-
-    first = made_and_destroyed()
-    assert made_and_destroyed() == made_and_destroyed() == first
-
-
 async def test_a_stream_handed_to_another_library_gets_no_host_function(
     anyio_backend: object,
 ) -> None:

@@ -715,6 +715,30 @@ async def test_an_event_handed_out_may_be_recorded_unseen(
         await other.synchronize()
 
 
+@needs_stand_in  # the driver documents opening an IPC handle in another process only
+async def test_an_opened_ipc_event_may_be_recorded_by_its_exporter_unseen(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event opened from an IPC handle is recorded by the process that exported it too,
+    unseen: recorded here after an announced wait, then there, it is complete only once the
+    driver says so. (The stand-in lets a process open its own handle: the opened event
+    follows the exported one.)"""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s, elsewhere = ais.Stream(DEV), ais.Stream(DEV)
+    exported = ais.Event(DEV, interprocess=True)
+    exported.record(s)
+    opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())
+    ais.delay(0.02, stream=s)  # pending when the wait starts: its host function is launched
+    opened.record(s)
+    with anyio.fail_after(5):
+        await opened.synchronize(strategy="callback")
+    ais.delay(0.2, stream=elsewhere)
+    exported.record(elsewhere)  # the exporter's record, which the opened event follows
+    assert not opened.query()
+    with anyio.fail_after(5):
+        await exported.synchronize()
+
+
 # ---------------------------------------------------------------------- from threads
 
 

@@ -973,6 +973,7 @@ static CUresult cuEventRecord(void *he, void *hs) {
                   e->h.ctx->dev, s->h.ctx->dev);
         LEAVE(INVALID_HANDLE);
     }
+    e = source_of(e);  /* an event opened from this process's handle is that same event */
     Op *op = submit(s, OP_RECORD, 0);
     op->e = e;
     op->rec = ++e->recs;

@@ -206,6 +206,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
             if err != SUCCESS:
                 raise self._drv.error(err, index, "cuIpcOpenEventHandle")
             event = Event(ptr, index, owned=True)
+            event.private = False  # the exporting process records it too
             dev.events.add(event)
         return event
 

@@ -60,6 +60,25 @@ def test_higher_priority_stream_takes_the_free_slot_first(clock: VirtualClock) -
     ]
 
 
+def test_the_default_stream_competes_at_the_default_priority(clock: VirtualClock) -> None:
+    """The default stream has priority 0, as a stream made with none given: for a free slot
+    it comes before such a stream by stream order alone, after a higher-priority one."""
+    busy, other, high = ais.Stream(), ais.Stream(), ais.Stream(priority=-1)
+    assert ais.default_stream().priority == other.priority == 0
+    ais.virtual.submit(busy, 1.0, name="busy")
+    clock.advance(0.5)
+    ais.virtual.submit(other, 1.0, name="other")
+    ais.virtual.submit(ais.default_stream(), 1.0, name="default")
+    ais.virtual.submit(high, 1.0, name="high")
+    clock.advance(4.0)
+    assert [(n, s) for n, _, s, _ in spans()] == [
+        ("busy", 0.0),
+        ("high", 1.0),
+        ("default", 2.0),
+        ("other", 3.0),
+    ]
+
+
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
 def test_submissions_at_one_instant_do_not_depend_on_their_order(
     clock: VirtualClock, order: tuple[int, ...]

@@ -74,29 +74,27 @@ class Waits:
         when ``cuStreamQuery`` says it is busy: an awaited stream is done once the work
         before its mark is, and the ``sem_post`` after it, which announces the mark, is no
         work of the user's."""
-        woke = stream.woke
-        if woke is None or woke[1] != stream.ops or not stream.private:
-            return False  # the user's work came after it, or others may have submitted some
-        dev = self.devices[stream.index]
-        return dev.watcher.reached(woke[0])
+        return self._announced(stream, stream.ops)
 
     def query(self, event: Event) -> bool:
-        """Whether the work ``event`` captured has completed (raise if it failed)."""
-        with self.devices[event.index].pushed:
-            (err,) = self.drv.cu.cuEventQuery(event.ptr)
-        return self.drv.ready(err, event.index, "cuEventQuery") or self._done(event)
-
-    def _done(self, event: Event) -> bool:
-        """Whether the work ``event`` captured has completed, when ``cuEventQuery`` says it
-        has not: a record that came after the host function announcing a mark of its private
-        stream completes on the device only once the driver's thread has returned from that
-        function, after the wait it announced ended; the work before that mark is the
-        user's. (An event whose handle was handed out may have been recorded since,
-        unseen.)"""
+        """Whether the work ``event`` captured has completed (raise if it failed): the driver's
+        answer, or, where a record came after the host function announcing a mark of its
+        private stream (it completes on the device only once the driver's thread has returned
+        from that function), whether the user's work before that mark has. Not for an event
+        whose handle was handed out: others may have recorded it since, unseen."""
+        watcher = self.devices[event.index].watcher
+        if watcher.query(event.ptr):
+            return True
         stream = event.stream
-        woke = stream.woke if stream is not None and stream.private else None
-        if stream is None or woke is None or woke[1] < event.at or not event.private:
-            return False  # captured work the mark does not cover, or others' unseen work
+        return event.private and stream is not None and self._announced(stream, event.at)
+
+    def _announced(self, stream: Stream, at: int) -> bool:
+        """Whether the work submitted to ``stream`` before its ``at``-th operation has
+        completed, as the mark its announcing host function follows tells: False if the user
+        submitted more before that mark, or if others may have submitted unseen."""
+        woke = stream.woke
+        if woke is None or woke[1] < at or not stream.private:
+            return False
         return self.devices[stream.index].watcher.reached(woke[0])
 
     def elapsed_ms(self, start: Event, end: Event) -> float:

@@ -23,7 +23,7 @@ import pytest
 import aiostream as ais
 from aiostream import _backends
 
-from .conftest import run_python
+from .conftest import in_spawned_process, run_python
 from .stand_in import (
     FAKE,
     NO_CUDA,
@@ -737,6 +737,49 @@ async def test_an_opened_ipc_event_may_be_recorded_by_its_exporter_unseen(
     assert not opened.query()
     with anyio.fail_after(5):
         await exported.synchronize()
+
+
+def _open_after_an_announced_wait(handle: bytes, out: Any) -> None:
+    """In another process: open a shared buffer on a stream whose last wait was announced,
+    then ask the stream while the driver says it is busy."""
+    from .stand_in import FAKE as fake
+    from .stand_in import take_violations
+
+    async def main() -> tuple[bool, bool]:
+        s = ais.Stream(DEV)
+        ais.delay(0.02, stream=s)  # pending when the wait starts: its host function launched
+        with anyio.fail_after(5):
+            await s.synchronize(strategy="callback")
+        announced = s.query()
+        with ais.use_stream(s):  # s waits for the exporter's event
+            buf = ais.DeviceBuffer.from_ipc_handle(DEV, handle)
+        # the stand-in's thread waited for the exporter's work here; a GPU's stream waits on
+        # the device, busy till it completes, as cuStreamQuery says now
+        fake.fake_cuda_fail_call(b"cuStreamQuery", 1, 600)  # CUDA_ERROR_NOT_READY
+        busy = not s.query()
+        del buf
+        return announced, busy
+
+    try:
+        announced, busy = anyio.run(main)
+        gc.collect()
+        out.put((announced, busy, take_violations()))
+    except BaseException as exc:  # reported to the parent, which fails the test with it
+        out.put((type(exc).__name__, str(exc), None))
+
+
+@needs_stand_in  # CUDA_ERROR_NOT_READY asked of it: its own wait is on the host
+def test_a_buffer_opened_after_an_announced_wait_leaves_the_stream_busy() -> None:
+    """Opening another process's buffer puts a wait for its work on the current stream: the
+    user's work, which an announced wait before it does not cover (the stream is busy until
+    the driver says it is done)."""
+    exported = ais.DeviceBuffer(64, DEV, interprocess=True)
+    _, (announced, busy, violations) = in_spawned_process(
+        _open_after_an_announced_wait, exported.ipc_handle()
+    )
+    assert violations is not None, f"{announced}: {busy}"
+    assert violations[0] == 0, violations[1]
+    assert announced is True and busy is True
 
 
 # ---------------------------------------------------------------------- from threads

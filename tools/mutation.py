@@ -236,12 +236,14 @@ IN_CHILDREN = {
     # opening another process's shared memory: the exporter must be another, living process
     "aiostream._backends.cuda.sharing.xǁSharingǁipc_open": (
         "tests/test_interop_peers.py::test_cuda_a_",
+        "tests/test_cuda_waits.py::test_a_buffer_opened_after_an_announced_wait",
     ),
     "aiostream._backends.cuda.sharing.xǁSharingǁ_close": (
         "tests/test_interop_peers.py::test_cuda_a_",
     ),
     "aiostream._backends.cuda.backend.xǁCudaBackendǁmemory_from_ipc_handle": (
         "tests/test_interop_peers.py::test_cuda_a_",
+        "tests/test_cuda_waits.py::test_a_buffer_opened_after_an_announced_wait",
     ),
     # a watcher with no POSIX semaphores: a program that has none from the start
     "aiostream._backends.cuda.watcher.xǁWatcherǁ_run": (

@@ -39,6 +39,17 @@ __all__ = [
 D = TypeVar("D", bound="DeviceObject")
 
 
+def _finalizer(
+    obj: object, release: Callable[[Any], object], handle: Any
+) -> weakref.finalize[..., Any]:
+    """``release(handle)`` once ``obj`` is collected, and not at exit: what the program still
+    holds then stays usable by the atexit handlers that run after this module's (its host
+    views still read); the backend's own close at exit releases what must be."""
+    finalizer = weakref.finalize(obj, release, handle)
+    finalizer.atexit = False
+    return finalizer
+
+
 class DeviceObject:
     """A device, its backend, and the backend's handle of the thing itself."""
 
@@ -64,12 +75,12 @@ class DeviceObject:
         self._backend = backend
         self._handle = handle
         self._origin = None
-        self._finalizer = None if release is None else weakref.finalize(self, release, handle)
+        self._finalizer = None if release is None else _finalizer(self, release, handle)
 
     def _adopt(self, handle: Any, release: Callable[[Any], object]) -> None:
         """Take ``handle`` on an object bound without one (an event before its first record)."""
         self._handle = handle
-        self._finalizer = weakref.finalize(self, release, handle)
+        self._finalizer = _finalizer(self, release, handle)
 
     @property
     def device(self) -> Device:

@@ -1509,6 +1509,55 @@ def test_a_faulted_program_exits_without_tracebacks() -> None:
     assert not lines or "could not release" in lines[0]
 
 
+AFTER_CLOSE = """
+import atexit, anyio, numpy as np, aiostream as ais
+
+views = []
+
+def report():  # registered before aiostream's first use: it runs after the backend closed
+    print("read", int(np.concatenate(views).sum()), flush=True)
+    for use in (lambda: stream.query(), lambda: stream.__cuda_stream__(),
+                lambda: ais.copy_async(host, dev, stream=stream), lambda: event.event_id,
+                lambda: ais.HostBuffer(8, device="cuda:0"), lambda: ais.Stream("cuda:0")):
+        try:
+            use()
+        except ais.AiostreamError as exc:
+            print("refused:", exc, flush=True)
+
+atexit.register(report)
+
+async def main():
+    global stream, host, dev, event
+    stream = ais.Stream("cuda:0")
+    host = ais.HostBuffer(64, device="cuda:0")
+    dev = ais.DeviceBuffer(64, "cuda:0")
+    host.numpy()[:] = 3
+    ais.copy_async(dev, host, stream=stream)
+    event = stream.record_event()
+    await event.synchronize()
+    views.append(host.numpy())  # pinned memory, read by the handler after the close
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+def test_after_the_close_at_exit_views_still_read_and_every_use_says_why() -> None:
+    """The backend closes at exit, before the atexit handlers registered earlier than its
+    first use: they still read the host views of the buffers the program holds (left to the
+    exit with their context, not freed under the views), and every use of a stream, event or
+    buffer raises, naming the close, rather than calling the driver with a handle that names
+    nothing (the stand-in counts that as a violation and fails the process)."""
+    proc = program(AFTER_CLOSE)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "read 192", proc.stdout  # 64 bytes of 3
+    from aiostream._backends.cuda.devices import CLOSED
+
+    assert lines[1:] == [f"refused: {CLOSED}"] * 6, proc.stdout
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
 NO_POOLS = """
 import gc, numpy as np, anyio, aiostream as ais
 from tests.stand_in import hurry

@@ -49,7 +49,8 @@
  *   violation (rule "python-host-fn").
  * - At exit it reports live handles, leaked handles and every violation on stderr, and the
  *   process exits with status 70 if there is any (live handles are allowed under rule "exit",
- *   and in a context with work pending at exit, or pending at its last cuStreamQuery).
+ *   and in a context with work pending at exit, or pending at its last cuStreamQuery; memory
+ *   is allowed: the program may still read it, and the exit frees it with its context).
  *
  * Environment: FAKE_CUDA_DEVICES (default 1; 0 makes cuInit fail with CUDA_ERROR_NO_DEVICE),
  * FAKE_CUDA_STUB=1 (cuInit fails as the toolkit's stub library does), FAKE_CUDA_NO_POOLS=1 (no
@@ -155,7 +156,6 @@ typedef struct Block {
     int ready;             /* a stream-ordered allocation has completed */
     int freed, free_submitted;
     long pending;          /* operations submitted and not completed that use it */
-    unsigned used_by;      /* the devices whose streams had operations that used it */
     Stream *alloc_stream;
     int shared, fd;        /* cuMemAlloc's memory: a memfd mapping other processes can map */
     int imported;          /* opened from another process (cuIpcOpenMemHandle) */
@@ -1481,7 +1481,6 @@ static CUresult copy(const char *call, void *dst, const void *src, size_t n, voi
     for (int i = 0; i < 2; i++) {
         if (ends[i] == NULL) continue;
         ends[i]->pending++;
-        ends[i]->used_by |= 1u << s->h.ctx->dev;
     }
     if (pageable_src) {  /* staged before the call returns */
         op->staging = malloc(n ? n : 1);
@@ -1787,17 +1786,6 @@ static int left_busy(const Ctx *c) {
     return c->done < c->submitted || c->last_busy;
 }
 
-/* Whether memory of a context not itself busy may be left to the exit with it: a device
- * whose streams used it has work pending, which may still use it. */
-static int used_by_busy(const Obj *o) {
-    if (o->kind != KIND_HOST && o->kind != KIND_DEVICE) return 0;
-    for (int d = 0; d < ndevices; d++) {
-        if ((((const Block *)o)->used_by >> d & 1u) && ctxs[d].refs > 0 && left_busy(&ctxs[d]))
-            return 1;
-    }
-    return 0;
-}
-
 /* At exit: report, and fail the process on a violation, a leak or (unless relaxed) a live
  * handle. */
 __attribute__((destructor)) static void fake_cuda_at_exit(void) {
@@ -1813,8 +1801,12 @@ __attribute__((destructor)) static void fake_cuda_at_exit(void) {
         /* a context with work still pending may be left to the exit (releasing it could
          * wait for that work): its handles go with it. So may one the program last saw busy
          * (a cuEventQuery, or its last cuStreamQuery, said work was pending): that work may
-         * have completed only since. So may memory that a device left so used. */
-        if (left_busy(o->ctx) || used_by_busy(o)) continue;
+         * have completed only since. */
+        if (left_busy(o->ctx)) continue;
+        /* memory still allocated (its context is retained: a reset frees it) may still be
+         * read by the program, through a host view or a tensor it was handed to, or by
+         * another device's pending work: the exit frees it with the context */
+        if (o->kind == KIND_HOST || o->kind == KIND_DEVICE) continue;
         if (o->kind == KIND_STREAM && ((Stream *)o)->is_null) continue;
         live[o->kind]++;
         total++;

@@ -1,10 +1,11 @@
 """The CUDA backend: native driver calls through cuda-python (``cuda.bindings.driver``).
 
 Each device runs on its primary context, retained on first use and released last, at
-:meth:`CudaBackend.close` (registered with ``atexit``), after every event, stream, module and
-buffer the backend still holds. Handles are released exactly once, from whichever thread drops
-them; the driver calls that create things run with the device's context pushed, so the calling
-thread's own current context is left as it was.
+:meth:`CudaBackend.close` (registered with ``atexit``), after every event, stream and module
+the backend still holds, unless memory the program still holds keeps it (its host views may
+still be read by later ``atexit`` handlers: the process's end frees it). Handles are released
+exactly once, from whichever thread drops them; the driver calls that create things run with
+the device's context pushed, so the calling thread's own current context is left as it was.
 
 The modules:
 

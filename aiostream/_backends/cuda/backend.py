@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from ... import _hooks
 from ..base import Backend, Interop
-from .devices import Devices
+from .devices import Devices, handed_out
 from .driver import (
     EVENT_BLOCKING_SYNC,
     EVENT_DISABLE_TIMING,
@@ -102,7 +102,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def stream_native(self, stream: Stream) -> int:
         stream.private = False  # others may submit to it now: see Waits.event_capture
-        return stream.id
+        return handed_out(stream)
 
     def stream_destroy(self, stream: Stream) -> None:
         with self._devices.lock:
@@ -170,7 +170,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
 
     def event_native(self, event: Event) -> int:
         event.private = False  # others may record it now: see Waits.query
-        return event.id
+        return handed_out(event)
 
     def event_record(self, event: Event, stream: Stream) -> None:
         self._waits.record(event, stream)
@@ -324,7 +324,8 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Release every handle, then the primary contexts (idempotent; runs at exit)."""
+        """Release every handle but the memory still held, then the primary contexts that
+        nothing keeps (idempotent; runs at exit); every use raises after it."""
         self._devices.close(self._memory.close, self._memory.reap)
         atexit.unregister(self.close)
 

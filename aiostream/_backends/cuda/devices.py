@@ -29,13 +29,28 @@ from .driver import (
 from .handles import Event, Memory, Stream
 from .watcher import Watcher
 
-__all__ = ["Device", "Devices", "Pushed"]
+__all__ = ["CLOSED", "Device", "Devices", "Pushed", "handed_out"]
 
 logger = logging.getLogger("aiostream")
 
+#: what every use of the backend says once it closed (at exit, after the program's atexit
+#: handlers registered later than aiostream's first use)
+CLOSED = (
+    "the CUDA backend was closed (the interpreter is exiting): its streams, events and "
+    "buffers can no longer be used; finish GPU work before the exit (an atexit handler "
+    "registered before aiostream's first use runs after it closed)"
+)
 MARKER_POOL = 8  #: idle markers a device keeps for reuse; the rest are destroyed
 _SLEEP_KERNEL = b"aiostream_sleep"
 _ptx_image: bytes | None = None
+
+
+def handed_out(handle: Stream | Event) -> int:
+    """The driver's handle of ``handle``, for another library; raise once the backend has
+    released it at close (it names nothing then, or another object the driver made since)."""
+    if not handle.alive:
+        raise AiostreamError(CLOSED)
+    return handle.id
 
 
 def sleep_ptx() -> bytes:
@@ -49,17 +64,22 @@ def sleep_ptx() -> bytes:
 
 class Pushed:
     """``with dev.pushed:`` the device's context is current on this thread, then the
-    thread's own again (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``). Reentrant."""
+    thread's own again (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``). Reentrant. Once the
+    backend has released the device's handles (``closed``), it refuses: a handle the program
+    still holds names nothing, or another object the driver made since."""
 
-    __slots__ = ("ctx", "cu", "drv", "index")
+    __slots__ = ("closed", "ctx", "cu", "drv", "index")
 
     def __init__(self, drv: Driver, ctx: Any, index: int) -> None:
         self.drv = drv
         self.cu = drv.cu
         self.ctx = ctx
         self.index = index
+        self.closed = False
 
     def __enter__(self) -> None:
+        if self.closed:
+            raise AiostreamError(CLOSED)
         (err,) = self.cu.cuCtxPushCurrent(self.ctx)
         if err != SUCCESS:
             raise self.drv.error(err, self.index, "cuCtxPushCurrent")
@@ -253,6 +273,7 @@ class Device:
         try:
             with self.pushed:
                 for event in self.events:  # left alive: retire refuses every handle once closed
+                    event.alive = False
                     drv.released(cu.cuEventDestroy(event.ptr), self.index, "cuEventDestroy")
                 for stream in self.streams:
                     stream.alive = False
@@ -266,6 +287,7 @@ class Device:
                     drv.released(cu.cuModuleUnload(self.module), self.index, "cuModuleUnload")
         except CudaError as exc:  # the context cannot even be made current
             drv.failed_release(str(exc))
+        self.pushed.closed = True  # the handles the program still holds are gone
         self.events.clear()
         self.streams.clear()
         self.internal.clear()
@@ -300,7 +322,7 @@ class Devices:
             return dev
         with self.lock:
             if self.closed:
-                raise AiostreamError("the CUDA backend was closed (the interpreter is exiting)")
+                raise AiostreamError(CLOSED)
             dev = self.by_index.get(index)
             if dev is None:
                 dev = self._open(index)
@@ -345,15 +367,16 @@ class Devices:
         return dev
 
     def close(self, free_memory: Callable[[Device], None], reap: Callable[[Device], None]) -> bool:
-        """Release everything; False if already closed.
+        """Release every handle but the memory the program still holds; False if already
+        closed. Every use of the backend raises from then on.
 
-        The memory of every device first: ``free_memory(dev)`` frees it after its users'
-        work, recording markers on their streams, which may be another device's. Then every
-        device is asked whether work is pending, all of them before any memory is reaped: a
-        device seen idle has completed every marker recorded on it, so the frees waiting for
-        those markers (``reap(dev)``, on a device itself idle) all go ahead. Memory still
-        waiting keeps its device's context, like pending work does: releasing the context
-        would free it under that work."""
+        The memory of every device first: ``free_memory(dev)`` frees what the program dropped
+        and its users' work has completed. Then every device is asked whether work is
+        pending, all of them before any memory is reaped: a device seen idle has completed
+        every marker recorded on it, so the frees waiting for those markers (``reap(dev)``,
+        on a device itself idle) all go ahead. Memory still waiting, or still held, keeps
+        its device's context, like pending work does: releasing the context would free it
+        under that work, or under the program's views of it."""
         with self.lock:
             if self.closed:
                 return False
@@ -368,6 +391,7 @@ class Devices:
                 if not pending[dev.index]:
                     reap(dev)
             for dev in devices:
-                dev.release_all(keep_context=pending[dev.index] or bool(dev.freeing))
+                keep = pending[dev.index] or bool(dev.freeing) or bool(dev.memory)
+                dev.release_all(keep_context=keep)
             self.drv.report()
             return True

@@ -287,12 +287,19 @@ class Memories:
         dev.freeing = still
 
     def close(self, dev: Device) -> None:
-        """At close (lock held): free what is still alive, ordered after its users' work,
-        and what has finished being used; the rest waits in ``dev.freeing`` for
-        :meth:`reap` (the device has gone idle) or the context's release at exit."""
-        while dev.memory:
-            self.release(dev, dev.memory.pop())
+        """At close (lock held): free what has finished being used; the rest waits in
+        ``dev.freeing`` for :meth:`reap` (the device has gone idle) or the context's release
+        at exit. Memory the program still holds stays in ``dev.memory``, never freed: its
+        host views, and the tensors of libraries it was handed to, may still read it (an
+        atexit handler registered before aiostream's, a daemon thread); it goes with its
+        context at the process's exit."""
         self._reap(dev)
+        if dev.memory:
+            logger.debug(
+                "cuda:%d: %d buffer(s) still held at close: left to the exit, with the context",
+                dev.index,
+                len(dev.memory),
+            )
 
     def reap(self, dev: Device) -> None:
         """At close, once the device has nothing pending (lock held): free what waited for

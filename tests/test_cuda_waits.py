@@ -801,6 +801,34 @@ def test_synchronize_blocking_waits_through_the_watcher() -> None:
 # ---------------------------------------------------------------------- the watcher's parts
 
 
+async def test_mark_values_wrap_to_one_never_zero(anyio_backend: object) -> None:
+    """The values marks write count up to 2**32 - 1, the largest a 32-bit write holds, then
+    start again at 1, never 0, the value of fresh flag memory; waits across the wrap end with
+    their work."""
+    from aiostream._backends.cuda.watcher import Mark
+
+    s = ais.Stream(DEV)
+    s.record_event()
+    dev = _backends.get("cuda")._devices.get(0)  # type: ignore[attr-defined]
+    flags = dev.watcher.flags
+    with dev.lock:
+        flags.values = 0xFFFFFFFE
+        marks = [Mark(), Mark()]
+        for mark in marks:
+            flags.take(mark)
+        assert [m.value for m in marks] == [0xFFFFFFFF, 1]
+        for mark in marks:
+            flags.free(mark)
+        flags.values = 0xFFFFFFFE
+    for _ in range(3):
+        ais.delay(0.001, stream=s)
+        e = s.record_event()
+        with anyio.fail_after(5):
+            await e.synchronize(strategy="poll")
+        assert e.query()
+    assert 1 <= flags.values < 0xFFFFFFFE
+
+
 async def test_a_polled_wait_is_not_held_behind_another_streams(anyio_backend: object) -> None:
     """Polled waits are looked at per stream, the oldest of each first: a wait on a stream
     whose work is done ends while a wait begun before it, on another stream, still waits for

@@ -178,6 +178,52 @@ def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
     assert take_violations()[0] == 0
 
 
+@pytest.mark.parametrize("flags", [0, 1, 2])
+def test_a_value_written_without_a_barrier_may_be_seen_before_the_work_before_it(
+    ctx0: Context, flags: int
+) -> None:
+    """``cuStreamWriteValue32`` takes ``CU_STREAM_WRITE_VALUE_DEFAULT`` (0), whose memory
+    barrier makes the work before it visible first, or ``..._NO_MEMORY_BARRIER`` (1), which
+    "permits the write to be reordered with writes issued before it": here its value is seen
+    while the copy before it has moved nothing and the stream is busy. Any other flag is
+    CUDA_ERROR_INVALID_VALUE, and a violation."""
+    with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
+        src, dst = ok(cu.cuMemHostAlloc(16, 1)), ok(cu.cuMemHostAlloc(16, 1))
+        flag = ok(cu.cuMemHostAlloc(4, 2))  # CU_MEMHOSTALLOC_DEVICEMAP
+        ctypes.memset(src, 7, 16)
+        ctypes.memset(flag, 0, 4)
+        dev = ok(cu.cuMemAllocAsync(16, stream))
+        ctx0.sleep(stream, 0.02)
+        ok(cu.cuMemcpyHtoDAsync(dev, src, 16, stream))
+        ok(cu.cuMemcpyDtoHAsync(dst, dev, 16, stream))
+        address = ok(cu.cuMemHostGetDevicePointer(flag, 0))
+        result = code(cu.cuStreamWriteValue32(stream, address, 5, flags))
+        seen = ctypes.c_uint32.from_address(int(flag))
+        if flags == 2:
+            assert result == INVALID_VALUE
+        else:
+            assert result == 0
+            deadline = time.monotonic() + 5
+            while seen.value != 5 and time.monotonic() < deadline:
+                time.sleep(0.0002)
+            assert seen.value == 5
+            before = ctypes.string_at(dst, 16), code(cu.cuStreamQuery(stream))
+            if flags == 1:
+                assert before == (bytes(16), NOT_READY)
+            else:
+                assert before[0] == bytes([7] * 16)
+        ok(cu.cuMemFreeAsync(dev, stream))
+        ok(cu.cuStreamSynchronize(stream))
+        assert ctypes.string_at(dst, 16) == bytes([7] * 16)
+        for p in (src, dst, flag):
+            ok(cu.cuMemFreeHost(p))
+        ok(cu.cuStreamDestroy(stream))
+    n, log = take_violations()
+    assert n == (flags == 2), log
+    assert flags != 2 or "cuStreamWriteValue32 with flags 0x2" in log, log
+
+
 def test_freeing_memory_that_pending_work_uses_is_reported(ctx0: Context) -> None:
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))

@@ -33,7 +33,11 @@
  *   needs CU_MEMHOSTALLOC_PORTABLE. Pageable host memory is staged at the call (host to
  *   device) or copied before the call returns (device to host), as the driver does.
  * - Stream memory operations: cuStreamWriteValue32 writes its value when the stream reaches
- *   it, into device memory or pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP.
+ *   it, into device memory or pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP. Its
+ *   flags are CU_STREAM_WRITE_VALUE_DEFAULT (0) and CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
+ *   (1), any other is a violation (CUDA_ERROR_INVALID_VALUE). Without the barrier the write
+ *   "may be reordered with writes issued before it": behind pending work, its value lands
+ *   as that work ends, 20 ms before the work's own effects (its bytes, its completion).
  * - cuStreamWaitEvent takes flags 0 only: CU_EVENT_WAIT_EXTERNAL is for stream capture,
  *   which this driver does not do (a violation, CUDA_ERROR_INVALID_VALUE).
  * - IPC. Events and cuMemAlloc's memory are shared across processes through memfd mappings
@@ -510,6 +514,7 @@ typedef struct Op {
     void *data;
     Block *block;                /* OP_ALLOC, OP_FREE */
     uint32_t value;              /* OP_WRITE32: written at dst */
+    int early;                   /* OP_WRITE32 without a barrier: before the work it follows */
 } Op;
 
 static Op **heap;
@@ -518,7 +523,8 @@ static uint64_t seq_counter;
 static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 
 static int before(const Op *a, const Op *b) {
-    return a->due < b->due || (a->due == b->due && a->seq < b->seq);
+    if (a->due != b->due) return a->due < b->due;
+    return a->early != b->early ? a->early : a->seq < b->seq;
 }
 
 static void heap_push(Op *op) {
@@ -643,9 +649,16 @@ static void *engine(void *arg) {
             continue;
         }
         Op *op = heap_pop();
+        int early = op->early;
         complete(op);
         free(op);
         pthread_cond_broadcast(&progress);
+        if (early) {  /* the value is seen before the effects of the work it follows */
+            struct timespec ts = {0, 20000000};
+            pthread_mutex_unlock(&lock);
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&lock);
+        }
     }
     return NULL;
 }
@@ -661,8 +674,9 @@ static void start_engine(void) {
     pthread_detach(t);
 }
 
-/* A new operation on ``s``, due after its stream's earlier work and ``ns`` (lock held). */
-static Op *submit(Stream *s, int kind, uint64_t ns) {
+/* A new operation on ``s``, due after its stream's earlier work and ``ns``, not yet queued
+ * (lock held). */
+static Op *prepare(Stream *s, int kind, uint64_t ns) {
     pthread_once(&engine_once, start_engine);
     Op *op = calloc(1, sizeof *op);
     op->kind = kind;
@@ -673,8 +687,18 @@ static Op *submit(Stream *s, int kind, uint64_t ns) {
     s->tail = op->due;
     s->submitted++;
     s->h.ctx->submitted++;
+    return op;
+}
+
+static void enqueue(Op *op) {
     heap_push(op);
     pthread_cond_signal(&work);
+}
+
+/* A new operation on ``s``, queued (lock held). */
+static Op *submit(Stream *s, int kind, uint64_t ns) {
+    Op *op = prepare(s, kind, ns);
+    enqueue(op);
     return op;
 }
 
@@ -1530,11 +1554,17 @@ static CUresult cuMemHostGetDevicePointer(CUdeviceptr *out, void *p, unsigned fl
 
 /* A stream memory operation: ``value`` written at ``addr`` (device memory, or pinned memory
  * mapped for the device) when the stream's earlier work has completed. */
+enum { WRITE_VALUE_NO_MEMORY_BARRIER = 1 };
+
 static CUresult cuStreamWriteValue32(void *hs, CUdeviceptr addr, uint32_t value,
                                      unsigned flags) {
-    (void)flags;
     ENTER();
     CUresult r;
+    if (flags & ~(unsigned)WRITE_VALUE_NO_MEMORY_BARRIER) {
+        violation("cuStreamWriteValue32 with flags %#x: it takes CU_STREAM_WRITE_VALUE_DEFAULT "
+                  "(0) or CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1)", flags);
+        LEAVE(INVALID_VALUE);
+    }
     Stream *s = stream_of(hs, "cuStreamWriteValue32", &r);
     if (s == NULL) LEAVE(r);
     if ((r = need_context("cuStreamWriteValue32", &s->h)) != OK) LEAVE(r);
@@ -1547,11 +1577,14 @@ static CUresult cuStreamWriteValue32(void *hs, CUdeviceptr addr, uint32_t value,
                   addr);
         LEAVE(INVALID_VALUE);
     }
-    Op *op = submit(s, OP_WRITE32, 0);
+    uint64_t behind = s->tail;  /* the due time of the stream's last operation */
+    Op *op = prepare(s, OP_WRITE32, 0);
     op->dst = (char *)(uintptr_t)addr;
     op->value = value;
     op->bdst = b;
+    op->early = (flags & WRITE_VALUE_NO_MEMORY_BARRIER) && behind > now_ns();
     b->pending++;
+    enqueue(op);
     LEAVE(OK);
 }
 

@@ -1312,6 +1312,47 @@ def test_a_failed_release_is_said_once_at_close_with_its_call_and_device(
 
 
 @needs_stand_in
+@pytest.mark.parametrize("failing", ["the query of its marker", "its free"])
+def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
+    own_backend: Any, caplog: pytest.LogCaptureFixture, failing: str
+) -> None:
+    """A pinned buffer dropped while a copy used it is freed at the next allocation once the
+    copy's marker is over. Where its context cannot be made current to ask the marker,
+    nothing runs there any more: the marker counts as over and the buffer is freed. Where it
+    cannot be made current to free it, the free is given up, and close says so once, with
+    the call, device and code."""
+    s = ais.Stream(DEV)
+    host, buf = ais.HostBuffer(N, device=DEV), ais.DeviceBuffer(N, DEV)
+    ais.delay(0.01, stream=s)
+    ais.copy_async(buf, host, stream=s)
+    del host
+    gc.collect()
+    dev = own_backend._devices[0]
+    assert len(dev.freeing) == 1
+    device_finishes()
+    pinned = FAKE.fake_cuda_live(PINNED)
+    assert FAKE.fake_cuda_fail_call(b"cuCtxPushCurrent", 1 if "query" in failing else 2, 999)
+    try:
+        ais.HostBuffer(N, device=DEV)  # an allocation reaps first; its own push succeeds
+    finally:
+        FAKE.fake_cuda_clear_error()
+    assert not dev.freeing
+    del buf, s
+    gc.collect()
+    with caplog.at_level("WARNING", logger="aiostream"):
+        own_backend.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if "query" in failing:
+        assert FAKE.fake_cuda_live(PINNED) == pinned - 1 and warnings == []
+    else:
+        assert FAKE.fake_cuda_live(PINNED) == pinned  # given up: the exit frees it
+        assert warnings == [
+            "aiostream could not release 1 CUDA handle(s) (the first: cuCtxPushCurrent failed "
+            "on cuda:0: CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+        ]
+
+
+@needs_stand_in
 def test_a_stream_dropped_while_its_context_fails_is_destroyed_and_said_at_close(
     own_backend: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -579,9 +579,8 @@ class Watcher:
     def _sweep(self) -> list[Callable[[], None]]:
         """Find the waits whose work completed (lock held): their callbacks."""
         due: list[Callable[[], None]] = []
-        for mark in self.flags.sweep():
+        for mark in self.flags.sweep():  # complete: each wait's done() reads it so
             for target in list(mark.waits):
-                target.complete = True
                 self._fire(target, due)
         failed = False
         for target in list(self.queried):

@@ -642,6 +642,19 @@ async def test_close_releases_every_handle_the_backend_made(
     assert live() == before
 
 
+def test_a_closed_backend_opens_no_device(own_backend: Any) -> None:
+    """After the close at exit, a device not used before is not opened (its context would be
+    retained for nothing, and never released): making anything on it says why."""
+    from aiostream._backends.cuda.devices import CLOSED
+
+    own_backend.close()
+    for make in (lambda: ais.Stream(DEV), lambda: ais.DeviceBuffer(N, DEV)):
+        with pytest.raises(ais.AiostreamError) as info:
+            make()
+        assert str(info.value) == CLOSED
+    assert not own_backend._devices.by_index
+
+
 @needs_stand_in
 def test_close_releases_each_device_s_own_context(own_backend: Any) -> None:
     """A backend that used only ``cuda:1`` holds a reference to its primary context, and

@@ -42,9 +42,10 @@ D = TypeVar("D", bound="DeviceObject")
 def _finalizer(
     obj: object, release: Callable[[Any], object], handle: Any
 ) -> weakref.finalize[..., Any]:
-    """``release(handle)`` once ``obj`` is collected, and not at exit: what the program still
-    holds then stays usable by the atexit handlers that run after this module's (its host
-    views still read); the backend's own close at exit releases what must be."""
+    """``release(handle)`` once ``obj`` is collected, but not at exit, as ``weakref.finalize``
+    would by default: that runs before the atexit handlers registered earlier than the first
+    finalizer, which would then read freed memory through the host views the program still
+    holds. The backend's own close at exit releases what must be."""
     finalizer = weakref.finalize(obj, release, handle)
     finalizer.atexit = False
     return finalizer

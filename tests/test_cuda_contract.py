@@ -1330,10 +1330,10 @@ def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
     own_backend: Any, caplog: pytest.LogCaptureFixture, failing: str
 ) -> None:
     """A pinned buffer dropped while a copy used it is freed at the next allocation once the
-    copy's marker is over. Where its context cannot be made current to ask the marker,
-    nothing runs there any more: the marker counts as over and the buffer is freed. Where it
-    cannot be made current to free it, the free is given up, and close says so once, with
-    the call, device and code."""
+    copy's marker is over, and the marker goes back to the pool. Where its context cannot be
+    made current to ask the marker, nothing runs there any more: the marker counts as over
+    and the buffer is freed. Where it cannot be made current to free it, the free is given
+    up, and close says so once, with the call, device and code."""
     s = ais.Stream(DEV)
     host, buf = ais.HostBuffer(N, device=DEV), ais.DeviceBuffer(N, DEV)
     ais.delay(0.01, stream=s)
@@ -1341,7 +1341,7 @@ def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
     del host
     gc.collect()
     dev = own_backend._devices[0]
-    assert len(dev.freeing) == 1
+    ((_, marks),) = dev.freeing
     device_finishes()
     pinned = FAKE.fake_cuda_live(PINNED)
     assert FAKE.fake_cuda_fail_call(b"cuCtxPushCurrent", 1 if "query" in failing else 2, 999)
@@ -1350,6 +1350,7 @@ def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
     finally:
         FAKE.fake_cuda_clear_error()
     assert not dev.freeing
+    assert all(marker in dev.markers for _, marker in marks)  # back in the pool
     del buf, s
     gc.collect()
     with caplog.at_level("WARNING", logger="aiostream"):

@@ -644,6 +644,35 @@ async def test_a_record_after_an_announced_wait_is_complete(
             FAKE.fake_cuda_host_fn_return_delay(0)
 
 
+@needs_stand_in
+async def test_elapsed_time_that_waits_out_a_host_function_checks_that_wait(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``elapsed_time`` on an event recorded right after an announced wait waits, in the
+    driver, for the host function before it to return (``cuEventSynchronize``); where that
+    call fails, the error names it, its device and code."""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s = ais.Stream(DEV)
+    start = ais.Event(DEV, enable_timing=True)
+    FAKE.fake_cuda_host_fn_return_delay(round(0.3e9))  # returning still, however late we run
+    try:
+        start.record(s)
+        ais.delay(0.001, stream=s)
+        with anyio.fail_after(5):
+            await s.record_event().synchronize(strategy="callback")
+        end = s.record_event(ais.Event(DEV, enable_timing=True))
+        assert FAKE.fake_cuda_fail_call(b"cuEventSynchronize", 1, 999)
+        with pytest.raises(ais.CudaError) as info:
+            start.elapsed_time(end)
+        assert str(info.value).startswith(
+            "cuEventSynchronize failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+        ), info.value
+    finally:
+        FAKE.fake_cuda_clear_error()
+        FAKE.fake_cuda_host_fn_return_delay(0)
+    assert start.elapsed_time(end) >= 0.0
+
+
 async def test_a_free_after_the_users_work_leaves_the_stream_busy(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -687,6 +687,36 @@ def test_close_leaves_a_context_with_work_pending_on_a_stream_still_held(
 
 
 @needs_stand_in
+def test_memory_still_held_at_close_is_left_to_the_exit_and_still_reads(
+    own_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closed while the program still holds a pinned buffer (and a view of it), the backend
+    frees it not, and leaves its reference to the context to the exit: the view still reads,
+    as an atexit handler registered before aiostream's would read it, and the debug log says
+    so. Dropped after the close, it is still not freed: the process's end frees it."""
+    host = ais.HostBuffer(N, device=DEV)
+    address = host._handle.ptr
+    view = host.numpy()
+    view[:] = 5
+    refs, pinned = FAKE.fake_cuda_context_refs(0), FAKE.fake_cuda_live(PINNED)
+    with caplog.at_level("DEBUG", logger="aiostream"):
+        own_backend.close()
+    assert (
+        "cuda:0: 1 buffer(s) still held at close: left to the exit, with the context"
+    ) in caplog.messages
+    assert FAKE.fake_cuda_context_refs(0) == refs and FAKE.fake_cuda_live(PINNED) == pinned
+    assert int(view.sum()) == 5 * N
+    del host, view
+    gc.collect()
+    assert FAKE.fake_cuda_live(PINNED) == pinned
+    # what the exit does, done here (the shared backend's reference keeps the context)
+    with primary_context() as cu:
+        assert cu.cuMemFreeHost(address) == (cu.CUresult.CUDA_SUCCESS,)
+    assert FAKE.fake_cuda_hold_primary(0, 0) == 0
+    assert FAKE.fake_cuda_context_refs(0) == refs - 1
+
+
+@needs_stand_in
 async def test_devices_that_write_no_values_wait_on_marker_events(
     anyio_backend: object, own_backend: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1341,7 +1371,7 @@ def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
     del host
     gc.collect()
     dev = own_backend._devices[0]
-    ((_, marks),) = dev.freeing
+    ((mem, marks),) = dev.freeing
     device_finishes()
     pinned = FAKE.fake_cuda_live(PINNED)
     assert FAKE.fake_cuda_fail_call(b"cuCtxPushCurrent", 1 if "query" in failing else 2, 999)
@@ -1360,6 +1390,8 @@ def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
         assert FAKE.fake_cuda_live(PINNED) == pinned - 1 and warnings == []
     else:
         assert FAKE.fake_cuda_live(PINNED) == pinned  # given up: the exit frees it
+        with primary_context() as cu:  # as the exit would (the shared backend keeps the context)
+            assert cu.cuMemFreeHost(mem.ptr) == (cu.CUresult.CUDA_SUCCESS,)
         assert warnings == [
             "aiostream could not release 1 CUDA handle(s) (the first: cuCtxPushCurrent failed "
             "on cuda:0: CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"

@@ -768,6 +768,30 @@ async def test_an_opened_ipc_event_may_be_recorded_by_its_exporter_unseen(
         await exported.synchronize()
 
 
+async def test_a_buffer_shared_after_an_announced_wait_leaves_its_stream_busy(
+    anyio_backend: object,
+) -> None:
+    """Sharing a buffer (``ipc_handle``) makes the current stream wait, on the device, for the
+    work of the buffer's other users: pending, it keeps that stream busy, though the stream's
+    own last wait was announced."""
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    buf = ais.DeviceBuffer(64, DEV, interprocess=True)
+    ais.delay(0.02, stream=s)  # pending when the wait starts: its host function launched
+    with anyio.fail_after(5):
+        await s.synchronize(strategy="callback")
+    assert s.query()
+    ais.delay(3600.0 if FAKE is not None else 0.5, stream=t)
+    buf.record_stream(t)  # t's work so far uses the buffer
+    try:
+        with ais.use_stream(s):
+            buf.ipc_handle()
+        assert not s.query()
+    finally:
+        hurry()
+    with anyio.fail_after(5):
+        await s.synchronize()
+
+
 def _open_after_an_announced_wait(handle: bytes, out: Any) -> None:
     """In another process: open a shared buffer on a stream whose last wait was announced,
     then ask the stream while the driver says it is busy."""

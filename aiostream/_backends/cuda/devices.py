@@ -100,8 +100,7 @@ class Device:
         self.drv = drv
         self.lock = lock
         self.index = index
-        self.ctx = ctx
-        self.pushed = Pushed(drv, ctx, index)
+        self.pushed = Pushed(drv, ctx, index)  # the context: pushed around each driver call
         self.priorities = priorities  # (least, greatest)
         self.pools = True  # stream-ordered allocation (cuMemAllocAsync) works here
         self.default: Stream | None = None

@@ -691,7 +691,7 @@ def test_memory_still_held_at_close_is_left_to_the_exit_and_still_reads(
     own_backend: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Closed while the program still holds a pinned buffer (and a view of it), the backend
-    frees it not, and leaves its reference to the context to the exit: the view still reads,
+    does not free it, and leaves its reference to the context to the exit: the view reads,
     as an atexit handler registered before aiostream's would read it, and the debug log says
     so. Dropped after the close, it is still not freed: the process's end frees it."""
     host = ais.HostBuffer(N, device=DEV)

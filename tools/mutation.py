@@ -87,6 +87,7 @@ MODULES: dict[str, Module] = {
             "tests/test_faults.py",
             "tests/test_profiler.py",
             "tests/test_cuda.py",
+            "tests/test_cuda_contract.py",  # finalizers at exit: a program's atexit handler
             "tests/test_await.py",
             "tests/test_documented.py",
             "tests/test_exact_time.py",
@@ -233,6 +234,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # them (mutmut sees only the calls made in the test's own process), and the tests (node id
 # prefixes) whose children run it: a child inherits the mutant under test.
 IN_CHILDREN = {
+    # finalizers at exit: a program whose earlier atexit handler reads a buffer's view
+    "aiostream._objects.x__finalizer": (
+        "tests/test_cuda_contract.py::test_after_the_close_at_exit",
+    ),
     # opening another process's shared memory: the exporter must be another, living process
     "aiostream._backends.cuda.sharing.xǁSharingǁipc_open": (
         "tests/test_interop_peers.py::test_cuda_a_",

@@ -31,6 +31,7 @@ from .stand_in import (
     hurry,
     keeping_the_contract,
     needs_stand_in,
+    take_violations,
 )
 
 pytestmark = pytest.mark.skipif(not OK, reason=NO_CUDA)
@@ -794,9 +795,8 @@ async def test_a_buffer_shared_after_an_announced_wait_leaves_its_stream_busy(
 
 def _open_after_an_announced_wait(handle: bytes, out: Any) -> None:
     """In another process: open a shared buffer on a stream whose last wait was announced,
-    then ask the stream while the driver says it is busy."""
-    from .stand_in import FAKE as fake
-    from .stand_in import take_violations
+    then ask the stream while the driver says it is busy (this module, imported anew in the
+    child, loaded the child's own driver as ``FAKE``)."""
 
     async def main() -> tuple[bool, bool]:
         s = ais.Stream(DEV)
@@ -808,7 +808,7 @@ def _open_after_an_announced_wait(handle: bytes, out: Any) -> None:
             buf = ais.DeviceBuffer.from_ipc_handle(DEV, handle)
         # the stand-in's thread waited for the exporter's work here; a GPU's stream waits on
         # the device, busy till it completes, as cuStreamQuery says now
-        fake.fake_cuda_fail_call(b"cuStreamQuery", 1, 600)  # CUDA_ERROR_NOT_READY
+        FAKE.fake_cuda_fail_call(b"cuStreamQuery", 1, 600)  # CUDA_ERROR_NOT_READY
         busy = not s.query()
         del buf
         return announced, busy

@@ -687,6 +687,44 @@ def test_close_leaves_a_context_with_work_pending_on_a_stream_still_held(
 
 
 @needs_stand_in
+def test_close_leaves_a_context_with_work_pending_on_a_stream_dropped(own_backend: Any) -> None:
+    """Dropped while a kernel runs, a stream is destroyed at once (the driver lets its work
+    run on) and a marker recorded on it first stands for that work: closed meanwhile, with no
+    wait anywhere (no completion flag in use), the backend still sees the work through that
+    marker and leaves its reference to the context to the exit."""
+    s = ais.Stream(DEV)
+    refs = FAKE.fake_cuda_context_refs(0)
+    ais.delay(0.5, stream=s)
+    del s
+    gc.collect()
+    assert own_backend.held(0)["slots"] == 0, own_backend.held(0)
+    own_backend.close()
+    assert FAKE.fake_cuda_context_refs(0) == refs  # kept: the exit releases it
+    assert FAKE.fake_cuda_hold_primary(0, 0) == 0  # the exit's release, done here
+    assert FAKE.fake_cuda_context_refs(0) == refs - 1
+
+
+def test_a_stream_held_past_the_close_refuses_every_use(own_backend: Any) -> None:
+    """The close at exit destroys the streams and events the program still holds: their
+    later uses raise, saying why, and never reach the driver with a handle that names
+    nothing (or another object the driver made since)."""
+    from aiostream._backends.cuda.devices import CLOSED
+
+    s = ais.Stream(DEV)
+    event = s.record_event()
+    host = ais.HostBuffer(N, device=DEV)
+    event.synchronize_blocking()
+    del host
+    gc.collect()
+    device_finishes()
+    own_backend.close()
+    for use in (s.query, event.query, lambda: s.record_event(), lambda: ais.delay(0.001, stream=s)):
+        with pytest.raises(ais.AiostreamError) as info:
+            use()
+        assert str(info.value) == CLOSED
+
+
+@needs_stand_in
 def test_memory_still_held_at_close_is_left_to_the_exit_and_still_reads(
     own_backend: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -169,7 +169,7 @@ class Mark:
         self.complete = False
         self.woken = False  # a host function next to it wakes the watcher
         self.ahead = False  # that host function comes before it: the mark lands after it ran
-        self.holders = 0  # waits on it, and the event record it stands for
+        self.holders = 1  # its maker; then the waits on it, and the event record it stands for
         self.waits: list[Target] = []  # the watched ones
 
 
@@ -394,7 +394,6 @@ class Watcher:
                     self.dev.give_back(marker)
                     raise drv.error(err, self.index, "cuEventRecord")
                 mark.event = marker
-        mark.holders = 1
         return mark
 
     def wake(self, mark: Mark, stream: Any) -> None:

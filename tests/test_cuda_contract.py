@@ -1652,7 +1652,7 @@ def report():  # registered before aiostream's first use: it runs after the back
 atexit.register(report)
 
 async def main():
-    global stream, host, dev, event
+    global stream, host, dev, event, plain
     stream = ais.Stream("cuda:0")
     host = ais.HostBuffer(64, device="cuda:0")
     dev = ais.DeviceBuffer(64, "cuda:0")
@@ -1660,7 +1660,9 @@ async def main():
     ais.copy_async(dev, host, stream=stream)
     event = stream.record_event()
     await event.synchronize()
-    views.append(host.numpy())  # pinned memory, read by the handler after the close
+    plain = ais.HostBuffer(64, device="cuda:0")  # used on no stream: a free would be at once
+    plain.numpy()[:] = 1
+    views.extend([host.numpy(), plain.numpy()])  # pinned memory, read after the close
 
 anyio.run(main)
 """
@@ -1676,7 +1678,7 @@ def test_after_the_close_at_exit_views_still_read_and_every_use_says_why() -> No
     proc = program(AFTER_CLOSE)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "read 192", proc.stdout  # 64 bytes of 3
+    assert lines[0] == "read 256", proc.stdout  # 64 bytes of 3, 64 of 1
     from aiostream._backends.cuda.devices import CLOSED
 
     assert lines[1:] == [f"refused: {CLOSED}"] * 6, proc.stdout

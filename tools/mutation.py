@@ -207,9 +207,13 @@ PRELOAD = ("pytest", "trio", "uvloop", "numpy")
 
 # A pytest plugin for the mutants' test runs: the stand-in driver fails its process at exit
 # on a contract violation or a leak, but mutmut ends each run with os._exit, so the session
-# checks the same counts itself.
+# checks the same counts itself. And a mutant that breaks the import of a test module (code
+# that runs at import: the stand-in's probe makes the backend) fails its collection; pytest,
+# given that module's tests by name, then finds none of them and says "usage error", which
+# mutmut takes for a broken test command: the session says "tests failed", as it did.
 CHECK_PLUGIN = '''\
-"""Fail the session on contract violations the stand-in driver counted (see tools/mutation.py)."""
+"""Fail the session on contract violations the stand-in driver counted, and on collection
+errors (see tools/mutation.py)."""
 
 import ctypes
 import os
@@ -218,6 +222,8 @@ import pytest
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.exitstatus == pytest.ExitCode.USAGE_ERROR and session.testsfailed:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a module failed to import
     try:
         lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
     except OSError:

@@ -210,7 +210,8 @@ PRELOAD = ("pytest", "trio", "uvloop", "numpy")
 # checks the same counts itself. And a mutant that breaks the import of a test module (code
 # that runs at import: the stand-in's probe makes the backend) fails its collection; pytest,
 # given that module's tests by name, then finds none of them and says "usage error", which
-# mutmut takes for a broken test command: the session says "tests failed", as it did.
+# mutmut takes for a broken test command: the session ends at the failed collection, saying
+# "tests failed".
 CHECK_PLUGIN = '''\
 """Fail the session on contract violations the stand-in driver counted, and on collection
 errors (see tools/mutation.py)."""
@@ -221,9 +222,12 @@ import os
 import pytest
 
 
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:  # a test module failed to import
+        pytest.exit(f"collecting {report.nodeid} failed", pytest.ExitCode.TESTS_FAILED)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if session.exitstatus == pytest.ExitCode.USAGE_ERROR and session.testsfailed:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a module failed to import
     try:
         lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
     except OSError:

@@ -884,6 +884,34 @@ async def test_mark_values_wrap_to_one_never_zero(anyio_backend: object) -> None
     assert 1 <= flags.values < 0xFFFFFFFE
 
 
+async def test_a_value_left_in_a_free_slot_is_not_read_as_its_next_mark(
+    anyio_backend: object,
+) -> None:
+    """Mark values repeat once they wrap (every 2**32 - 1 marks, about an hour at a million
+    waits a second), and a free slot still holds the last value written to it: a slot is
+    cleared as a mark takes it, so a value left there from a cycle before never reads as the
+    new mark's, whose wait would end before its work."""
+    s = ais.Stream(DEV)
+    await s.record_event().synchronize()  # the device's flag memory exists
+    ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)  # work that does not end soon
+    dev = _backends.get("cuda")._devices.get(0)  # type: ignore[attr-defined]
+    flags = dev.watcher.flags
+    with dev.lock:
+        coming = flags.values % 0xFFFFFFFF + 1  # the value the next mark takes
+        for chunk in flags.chunks:
+            for j in chunk.free:
+                chunk.flags[j] = coming  # as if written there 2**32 - 1 marks ago
+    e = s.record_event()
+    for strategy in ("poll", "thread", "callback"):
+        with anyio.move_on_after(0.02) as scope:
+            await e.synchronize(strategy=strategy)
+        assert scope.cancelled_caught, strategy  # still waiting: the work has not ended
+    assert not e.query()
+    hurry()
+    with anyio.fail_after(5):
+        await e.synchronize()
+
+
 async def test_a_polled_wait_is_not_held_behind_another_streams(anyio_backend: object) -> None:
     """Polled waits are looked at per stream, the oldest of each first: a wait on a stream
     whose work is done ends while a wait begun before it, on another stream, still waits for

@@ -32,7 +32,9 @@ and every slot in use is swept before another chunk is made, so the flag memory 
 marks not yet reached, not with the events alive. A mark whose waits were all
 cancelled before that leaves the slot *draining* until the device writes it (a hung kernel
 holds 4 bytes, never a thread or an event). Slots come in chunks of pinned memory, made as
-needed; chunks beyond the first are given back once nothing uses them.
+needed; chunks beyond the first are given back once nothing uses them. Values count up to
+2**32 - 1 and start again at 1 (0 is fresh memory's), so they repeat: a slot is cleared as a
+mark takes it, so that the value left there, landed long ago, never reads as the new mark's.
 
 Waits on an event of another library (``as_event``), and every wait where the device cannot
 write values (stream memory operations unsupported: marks are then internal marker events),
@@ -268,6 +270,9 @@ class Flags:
         j = chunk.free.pop()
         chunk.used += 1
         self.values = self.values % 0xFFFFFFFF + 1  # never 0, the value of fresh memory
+        # values repeat once they wrap, and a free slot holds the last one written there
+        # (landed: nothing writes it any more): cleared, it cannot read as this mark's
+        chunk.flags[j] = 0
         chunk.expected[j] = self.values
         chunk.owners[j] = mark
         mark.slot, mark.value = i * CHUNK + j, self.values

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import random
 import sys
 import threading
@@ -1064,6 +1065,39 @@ def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
             target.release()
         hurry()
     s.synchronize_blocking()
+
+
+def test_a_failing_completion_callback_is_logged_and_the_others_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The watcher calls each finished wait's callback (a loop's wake-up) in turn: one that
+    raises is logged with its traceback, and the others still run."""
+    backend: Any = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    ais.delay(0.01, stream=s)
+    events = [s.record_event(), s.record_event()]
+    targets = [backend.event_capture(e._handle, True) for e in events]
+    told = threading.Event()
+
+    def fails() -> None:
+        raise RuntimeError("a loop already closed")
+
+    try:
+        with caplog.at_level(logging.ERROR, logger="aiostream"):
+            targets[0].watch(fails)
+            targets[1].watch(told.set)
+            assert told.wait(5)
+            deadline = time.monotonic() + 5
+            while not (failed := [r for r in caplog.records if r.exc_info is not None]):
+                assert time.monotonic() < deadline, "the failure was not logged"
+                time.sleep(0.001)
+        assert [r.getMessage() for r in failed] == [
+            "aiostream: a wait's completion callback failed"
+        ]
+        assert "a loop already closed" in str(failed[0].exc_info[1])  # type: ignore[index]
+    finally:
+        for target in targets:
+            target.release()
 
 
 async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_ones(

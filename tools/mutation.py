@@ -264,6 +264,9 @@ IN_CHILDREN = {
     "aiostream._backends.cuda.watcher.xǁWatcherǁ_run": (
         "tests/test_cuda_waits.py::test_without_posix_semaphores",
     ),
+    "aiostream._backends.cuda.watcher.xǁWatcherǁ__init__": (
+        "tests/test_cuda_waits.py::test_without_posix_semaphores",
+    ),
     # what a program's exit does with work still pending: programs of the tests' own
     "aiostream._backends.cuda.devices.xǁDeviceǁdestroy_stream": (
         "tests/test_cuda_contract.py::test_exit_",

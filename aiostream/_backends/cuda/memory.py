@@ -183,9 +183,8 @@ class Memories:
                 self.release(dev, mem)
 
     def release(self, dev: Device, mem: Memory) -> None:
-        """Free ``mem`` after the work of every stream that used it (lock held; never raises:
-        it runs in finalizers, and at close)."""
-        mem.alive = False  # no longer in dev.memory: retire() or close() took it out
+        """Free ``mem``, which ``retire`` has marked released, after the work of every stream
+        that used it (lock held; never raises: it runs in finalizers)."""
         marks: list[tuple[Device, object]] = []
         try:
             streams = [s for s in mem.streams.values() if s.alive]

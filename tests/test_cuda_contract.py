@@ -603,6 +603,47 @@ def device_finishes() -> None:
         assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
 
 
+async def test_a_slot_left_draining_while_the_watcher_sleeps_is_freed_once_it_lands(
+    anyio_backend: object, own_backend: Any
+) -> None:
+    """An event dropped before its work ends leaves its mark's slot draining. The watcher,
+    asleep until posted (nothing watched, no slot in use when it went to sleep), is posted,
+    and looks every ``DRAIN_S`` until the value lands: the slot is then free, though nothing
+    else wakes it. The first slot of a backend's flag memory is slot 0 (a slot freed is the
+    next taken), so this holds for it."""
+    from aiostream._backends.cuda.watcher import DRAIN_S
+
+    watcher = own_backend._devices.get(0).watcher
+    s = ais.Stream(DEV)
+    ais.delay(0.01, stream=s)
+    await s.record_event().synchronize(strategy="thread")  # the watcher runs; slot 0 is free
+    gc.collect()
+    assert watcher.thread is not None
+
+    def used() -> int:
+        with watcher.lock:  # read only: held() would sweep the flags itself
+            return int(watcher.flags.used())
+
+    with anyio.fail_after(5):  # asleep for good: no post of the wait's left to wake it
+        while used() or watcher.sleeping_until != float("inf"):
+            await anyio.sleep(0.001)
+        await anyio.sleep(0.05)
+        assert watcher.sleeping_until == float("inf")
+    t = ais.Stream(DEV)  # waited on by nobody: a record on it launches no host function
+    ais.delay(3600.0 if FAKE is not None else 0.2, stream=t)
+    e = t.record_event()  # held by the record only: nothing watched, nothing posted
+    assert watcher.sleeping_until == float("inf")
+    slot = e._handle.mark.slot
+    assert slot == 0 and used() == 1
+    del e
+    gc.collect()  # the record's hold goes before the value landed: the slot drains
+    assert used() == 1
+    hurry()  # the kernel ends now (on a GPU, in its time)
+    with anyio.fail_after(4 * DRAIN_S + (0.0 if FAKE is not None else 0.2)):
+        while used():
+            await anyio.sleep(0.005)
+
+
 @needs_stand_in
 async def test_close_releases_every_handle_the_backend_made(
     anyio_backend: object, own_backend: Any

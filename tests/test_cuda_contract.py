@@ -619,6 +619,8 @@ async def test_a_slot_left_draining_while_the_watcher_sleeps_is_freed_once_it_la
     await s.record_event().synchronize(strategy="thread")  # the watcher runs; slot 0 is free
     gc.collect()
     assert watcher.thread is not None
+    if not watcher.memops:
+        pytest.skip("this device writes no values (its marks are marker events): no slots")
 
     def used() -> int:
         with watcher.lock:  # read only: held() would sweep the flags itself

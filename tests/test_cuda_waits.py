@@ -889,7 +889,7 @@ async def test_a_value_left_in_a_free_slot_is_not_read_as_its_next_mark(
     anyio_backend: object,
 ) -> None:
     """Mark values repeat once they wrap (every 2**32 - 1 marks, about an hour at a million
-    waits a second), and a free slot still holds the last value written to it: a slot is
+    marks a second), and a free slot still holds the last value written to it: a slot is
     cleared as a mark takes it, so a value left there from a cycle before never reads as the
     new mark's, whose wait would end before its work."""
     s = ais.Stream(DEV)

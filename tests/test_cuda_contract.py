@@ -429,6 +429,30 @@ async def test_the_default_streams_of_two_devices_are_told_apart(anyio_backend: 
     assert len(keys) == 2
 
 
+@pytest.mark.parametrize("strategy", ["hybrid", "callback"])
+async def test_the_default_stream_is_submitted_to_by_others_unseen(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """The default stream (handle 0) is every library's, never aiostream's alone: after an
+    announced wait on it, work another library puts there unseen keeps it busy until the
+    driver says it is done (not "idle because its last work was our host function")."""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    d = ais.default_stream(DEV)
+    ais.delay(0.001, stream=d)
+    with anyio.fail_after(5):
+        await d.synchronize(strategy=strategy)
+    elsewhere = ais.Stream(DEV)
+    ais.delay(0.2, stream=elsewhere)
+    gate = elsewhere.record_event()
+    with primary_context(0) as cu:  # another library's wait on the default stream
+        result = cu.cuStreamWaitEvent(cu.CUstream(0), cu.CUevent(gate.event_id), 0)
+    assert result == (cu.CUresult.CUDA_SUCCESS,)
+    assert not d.query()
+    with anyio.fail_after(5):
+        await d.synchronize()
+    assert d.query() and gate.query()
+
+
 # ---------------------------------------------------------------------- every result checked
 
 

@@ -156,6 +156,30 @@ def test_a_stream_waits_for_an_event_with_flags_0_only(ctx0: Context, flags: int
     assert n == 1 and f"cuStreamWaitEvent with flags {flags:#x}" in log, log
 
 
+def test_a_wait_for_a_pending_record_keeps_its_stream_busy(ctx0: Context) -> None:
+    """A wait is an operation of its stream: until the record it waits for completes,
+    cuStreamQuery answers CUDA_ERROR_NOT_READY (on the legacy default stream too), and the
+    context's synchronize waits for it; a wait for a completed record is over at once."""
+    with ctx0:
+        busy, waiting = ok(cu.cuStreamCreate(1)), ok(cu.cuStreamCreate(1))
+        event = ok(cu.cuEventCreate(2))
+        ctx0.sleep(busy, 0.2)
+        ok(cu.cuEventRecord(event, busy))
+        for stream in (waiting, cu.CUstream(0)):
+            ok(cu.cuStreamWaitEvent(stream, event, 0))
+            assert code(cu.cuStreamQuery(stream)) == NOT_READY
+        ok(cu.cuCtxSynchronize())
+        assert code(cu.cuEventQuery(event)) == 0
+        for stream in (waiting, cu.CUstream(0)):
+            assert code(cu.cuStreamQuery(stream)) == 0
+            ok(cu.cuStreamWaitEvent(stream, event, 0))
+            assert code(cu.cuStreamQuery(stream)) == 0
+        ok(cu.cuEventDestroy(event))
+        ok(cu.cuStreamDestroy(busy))
+        ok(cu.cuStreamDestroy(waiting))
+    assert take_violations()[0] == 0
+
+
 def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))

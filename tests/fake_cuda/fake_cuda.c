@@ -39,7 +39,10 @@
  *   "may be reordered with writes issued before it": behind pending work, its value lands
  *   as that work ends, 20 ms before the work's own effects (its bytes, its completion).
  * - cuStreamWaitEvent takes flags 0 only: CU_EVENT_WAIT_EXTERNAL is for stream capture,
- *   which this driver does not do (a violation, CUDA_ERROR_INVALID_VALUE).
+ *   which this driver does not do (a violation, CUDA_ERROR_INVALID_VALUE). A wait for a
+ *   record not yet completed is an operation of the stream ("all operations in the stream",
+ *   cuStreamQuery): the stream is busy, and cuStreamQuery answers CUDA_ERROR_NOT_READY, until
+ *   the record completes.
  * - IPC. Events and cuMemAlloc's memory are shared across processes through memfd mappings
  *   (the other process maps /proc/<pid>/fd/<fd>). cuIpcGetMemHandle takes the base of a
  *   cuMemAlloc allocation only (not a pool's); cuIpcOpenMemHandle takes
@@ -496,7 +499,9 @@ static CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
 
 /* ------------------------------------------------------------------ the driver's thread */
 
-enum { OP_KERNEL, OP_RECORD, OP_COPY, OP_HOSTFN, OP_ALLOC, OP_FREE, OP_TOUCH, OP_WRITE32 };
+enum {
+    OP_KERNEL, OP_RECORD, OP_COPY, OP_HOSTFN, OP_ALLOC, OP_FREE, OP_TOUCH, OP_WRITE32, OP_WAIT
+};
 
 typedef struct Op {
     uint64_t due, seq;
@@ -598,6 +603,8 @@ static void complete(Op *op) {
         break;
     case OP_TOUCH:
         if (!dropped) usable(op->bsrc, s, "a kernel");
+        break;
+    case OP_WAIT:  /* nothing but its place in the stream */
         break;
     case OP_WRITE32:
         if (!dropped && usable(op->bdst, s, "cuStreamWriteValue32")) {
@@ -939,7 +946,10 @@ static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
         LEAVE(OK);
     }
     Event *src = source_of(e);
-    if (src->recs) s->tail = max_u64(s->tail, src->due);
+    if (src->done < src->recs) {  /* the wait is work of the stream until the record ends */
+        s->tail = max_u64(s->tail, src->due);
+        submit(s, OP_WAIT, 0);
+    }
     LEAVE(OK);
 }
 

@@ -773,8 +773,8 @@ def test_close_leaves_a_context_with_work_pending_on_a_stream_dropped(own_backen
 
 def test_a_stream_held_past_the_close_refuses_every_use(own_backend: Any) -> None:
     """The close at exit destroys the streams and events the program still holds: their
-    later uses raise, saying why, and never reach the driver with a handle that names
-    nothing (or another object the driver made since)."""
+    later uses raise, saying why, and neither reach the driver nor hand another library a
+    handle that names nothing (or another object the driver made since)."""
     from aiostream._backends.cuda.devices import CLOSED
 
     s = ais.Stream(DEV)
@@ -785,7 +785,15 @@ def test_a_stream_held_past_the_close_refuses_every_use(own_backend: Any) -> Non
     gc.collect()
     device_finishes()
     own_backend.close()
-    for use in (s.query, event.query, lambda: s.record_event(), lambda: ais.delay(0.001, stream=s)):
+    uses = (
+        s.query,
+        event.query,
+        lambda: s.record_event(),
+        lambda: ais.delay(0.001, stream=s),
+        s.__cuda_stream__,  # handles for other libraries: destroyed, so none is handed out
+        lambda: event.event_id,
+    )
+    for use in uses:
         with pytest.raises(ais.AiostreamError) as info:
             use()
         assert str(info.value) == CLOSED

@@ -57,7 +57,8 @@ class CudaError(DeviceError):
 
     Attributes:
         code: the driver's ``CUresult`` value, such as 719.
-        name: its name, such as ``"CUDA_ERROR_LAUNCH_FAILED"``.
+        name: its name, such as ``"CUDA_ERROR_LAUNCH_FAILED"``; ``""`` for a code the
+            installed ``cuda-python`` does not know (a newer driver's).
     """
 
     def __init__(self, message: str, *, device: str, code: int, name: str) -> None:

@@ -364,7 +364,23 @@ def test_query_raises_what_the_driver_reports(fake: Any) -> None:
         with pytest.raises(ais.CudaError) as info:
             query()
         assert info.value.code == 999 and name.decode() in str(info.value)
+        assert info.value.name == "CUDA_ERROR_UNKNOWN"
         assert query() is True  # the next answer is the driver's own again
+
+
+def test_a_code_the_bindings_do_not_know_is_kept_unnamed() -> None:
+    """A code the installed bindings cannot name (a newer driver's) keeps its number; its
+    name is empty rather than a guess."""
+    from cuda.bindings import driver as cu
+
+    from aiostream._backends.cuda.driver import Driver
+
+    err = Driver(cu).error(54321, 0, "cuStreamQuery")
+    assert (err.code, err.name, err.device) == (54321, "", DEV)
+    assert str(err) == "cuStreamQuery failed on cuda:0: CUresult 54321"
+    known = Driver(cu).error(cu.CUresult.CUDA_ERROR_NOT_READY, None, "cuEventQuery")
+    assert (known.code, known.name, known.device) == (600, "CUDA_ERROR_NOT_READY", "cuda")
+    assert str(known).startswith("cuEventQuery failed on cuda: CUDA_ERROR_NOT_READY (600): ")
 
 
 # ---------------------------------------------------------------------- waiting strategies

@@ -95,14 +95,18 @@ class Device:
     """
 
     def __init__(
-        self, drv: Driver, lock: threading.RLock, index: int, ctx: Any, priorities: tuple[int, int]
+        self,
+        lock: threading.RLock,
+        pushed: Pushed,
+        priorities: tuple[int, int],
+        pools: bool,
     ) -> None:
-        self.drv = drv
+        self.drv = pushed.drv
         self.lock = lock
-        self.index = index
-        self.pushed = Pushed(drv, ctx, index)  # the context: pushed around each driver call
+        self.index = pushed.index
+        self.pushed = pushed  # the context: pushed around each driver call
         self.priorities = priorities  # (least, greatest)
-        self.pools = True  # stream-ordered allocation (cuMemAllocAsync) works here
+        self.pools = pools  # stream-ordered allocation (cuMemAllocAsync) works here
         self.default: Stream | None = None
         self.streams: set[Stream] = set()
         self.events: set[Event] = set()
@@ -332,9 +336,9 @@ class Devices:
         drv, cu = self.drv, self.drv.cu
         cu_dev = drv.check(cu.cuDeviceGet(index), index, "cuDeviceGet")
         ctx = drv.check(cu.cuDevicePrimaryCtxRetain(cu_dev), index, "cuDevicePrimaryCtxRetain")
-        dev = Device(drv, self.lock, index, ctx, (0, 0))
+        pushed = Pushed(drv, ctx, index)
         try:
-            with dev.pushed:
+            with pushed:
                 err, least, greatest = cu.cuCtxGetStreamPriorityRange()
                 if err != SUCCESS:
                     raise drv.error(err, index, "cuCtxGetStreamPriorityRange")
@@ -343,9 +347,8 @@ class Devices:
         except CudaError:
             cu.cuDevicePrimaryCtxRelease(cu_dev)
             raise
-        dev.priorities = (int(least), int(greatest))
-        dev.pools = err == SUCCESS and bool(pools)
-        return dev
+        priorities = (int(least), int(greatest))
+        return Device(self.lock, pushed, priorities, err == SUCCESS and bool(pools))
 
     def __getitem__(self, index: int) -> Device:
         """A device already in use (its handles exist)."""

@@ -59,23 +59,24 @@ def load_driver() -> Any:
             "driver's library first on the library path",
         )
     if code != SUCCESS:
-        raise BackendUnavailableError("cuda", f"cuInit failed: {describe(driver, code)}")
+        raise BackendUnavailableError("cuda", f"cuInit failed: {describe(driver, code)[1]}")
     err, count = driver.cuDeviceGetCount()
     if int(err) != SUCCESS or not count:
         raise BackendUnavailableError("cuda", "the NVIDIA driver found no CUDA device")
     return driver
 
 
-def describe(driver: Any, code: int) -> str:
-    """``NAME (code): message`` for a CUresult, as far as the driver can name it."""
+def describe(driver: Any, code: int) -> tuple[str, str]:
+    """A CUresult's name (``""`` where the bindings do not know the code) and its
+    description, ``NAME (code): message``, as far as the driver can name it."""
     try:
         result = driver.CUresult(code)
     except ValueError:
-        return f"CUresult {code}"
-    name_s = result.name  # the bindings' names are the driver's (cuGetErrorName's)
+        return "", f"CUresult {code}"
+    name = result.name  # the bindings' names are the driver's (cuGetErrorName's)
     err, message = driver.cuGetErrorString(result)
-    msg_s = message.decode() if int(err) == SUCCESS and message else ""
-    return f"{name_s} ({code}): {msg_s}" if msg_s and msg_s != name_s else f"{name_s} ({code})"
+    text = message.decode() if int(err) == SUCCESS and message else ""
+    return name, f"{name} ({code}): {text}" if text and text != name else f"{name} ({code})"
 
 
 class Driver:
@@ -91,8 +92,7 @@ class Driver:
 
     def error(self, err: Any, index: int | None, call: str) -> CudaError:
         code = int(err)
-        detail = describe(self.cu, code)
-        name = detail.split(" ", 1)[0]
+        name, detail = describe(self.cu, code)
         where = f"cuda:{index}" if index is not None else "cuda"
         return CudaError(f"{call} failed on {where}: {detail}", device=where, code=code, name=name)
 

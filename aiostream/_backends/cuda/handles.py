@@ -99,7 +99,6 @@ class Memory:
         "device",
         "index",
         "nbytes",
-        "ordered",
         "pooled",
         "ptr",
         "streams",
@@ -118,4 +117,3 @@ class Memory:
         #: a stream-ordered allocation: the marker recorded after it, which another stream
         #: waits for before its first use of the memory (None once every use is ordered)
         self.alloc_marker: Any = None
-        self.ordered: set[StreamKey] = set()  # streams ordered after the allocation

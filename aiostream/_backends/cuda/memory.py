@@ -104,7 +104,6 @@ class Memories:
             dev.memory.add(mem)
             self._hold(mem, stream)
             if mem.pooled:
-                mem.ordered.add(stream.key)
                 try:
                     mem.alloc_marker = dev.record_marker(stream)
                 except CudaError:
@@ -123,7 +122,7 @@ class Memories:
             if stream.key in mem.streams:
                 return
             marker = mem.alloc_marker
-            if marker is not None and stream.key not in mem.ordered:
+            if marker is not None:  # this stream's first use, not ordered after it yet
                 dev = self.devices[mem.index]
                 if dev.over(marker):  # the host has seen it complete: every stream may use it
                     mem.alloc_marker = None
@@ -136,7 +135,6 @@ class Memories:
                             "cuStreamWaitEvent",
                         )
                     stream.ops += 1
-                mem.ordered.add(stream.key)
             self._hold(mem, stream)
 
     @staticmethod

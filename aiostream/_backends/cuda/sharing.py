@@ -145,7 +145,6 @@ class Sharing:
                         cu.cuStreamWaitEvent(stream.ptr, after, 0), index, "cuStreamWaitEvent"
                     )
                     stream.ops += 1
-                    mem.ordered.add(stream.key)
                     mem.alloc_marker = dev.record_marker(stream)  # other streams wait for it
                 except CudaError:
                     self.memories.device_free(mem)

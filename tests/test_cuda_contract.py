@@ -431,11 +431,12 @@ async def test_the_default_streams_of_two_devices_are_told_apart(anyio_backend: 
 
 @pytest.mark.parametrize("strategy", ["hybrid", "callback"])
 async def test_the_default_stream_is_submitted_to_by_others_unseen(
-    anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str, own_backend: Any
 ) -> None:
-    """The default stream (handle 0) is every library's, never aiostream's alone: after an
-    announced wait on it, work another library puts there unseen keeps it busy until the
-    driver says it is done (not "idle because its last work was our host function")."""
+    """The default stream (handle 0) is every library's, never aiostream's alone, even before
+    its handle was handed out (a backend of the test's own: no earlier test handed it out):
+    after an announced wait on it, work another library puts there unseen keeps it busy until
+    the driver says it is done (not "idle because its last work was our host function")."""
     monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
     d = ais.default_stream(DEV)
     ais.delay(0.001, stream=d)
@@ -451,6 +452,7 @@ async def test_the_default_stream_is_submitted_to_by_others_unseen(
     with anyio.fail_after(5):
         await d.synchronize()
     assert d.query() and gate.query()
+    device_finishes()  # the announced wait's mark lands before the close
 
 
 # ---------------------------------------------------------------------- every result checked

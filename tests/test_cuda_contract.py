@@ -1099,6 +1099,33 @@ def test_an_event_destroyed_gives_back_the_marker_its_record_took(own_backend: A
     device_finishes()
 
 
+def test_a_record_of_an_event_handed_out_takes_no_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits on an event whose handle is out query the event itself (others may record it
+    unseen), so its records take no mark; an event of aiostream's own still takes one at each
+    record where the device writes values."""
+    from aiostream._backends.cuda.watcher import Watcher
+
+    marked = []
+    mark = Watcher.mark
+
+    def spy(self: Watcher, *args: Any) -> Any:
+        marked.append(args)
+        return mark(self, *args)
+
+    s = ais.Stream(DEV)
+    handed = s.record_event()
+    assert handed.event_id  # handed out now
+    memops = _backends.get("cuda")._devices.get(0).watcher.memops  # type: ignore[attr-defined]
+    monkeypatch.setattr(Watcher, "mark", spy)
+    handed.record(s)
+    handed.record(s)
+    assert marked == []
+    own = s.record_event()
+    assert len(marked) == memops
+    own.synchronize_blocking()
+    assert handed.query()
+
+
 @needs_stand_in
 @pytest.mark.parametrize("lookup", ["not found", "no cuGetProcAddress"])
 async def test_a_driver_without_cuLaunchHostFunc_has_every_wait_polled(
@@ -1156,25 +1183,30 @@ async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mar
 def test_an_event_recorded_on_a_stream_waits_in_that_stream_s_lane() -> None:
     """Work on one stream completes in order, the records of events on it included: a wait on
     such an event joins the stream's lane (the waiter polls only each lane's head), placed by
-    where its record was; a wait on an event whose record aiostream did not see (opened from
-    an IPC handle) has a lane of its own."""
+    where its record was; a wait on an event that others may record unseen (opened from an
+    IPC handle, or whose handle was handed out) has a lane of its own."""
     from aiostream._objects import handle
 
     backend = _backends.get("cuda")
     s = ais.Stream(DEV)
-    recorded = ais.Event(DEV, interprocess=True)
-    recorded.record(s)
-    opened = ais.Event.from_ipc_handle(DEV, recorded.ipc_handle())  # its record is not ours
+    recorded = s.record_event()
+    exported = ais.Event(DEV, interprocess=True)
+    exported.record(s)
+    opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())  # its record is not ours
     ais.delay(0.001, stream=s)
     targets = [
         backend.event_capture(handle(recorded), False),
         backend.stream_capture(handle(s), False),
         backend.event_capture(handle(opened), False),
+        backend.event_capture(handle(exported), False),
     ]
     try:
-        first, whole, alone = targets
+        first, whole, *alone = targets
         assert first.lane == whole.lane and first.seq < whole.seq
-        assert alone.lane != whole.lane
+        assert [target.lane for target in alone] == [
+            ("event", opened.event_id),
+            ("event", exported.event_id),
+        ]
     finally:
         for target in targets:
             target.release()

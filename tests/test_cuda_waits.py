@@ -725,14 +725,16 @@ async def test_a_record_after_others_work_is_not_complete(
     assert not after.query() and not s.query()
     with anyio.fail_after(5):
         await after.synchronize()
-        await foreign.synchronize()
+        await foreign.synchronize()  # its latest record is owner's, on elsewhere
+    assert foreign.query() and owner.query()
 
 
 async def test_an_event_handed_out_may_be_recorded_unseen(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Once an event's handle is handed out (``event_id``), others may record it unseen:
-    recorded after an announced wait, it is complete only once the driver says so."""
+    recorded after an announced wait, it is complete only once the driver says so, and a wait
+    on it follows that latest record."""
     monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
     s, elsewhere = ais.Stream(DEV), ais.Stream(DEV)
     e = ais.Event(DEV)
@@ -745,7 +747,8 @@ async def test_an_event_handed_out_may_be_recorded_unseen(
     other.record(elsewhere)  # the same CUDA event, recorded where e does not see
     assert not e.query()
     with anyio.fail_after(5):
-        await other.synchronize()
+        await e.synchronize()
+    assert e.query() and other.query()
 
 
 @needs_stand_in  # the driver documents opening an IPC handle in another process only
@@ -769,7 +772,32 @@ async def test_an_opened_ipc_event_may_be_recorded_by_its_exporter_unseen(
     exported.record(elsewhere)  # the exporter's record, which the opened event follows
     assert not opened.query()
     with anyio.fail_after(5):
+        await opened.synchronize()  # it follows the exporter's latest record
+    assert opened.query()
+
+
+@needs_stand_in  # the driver documents opening an IPC handle in another process only
+async def test_an_exported_event_may_be_recorded_by_its_opener_unseen(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its IPC handle is out, an event is recorded by the process that opens it too,
+    unseen: recorded here after an announced wait, then there, it is complete only once the
+    driver says so. (The stand-in lets a process open its own handle: a record of the opened
+    event is one of the exported event.)"""
+    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    s, elsewhere = ais.Stream(DEV), ais.Stream(DEV)
+    exported = ais.Event(DEV, interprocess=True)
+    ais.delay(0.02, stream=s)  # pending when the wait starts: its host function is launched
+    exported.record(s)
+    with anyio.fail_after(5):
+        await exported.synchronize(strategy="callback")
+    opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())
+    ais.delay(0.2, stream=elsewhere)
+    opened.record(elsewhere)  # the opener's record: the exported event's
+    assert not exported.query()
+    with anyio.fail_after(5):
         await exported.synchronize()
+    assert exported.query()
 
 
 async def test_a_buffer_shared_after_an_announced_wait_leaves_its_stream_busy(
@@ -942,8 +970,8 @@ def test_a_wait_already_complete_is_told_at_once() -> None:
     backend = _backends.get("cuda")
     s = ais.Stream(DEV)
     ais.delay(0.001, stream=s)
-    e = s.record_event()
-    foreign = ais.as_event(e.event_id, DEV)  # recorded elsewhere, as far as aiostream knows
+    e, owner = s.record_event(), s.record_event()
+    foreign = ais.as_event(owner.event_id, DEV)  # recorded elsewhere, as far as it knows
     stream_wait = backend.stream_capture(s._handle, False)
     first, second = (backend.event_capture(e._handle, False) for _ in range(2))
     queried = backend.event_capture(foreign._handle, False)

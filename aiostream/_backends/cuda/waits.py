@@ -6,8 +6,10 @@
   holds until it is recorded again or destroyed: an event's capture is the mark of its last
   record, however much work was submitted after it. An await that began before a re-record
   keeps the mark it took, so it still waits for the work captured when it began.
-- An event recorded by another library (``as_event``), whose records aiostream never sees, is
-  queried itself: a wait on it follows its latest record.
+- An event whose handle is out (another library's, wrapped with ``as_event``; or one of
+  aiostream's once ``event_id`` or ``ipc_handle`` handed it out, or opened from another
+  process's handle) may be recorded by others unseen: it is queried itself, and a wait on it
+  follows its latest record, whoever made it. Its records here take no mark.
 
 With ``wake`` (the ``hybrid`` and ``callback`` strategies) a host function after the mark
 announces it, launched when the wait is handed to the watcher (``Target.watch``: at once for
@@ -120,9 +122,9 @@ class Waits:
         return float(ms)
 
     def record(self, event: Event, stream: Stream) -> None:
-        """Record ``event`` on ``stream`` (``cuEventRecord``) and mark the point right after it
-        (the event holds the mark until its next record); note where it stands on the
-        stream."""
+        """Record ``event`` on ``stream`` (``cuEventRecord``) and, unless its handle is out,
+        mark the point right after it (the event holds the mark until its next record); note
+        where it stands on the stream."""
         dev = self.devices[stream.index]
         with dev.lock:
             with dev.pushed:
@@ -132,7 +134,7 @@ class Waits:
             event.mark = None
             event.stream, event.at, event.seq = stream, stream.ops, next(stream.seq)
             try:
-                if dev.watcher.memops:
+                if dev.watcher.memops and event.private:  # see event_capture
                     event.mark = dev.watcher.mark(stream.ptr, False)
             finally:
                 if old is not None:
@@ -153,7 +155,9 @@ class Waits:
         watcher = dev.watcher
         with dev.lock:
             mark, stream = event.mark, event.stream
-            if mark is None or stream is None:  # not recorded here: query the event itself
+            if mark is None or stream is None or not event.private:
+                # not recorded here, or its handle is out and others may record it unseen:
+                # query the event itself, which follows its latest record, whoever made it
                 target = Target(watcher, ("event", event.id), 0)
                 target.event = event.ptr
                 return target

@@ -477,7 +477,6 @@ class Watcher:
     # ------------------------------------------------------------------ watching
 
     def watch(self, target: Target, callback: Callable[[], None]) -> None:
-        post = False
         with self.lock:
             if target.released or target.callback is not None:
                 return
@@ -489,7 +488,7 @@ class Watcher:
                 except CudaError:  # polled instead; the health check tells a failed device
                     logger.debug("cuda:%d: no host function for a wait", self.index)
                 target.wake = None
-            if not tell_now:
+            if not tell_now:  # (post is read only then)
                 target.callback = callback
                 self.watched[target] = None
                 if mark is not None and mark.slot >= 0:

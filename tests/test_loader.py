@@ -791,6 +791,10 @@ def test_chaining_a_closing_error_to_the_block_s_never_makes_a_cycle() -> None:
     last = OSError("last")
     _after(last, other)
     assert last.__context__ is other
+    deep, upper, outer = ValueError("deep"), KeyError("upper"), RuntimeError("outer")
+    outer.__context__, upper.__context__ = upper, deep  # the closing error, two links down
+    _after(deep, outer)
+    assert deep.__context__ is None
 
 
 async def test_leaving_the_block_early_stops_the_producer(virtual_time: VirtualTime) -> None:
@@ -1026,6 +1030,21 @@ async def test_a_slot_whose_copy_is_in_flight_is_not_taken_for_idle(
     assert handed_out[3] > 0.0  # the pool is full: the oldest slot, after its copy
     assert loader.stats.allocations == loader.stats.pool_size == 3
     await ais.current_stream().synchronize()
+    quiet()
+
+
+@pytest.mark.parametrize("mode", ["plain", "ahead"])
+async def test_an_empty_source_takes_no_slot(virtual_time: VirtualTime, mode: str) -> None:
+    loader = ais.DataLoader([], prefetch=2)
+    if mode == "plain":
+        batches = [batch async for batch in loader]
+    else:
+        async with loader:
+            batches = [batch async for batch in loader]
+    assert batches == []
+    stats = loader.stats
+    assert (stats.batches, stats.allocations, stats.pool_size, stats.peak_in_use) == (0, 0, 4, 0)
+    assert stats.run_ahead == (mode == "ahead")
     quiet()
 
 

@@ -356,3 +356,23 @@ async def test_round_trip_on_uvloop_in_real_time(virtual_device: ais.Device) -> 
     await s.synchronize()
     assert out.numpy(np.int32).tolist() == list(range(8))
     ais.virtual.assert_no_races()
+
+
+def test_sharing_refusals_say_what_to_do() -> None:
+    """A buffer not made to be shared, and bytes that are no buffer's handle, are refused
+    with what to do instead (the messages compared whole)."""
+    with pytest.raises(ValueError) as info:
+        ais.DeviceBuffer(16, "virtual:0").ipc_handle()
+    assert str(info.value) == (
+        "ipc_handle() needs memory that another process can open: create the buffer with "
+        "DeviceBuffer(nbytes, device, interprocess=True) (the stream-ordered pool's memory "
+        "cannot be shared that way)"
+    )
+    handle = ais.DeviceBuffer(16, "virtual:0", interprocess=True).ipc_handle()
+    for bad in (b"", handle[:-1], handle + b"\0", b"X" + handle[1:]):
+        with pytest.raises(ValueError) as info:
+            ais.DeviceBuffer.from_ipc_handle("virtual:0", bad)
+        assert str(info.value) == (
+            "handle is not a DeviceBuffer IPC handle: pass the bytes that "
+            "DeviceBuffer.ipc_handle() returned, unchanged"
+        )

@@ -135,7 +135,9 @@ class _Slot:
         self.device: list[DeviceBuffer] = []
         self.copied: Event | None = None  # after the last copy out of the staging buffers
         self.released: list[Event] = []  # after the consumer's work with the last batch
-        self.users: list[Stream] = []  # streams other than the current one using the batch
+        # the streams using the batch: the consumer's current stream when it was handed out
+        # first, then those named by Batch.record_stream
+        self.users: list[Stream] = []
         # Recorded again at each release on the consumer's current stream: only the copy
         # stream's next wait, which captures its latest record, and the stats read it.
         self.mark: Event | None = None
@@ -353,9 +355,12 @@ class _Staging:
         in_use = len(self.slots) - len(self.free) + busy
         self.peak_in_use = max(self.peak_in_use, in_use)
 
-    def hold(self, batch: Batch) -> None:
-        """The consumer has ``batch``: its slot is in use until the next one is asked for."""
-        self.held = batch._slot  # noqa: SLF001 (Batch is this module's)
+    def hold(self, batch: Batch, consumer: Stream) -> None:
+        """The consumer, whose current stream is ``consumer``, has ``batch``: its slot is in
+        use until the next one is asked for, or the pass is closed or stopped (by any task:
+        its current stream may be another, and both are waited for)."""
+        slot = self.held = batch._slot  # noqa: SLF001 (Batch is this module's)
+        slot.users = [consumer]
         self.note_in_use()
 
     async def settle(self) -> None:
@@ -380,7 +385,8 @@ class _Iteration(AsyncIterator[Batch]):
         self._source: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
         self._limiter = anyio.CapacityLimiter(plan.workers)  # worker threads, this pass's own
         self.staging = _Staging(plan, self._limiter)
-        self._closed = False
+        self._closed = False  # nothing more is handed out
+        self._released = False  # aclose has run
         self.batches = 0
         # Produced inside __anext__ (no runner):
         self._inflight: deque[Batch] = deque()
@@ -408,8 +414,9 @@ class _Iteration(AsyncIterator[Batch]):
         try:
             self.staging.release_held()
             batch = await (self._receive() if self.run_ahead else self._produce_here())
-            current_stream(self._device).wait_event(batch.ready)  # the host does not wait
-            self.staging.hold(batch)
+            consumer = current_stream(self._device)
+            consumer.wait_event(batch.ready)  # the host does not wait
+            self.staging.hold(batch, consumer)
             self.batches += 1
             return batch
         except BaseException as exc:
@@ -419,7 +426,7 @@ class _Iteration(AsyncIterator[Batch]):
     async def _receive(self) -> Batch:
         try:
             got = await self._ready.receive()
-        except anyio.EndOfStream:
+        except (anyio.EndOfStream, anyio.ClosedResourceError):  # ended, or closed meanwhile
             raise StopAsyncIteration from None
         if isinstance(got, _Failed):
             raise got.error
@@ -612,9 +619,9 @@ class _Iteration(AsyncIterator[Batch]):
         freed by the device once the copies complete. The consumer's own work on the last
         batch is the consumer's to await.
         """
-        if self._closed:
+        if self._released:
             return
-        self._closed = True
+        self._closed = self._released = True
         self.staging.release_held()
         try:
             with anyio.CancelScope(shield=True):  # the producer and its workers stop at once
@@ -633,8 +640,12 @@ class _Iteration(AsyncIterator[Batch]):
                     await self._source.aclose()
 
     def stop(self) -> None:
-        """Stop producing, from any task of the loop (nothing is awaited)."""
+        """Stop producing, from any task of the loop (nothing is awaited). The batch the
+        consumer holds goes back to the pool (its buffers wait for the consumer's stream), so
+        the device frees nothing still in use if the pass is dropped now; :meth:`aclose`
+        still closes the source and waits for the copies."""
         self._closed = True
+        self.staging.release_held()
         if self.run_ahead:
             self._stopping = True
             self._scope.cancel()
@@ -695,7 +706,8 @@ class DataLoader(AsyncIterable[Batch]):
     ``prefetch`` items produced ahead until then). ``async with`` (or :meth:`aclose`) also
     waits for the copies already in flight and returns every buffer before it exits; under
     cancellation it does not wait, and the device frees those buffers once their copies
-    complete. In an async generator, close the generator where it runs
+    complete. :meth:`aclose` from another task ends the consumer's ``async for`` as the end of
+    the source does. In an async generator, close the generator where it runs
     (``contextlib.aclosing``).
     """
 

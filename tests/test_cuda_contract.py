@@ -737,6 +737,72 @@ def test_close_releases_each_device_s_own_context(own_backend: Any) -> None:
 
 
 @needs_stand_in
+async def test_a_loader_on_one_device_opens_no_other(
+    anyio_backend: object, own_backend: Any
+) -> None:
+    """A DataLoader on ``cuda:1`` makes its copy stream, its device buffers and its pinned
+    staging buffers there: the default device's context is never opened (on a GPU it would
+    take device memory the program never asked for)."""
+    two_devices()
+    refs = context_refs()
+    source = (np.full(64, i, np.float32) for i in range(4))
+    out = ais.HostBuffer(256, device="cuda:1")
+    seen = []
+    async with ais.DataLoader(source, device="cuda:1", prefetch=2) as loader:
+        async for batch in loader:
+            assert batch.data.device == ais.device("cuda:1")
+            ais.copy_async(out, batch.data)  # on the current stream, which waits for the batch
+            await ais.current_stream("cuda:1").synchronize()
+            seen.append(float(out.numpy(np.float32).mean()))
+    assert seen == [0.0, 1.0, 2.0, 3.0]
+    assert context_refs() == [refs[0], refs[1] + 1]
+
+
+@needs_stand_in
+@pytest.mark.parametrize(
+    "anyio_backend",  # trio itself refuses a nursery left open in a suspended generator
+    [
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    ],
+)
+async def test_a_loader_left_from_another_task_frees_no_batch_still_in_use(
+    anyio_backend: object,
+) -> None:
+    """An async generator holding a loader's block, closed by another task (the loop's
+    finalizer, when the generator was not closed where it ran), stops the loader and raises
+    (the message says what to write): the batch the consumer held goes back to the pool
+    first, so once the dropped pass is collected, its buffers are freed after the consumer's
+    kernel on them, on the consumer's stream (not the closing task's current stream)."""
+
+    async def indices() -> Any:
+        source = (np.full(1024, i, np.float32) for i in range(4))
+        async with ais.DataLoader(source, device=DEV, prefetch=2) as loader:
+            async for batch in loader:
+                touch(ais.current_stream(DEV), ptr(batch.data), batch.data.nbytes, 0.3)
+                yield batch.index
+
+    consumer = ais.Stream(DEV)
+    agen = indices()
+    with ais.use_stream(consumer):
+        assert await agen.__anext__() == 0
+    raised: list[BaseException] = []
+
+    async def close(gen: Any, into: list[BaseException]) -> None:
+        try:  # in a task of its own, whose current stream is the default
+            await gen.aclose()
+        except RuntimeError as exc:
+            into.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close, agen, raised)
+    assert len(raised) == 1 and "from another task" in str(raised[0]), raised
+    del agen, raised  # the traceback held the generator's frame, and the pass with it
+    gc.collect()  # the pass and its buffers are freed now, the kernel still running
+    await consumer.synchronize()  # the stand-in counts a kernel reading freed memory
+
+
+@needs_stand_in
 def test_close_leaves_a_context_with_work_pending_on_a_stream_still_held(
     own_backend: Any,
 ) -> None:

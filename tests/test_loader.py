@@ -67,6 +67,22 @@ async def test_batches_arrive_in_order_with_the_data(virtual_time: VirtualTime) 
     quiet()
 
 
+@pytest.mark.aiostream(devices=2)
+async def test_a_loader_on_another_device_than_the_default_works_there(
+    virtual_time: VirtualTime,
+) -> None:
+    """Its copy stream and buffers are on its own device, not the default (``virtual:0``)."""
+    s = ais.current_stream("virtual:1")
+    seen = []
+    async with ais.DataLoader(arrays(3), device="virtual:1") as loader:
+        async for batch in loader:
+            assert batch.data.device == ais.device("virtual:1")
+            seen.append(float((await fetch(batch.data, s))[0]))
+    assert seen == [0.0, 1.0, 2.0]
+    assert {op.device for op in ais.virtual.timeline()} == {1}
+    quiet()
+
+
 async def test_tuples_and_dicts_keep_their_shape(virtual_time: VirtualTime) -> None:
     s = ais.current_stream()
     items = [(np.arange(4, dtype=np.int32) + i, np.ones((2, 3)) * i) for i in range(3)]
@@ -340,6 +356,92 @@ async def test_cancelling_the_consumer_stops_everything(virtual_time: VirtualTim
             pass
     quiet()
     await loader.aclose()
+
+
+async def test_a_cancelled_step_of_a_plain_loop_raises_though_batches_are_ready(
+    virtual_time: VirtualTime,
+) -> None:
+    """Produced inside each step (no ``async with``), a step cancelled while a batch made
+    ahead waits raises the cancellation: it is not kept as the source's error with that batch
+    handed out. The pass is closed: the next step ends it."""
+    it = aiter(ais.DataLoader(arrays(5), prefetch=2))
+    assert (await it.__anext__()).index == 0  # batch 1 was made ahead
+    got = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        got.append(await it.__anext__())
+    assert scope.cancelled_caught and got == []
+    with pytest.raises(StopAsyncIteration):
+        await it.__anext__()
+    await anyio.sleep(1)  # the copy left in flight lands (a cancelled close does not wait)
+    quiet()
+
+
+async def test_closing_from_another_task_ends_the_consumer_s_loop(
+    virtual_time: VirtualTime,
+) -> None:
+    """Closed by another task (a shutdown handler) while an async transform runs, the loader
+    ends the consumer's ``async for`` as the source's end does: the cancelled transform is not
+    handed to the consumer as an error, and the closing task closing the consumer's side
+    before the consumer sees the end (trio runs them in either order) ends it too. Here the
+    producer is held in the source (shielded) so that the worker sees its cancellation
+    first."""
+
+    async def source() -> AsyncIterator[np.ndarray]:
+        yield np.zeros(4, np.float32)
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(3)
+        yield np.ones(4, np.float32)
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        await anyio.sleep(100)
+        return a
+
+    for _ in range(8):  # trio's order differs from run to run: eight runs see both
+        outcome: list[str] = []
+        async with ais.DataLoader(source(), transform=transform, prefetch=2) as loader:
+
+            async def consume() -> None:
+                try:
+                    async for _ in loader:  # noqa: B023 - awaited in this turn of the loop
+                        outcome.append("batch")  # noqa: B023
+                except BaseException as exc:
+                    outcome.append(type(exc).__name__)  # noqa: B023
+                    raise
+                outcome.append("ended")  # noqa: B023
+
+            with anyio.fail_after(50):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume)
+                    await anyio.sleep(1)  # item 0 in the transform, the producer in the source
+                    tg.start_soon(loader.aclose)
+        assert outcome == ["ended"]
+        quiet()
+
+
+async def test_an_async_source_s_cleanup_may_await_under_cancellation(
+    virtual_time: VirtualTime,
+) -> None:
+    """Closing an async source is shielded: its ``finally`` may await (to give back a
+    connection, say) though the block that closes it is being cancelled."""
+    cleaned: list[bool] = []
+
+    async def source() -> AsyncIterator[np.ndarray]:
+        try:
+            for i in range(10):
+                yield np.full(4, i, np.float32)
+        finally:
+            await anyio.sleep(0.01)
+            cleaned.append(True)
+
+    with anyio.CancelScope() as scope:
+        async with ais.DataLoader(source(), prefetch=2) as loader:
+            async for _ in loader:
+                scope.cancel()
+                await anyio.sleep(1)
+    assert scope.cancelled_caught and cleaned == [True]
+    await anyio.sleep(1)  # the copies left in flight land (a cancelled close does not wait)
+    quiet()
 
 
 async def test_to_thread_runs_the_transform_in_a_worker(virtual_device: ais.Device) -> None:
@@ -1165,6 +1267,45 @@ async def test_leaving_the_block_from_another_task_says_what_to_write(
         "or iterate the loader with a plain 'async for' (no 'async with') inside the generator"
     )
     await ais.current_stream().synchronize()
+
+
+@pytest.mark.parametrize("anyio_backend", LOOPS_BUT_TRIO)
+async def test_a_loader_left_from_another_task_is_stopped_and_closed_by_its_aclose(
+    virtual_device: ais.Device, anyio_backend: object
+) -> None:
+    """Left from another task, the block stops every pass of the loader, a plain one begun
+    before it too (its next step ends it, as after a block left as it should be), but cannot
+    wait there: the program's own ``aclose`` then closes the source."""
+    cleaned: list[bool] = []
+
+    async def source() -> AsyncIterator[np.ndarray]:
+        try:
+            for i in range(10):
+                yield np.full(4, i, np.float32)
+        finally:
+            cleaned.append(True)
+
+    async def indices(loader: ais.DataLoader) -> AsyncGenerator[int, None]:
+        async with loader:
+            async for batch in loader:
+                yield batch.index
+
+    listed = ais.DataLoader(list(arrays(4)), prefetch=2)
+    plain = aiter(listed)
+    agen = indices(listed)
+    assert await agen.__anext__() == 0
+    assert isinstance(await _close_elsewhere(agen), RuntimeError)
+    with pytest.raises(StopAsyncIteration):
+        await plain.__anext__()
+    loader = ais.DataLoader(source(), prefetch=2)
+    agen = indices(loader)
+    assert await agen.__anext__() == 0
+    assert isinstance(await _close_elsewhere(agen), RuntimeError)
+    assert cleaned == []
+    await loader.aclose()
+    assert cleaned == [True]
+    await ais.current_stream().synchronize()
+    quiet()
 
 
 @pytest.mark.parametrize("anyio_backend", LOOPS_BUT_TRIO)

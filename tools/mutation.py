@@ -147,7 +147,12 @@ MODULES: dict[str, Module] = {
     ),
     "loader": Module(
         ("aiostream/loader.py",),
-        ("tests/test_loader.py", "tests/test_profiler_output.py"),
+        (
+            "tests/test_loader.py",
+            "tests/test_profiler_output.py",
+            "tests/test_cuda.py",
+            "tests/test_cuda_contract.py",
+        ),
     ),
     "virtual": Module(
         ("aiostream/_backends/virtual/*.py",),

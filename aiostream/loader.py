@@ -335,6 +335,8 @@ class _Staging:
         return batch
 
     def release_held(self) -> None:
+        """Give the held batch's slot back: its reuse waits for the consumer's streams. Raises
+        where the device has failed (see :meth:`give_back`)."""
         slot, self.held = self.held, None
         if slot is not None:
             current = current_stream(self.device)
@@ -349,6 +351,14 @@ class _Staging:
             slot.released = released
             slot.users = []
             self.free.append(slot)
+
+    def give_back(self) -> None:
+        """:meth:`release_held` for closing and stopping, which must go on where the device
+        has failed (or its backend was reset): nothing more runs there to wait for."""
+        try:
+            self.release_held()
+        except AiostreamError:
+            pass
 
     def note_in_use(self) -> None:
         busy = sum(1 for slot in self.free if not all(e.query() for e in slot.released))
@@ -622,7 +632,7 @@ class _Iteration(AsyncIterator[Batch]):
         if self._released:
             return
         self._closed = self._released = True
-        self.staging.release_held()
+        self.staging.give_back()
         try:
             with anyio.CancelScope(shield=True):  # the producer and its workers stop at once
                 if self.run_ahead:
@@ -645,7 +655,7 @@ class _Iteration(AsyncIterator[Batch]):
         the device frees nothing still in use if the pass is dropped now; :meth:`aclose`
         still closes the source and waits for the copies."""
         self._closed = True
-        self.staging.release_held()
+        self.staging.give_back()
         if self.run_ahead:
             self._stopping = True
             self._scope.cancel()

@@ -1080,6 +1080,32 @@ async def test_an_error_comes_after_the_batches_before_it_in_every_mode(
     quiet()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_leaving_after_the_device_failed_does_not_hang(
+    virtual_device: ais.Device, anyio_backend: object, mode: str
+) -> None:
+    """The device fails while the consumer holds a batch, and the consumer leaves the loop:
+    giving the batch back records on the failed device, which raises. Closing still stops
+    the producer and returns; the failure stays for the program's own awaits to report.
+    (Real time: a fake clock would jump to the deadline while a worker thread runs.)"""
+    loader = ais.DataLoader(arrays(10), **(MODES[mode] or {}))
+    with anyio.fail_after(10):
+        async with contextlib.AsyncExitStack() as stack:
+            if MODES[mode] is not None:
+                await stack.enter_async_context(loader)
+            async for _ in loader:
+                ais.virtual.fail_next(message="link down")
+                ais.delay(0.001)
+                with pytest.raises(ais.DeviceError, match="link down"):
+                    await ais.current_stream().synchronize()
+                break
+            await loader.aclose()
+    with pytest.raises(ais.DeviceError, match="link down"):
+        await ais.current_stream().synchronize()
+
+
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 @pytest.mark.parametrize("mode", sorted(MODES))
 async def test_a_keyboard_interrupt_from_the_source_is_raised_as_itself(

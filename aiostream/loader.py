@@ -144,8 +144,10 @@ class _Slot:
 
 
 def _idle(slot: _Slot) -> bool:
-    """Whether the device is done with ``slot``: its last copy and the consumer's work."""
-    return (slot.copied is None or slot.copied.query()) and all(e.query() for e in slot.released)
+    """Whether the device is done with ``slot`` (a free one): the consumer's work with its
+    last batch, and so its copy too: the events were recorded on the consumer's streams, the
+    one current at the hand-out among them, which waited for that copy first."""
+    return all(e.query() for e in slot.released)
 
 
 def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:

@@ -872,6 +872,7 @@ async def test_an_error_closing_the_source_follows_the_block_s_error(
     quiet()
 
 
+@pytest.mark.timeout(30)  # a walk that never ends hangs
 def test_chaining_a_closing_error_to_the_block_s_never_makes_a_cycle() -> None:
     """The block's error goes at the end of the closing error's context chain, unless it is
     there already, or the closing error is in the block's own chain (linking them would make
@@ -897,6 +898,32 @@ def test_chaining_a_closing_error_to_the_block_s_never_makes_a_cycle() -> None:
     outer.__context__, upper.__context__ = upper, deep  # the closing error, two links down
     _after(deep, outer)
     assert deep.__context__ is None
+    x, y, z = ValueError("x"), ValueError("y"), RuntimeError("z")
+    x.__context__, y.__context__ = y, x  # a cycle in the closing error's own chain
+    _after(x, z)  # ends: the chain has no end to link to
+    assert (x.__context__, y.__context__, z.__context__) == (y, x, None)
+
+
+async def test_nothing_is_handed_out_after_an_error(virtual_time: VirtualTime) -> None:
+    """An error handed out stops everything at once: a worker done with the next item in the
+    same turn of the loop (before the producer task sees its cancellation) enqueues no copy
+    for it, and hands out nothing."""
+    both = anyio.Event()
+
+    async def transform(a: np.ndarray) -> np.ndarray:
+        if a[0] == 0:
+            await anyio.sleep(1)
+            both.set()  # item 1's transform goes on in this turn
+            raise RuntimeError("bad item 0")
+        await both.wait()
+        return a
+
+    with pytest.raises(RuntimeError, match="bad item 0"):
+        async with ais.DataLoader(arrays(6), transform=transform, workers=2) as loader:
+            async for _ in loader:
+                pytest.fail("no batch comes before the error")
+    assert [op.engine for op in ais.virtual.timeline()] == []  # no copy was enqueued
+    quiet()
 
 
 async def test_leaving_the_block_early_stops_the_producer(virtual_time: VirtualTime) -> None:
@@ -1142,9 +1169,10 @@ async def test_a_slot_whose_copy_is_in_flight_is_not_taken_for_idle(
     virtual_time: VirtualTime,
 ) -> None:
     """Batches taken on one stream and let go on another, which never waited for their
-    copies: the consumer's work being done does not make a slot idle while its copy is in
-    flight, so the loader makes a new slot (the pool has room for three) rather than have the
-    host wait for that copy; only with the pool full does it wait."""
+    copies: the work on the stream that let a batch go being done does not make its slot idle
+    (the stream it was taken on, which waited for the copy, is waited for too), so the loader
+    makes a new slot (the pool has room for three) rather than have the host wait for that
+    copy; only with the pool full does it wait."""
     a, b = ais.Stream(), ais.Stream()
     handed_out = []
     async with ais.DataLoader(arrays(6, size=1 << 22), prefetch=1) as loader:

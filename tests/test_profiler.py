@@ -266,6 +266,20 @@ async def test_pending_waits_say_who_waits_on_what(
     assert ais.pending_waits() == []
 
 
+async def test_tasks_without_a_name_are_told_apart(virtual_time: VirtualTime) -> None:
+    """A task named "" is listed by its identity: two such tasks waiting are two names."""
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.synchronize, name="")
+        tg.start_soon(s.synchronize, name="")
+        await anyio.wait_all_tasks_blocked()
+        names = sorted(wait.task for wait in ais.pending_waits())
+        assert len(set(names)) == 2, names
+        assert all(name.startswith("task ") and name[5:].isdigit() for name in names), names
+        assert f"task {id(None)}" not in names
+
+
 async def test_without_debug_no_tracebacks_are_taken(virtual_time: VirtualTime) -> None:
     s = ais.Stream()
     ais.delay(1.0, stream=s)

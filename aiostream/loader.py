@@ -800,7 +800,10 @@ class DataLoader(AsyncIterable[Batch]):
 
     async def __aenter__(self) -> DataLoader:
         if self._runner is not None:
-            raise RuntimeError("this DataLoader is already open in an 'async with' block")
+            raise RuntimeError(
+                "this DataLoader is already open in an 'async with' block: iterate it there, "
+                "or make another DataLoader for a second block"
+            )
         runner = anyio.create_task_group()
         await runner.__aenter__()
         self._runner = runner

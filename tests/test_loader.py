@@ -966,12 +966,21 @@ async def test_cancelling_the_block_stops_every_worker(virtual_time: VirtualTime
 
 async def test_workers_need_the_async_with_block(virtual_device: ais.Device) -> None:
     loader = ais.DataLoader(arrays(2), workers=2)
-    with pytest.raises(RuntimeError, match="async with DataLoader"):
+    with pytest.raises(RuntimeError) as info:
         async for _ in loader:
             pass
+    assert str(info.value) == (
+        "workers=2 runs transforms in the loader's own tasks, which live in its 'async with' "
+        "block: write 'async with DataLoader(...) as loader: async for batch in loader: ...' "
+        "(or use workers=1)"
+    )
     async with loader:
-        with pytest.raises(RuntimeError, match="already open"):
+        with pytest.raises(RuntimeError) as info:
             await loader.__aenter__()
+        assert str(info.value) == (
+            "this DataLoader is already open in an 'async with' block: iterate it there, or "
+            "make another DataLoader for a second block"
+        )
 
 
 def test_bad_workers(virtual_device: ais.Device) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 from typing import Any
 
 import anyio
@@ -374,6 +375,22 @@ def test_an_async_clock_is_refused_with_what_to_give() -> None:
         f"clock must return seconds when called; {clock!r} is an async function (its call "
         "returns a coroutine): give a plain function"
     )
+
+
+def test_a_clock_returning_a_coroutine_is_refused_and_the_coroutine_closed() -> None:
+    """A plain callable that returns a coroutine (not an async function, so not refused when
+    given): its reading is refused, and the coroutine is closed there, not left to warn
+    "never awaited" when collected."""
+
+    async def seconds() -> float:
+        return 0.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a "never awaited" warning would fail the test
+        with pytest.raises(TypeError, match="not a number of seconds") as info:
+            ais.virtual.reset(clock=lambda: seconds())
+        del info
+        gc.collect()
 
 
 async def test_twenty_thousand_waits_on_as_many_streams(clock: VirtualClock) -> None:
@@ -748,13 +765,14 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
     from aiostream import _backends
 
     backend: Any = _backends.get("virtual")
-    s, idle = ais.Stream(), ais.Stream()
+    s, other = ais.Stream(), ais.Stream()
     ais.delay(2.0, stream=s)
     later, first = ais.Event(), ais.Event()
     assert (later.event_id, first.event_id) == (0, 0)  # ids come with the first record
     first.record(s)
     clock.advance(0.5)
     later.record(s)
+    ais.delay(1.0, stream=other)  # a second pending operation, submitted after the first
     host, big, buf = ais.HostBuffer(8), ais.DeviceBuffer(32), ais.DeviceBuffer(16)
     async with anyio.create_task_group() as tg:
         tg.start_soon(later.synchronize)
@@ -764,6 +782,8 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
             "t=0.500000000s)",
             "pending operation 'delay' on virtual:0 stream 1, engine compute, submitted at "
             "t=0.000000000s, running until t=2.000000000s",
+            "pending operation 'delay' on virtual:0 stream 2, engine compute, submitted at "
+            "t=0.500000000s, not started",  # by submission
             "live stream virtual:0 stream 1 (priority 0)",  # by device, then id
             "live stream virtual:0 stream 2 (priority 0)",
             "live event virtual:0 event 1",  # by id: the order they were made in
@@ -773,7 +793,7 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
             "live buffer of 8 bytes on host",
         ]
         tg.cancel_scope.cancel()
-    del host, big, buf, idle
+    del host, big, buf, other
 
 
 def test_a_device_failing_spares_the_work_of_other_devices_waiting_on_one_event() -> None:

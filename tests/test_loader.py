@@ -48,6 +48,17 @@ async def fetch(buf: ais.DeviceBuffer, stream: ais.Stream) -> np.ndarray:
     return out.numpy(buf.dtype, buf.shape).copy()
 
 
+async def _noting_its_close(cleaned: list[bool]) -> AsyncIterator[np.ndarray]:
+    """Ten small arrays, asynchronously; closing it awaits (as giving back a connection
+    would), then appends to ``cleaned``."""
+    try:
+        for i in range(10):
+            yield np.full(4, i, np.float32)
+    finally:
+        await anyio.sleep(0.01)
+        cleaned.append(True)
+
+
 def quiet() -> None:
     stats = ais.virtual.stats()
     assert (stats.operations, stats.waits) == (0, 0), stats
@@ -425,17 +436,8 @@ async def test_an_async_source_s_cleanup_may_await_under_cancellation(
     """Closing an async source is shielded: its ``finally`` may await (to give back a
     connection, say) though the block that closes it is being cancelled."""
     cleaned: list[bool] = []
-
-    async def source() -> AsyncIterator[np.ndarray]:
-        try:
-            for i in range(10):
-                yield np.full(4, i, np.float32)
-        finally:
-            await anyio.sleep(0.01)
-            cleaned.append(True)
-
     with anyio.CancelScope() as scope:
-        async with ais.DataLoader(source(), prefetch=2) as loader:
+        async with ais.DataLoader(_noting_its_close(cleaned), prefetch=2) as loader:
             async for _ in loader:
                 scope.cancel()
                 await anyio.sleep(1)
@@ -1341,13 +1343,6 @@ async def test_a_loader_left_from_another_task_is_stopped_and_closed_by_its_aclo
     wait there: the program's own ``aclose`` then closes the source."""
     cleaned: list[bool] = []
 
-    async def source() -> AsyncIterator[np.ndarray]:
-        try:
-            for i in range(10):
-                yield np.full(4, i, np.float32)
-        finally:
-            cleaned.append(True)
-
     async def indices(loader: ais.DataLoader) -> AsyncGenerator[int, None]:
         async with loader:
             async for batch in loader:
@@ -1360,7 +1355,7 @@ async def test_a_loader_left_from_another_task_is_stopped_and_closed_by_its_aclo
     assert isinstance(await _close_elsewhere(agen), RuntimeError)
     with pytest.raises(StopAsyncIteration):
         await plain.__anext__()
-    loader = ais.DataLoader(source(), prefetch=2)
+    loader = ais.DataLoader(_noting_its_close(cleaned), prefetch=2)
     agen = indices(loader)
     assert await agen.__anext__() == 0
     assert isinstance(await _close_elsewhere(agen), RuntimeError)

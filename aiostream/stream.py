@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
@@ -236,7 +237,11 @@ def stream_name(device: Device, stream_id: int) -> str | None:
 
 # ---------------------------------------------------------------------- default and current
 
-_defaults: weakref.WeakKeyDictionary[AnyBackend, dict[int, Stream]] = weakref.WeakKeyDictionary()
+#: each kind's backend in use and its devices' default streams. One backend per kind: the
+#: one a reset or a close replaced is dropped with its streams here (a weak mapping keyed by
+#: the backend would keep it forever, as each stream holds its backend).
+_defaults: dict[str, tuple[AnyBackend, dict[int, Stream]]] = {}
+_defaults_lock = threading.Lock()
 _current: contextvars.ContextVar[Mapping[Device, Stream]] = contextvars.ContextVar(
     "aiostream_current_stream", default=MappingProxyType({})
 )
@@ -250,9 +255,13 @@ def default_stream(device: Device | str | None = None) -> Stream:
     """
     dev = _resolve_device(device)
     backend = _backends.get(dev.type)
-    per_device = _defaults.get(backend)
-    if per_device is None:
-        per_device = _defaults.setdefault(backend, {})
+    entry = _defaults.get(dev.type)
+    if entry is None or entry[0] is not backend:
+        with _defaults_lock:  # two threads asking at once share one Stream object
+            entry = _defaults.get(dev.type)
+            if entry is None or entry[0] is not backend:
+                entry = _defaults[dev.type] = (backend, {})
+    per_device = entry[1]
     stream = per_device.get(dev.index)
     if stream is None:
         handle = backend.stream_default(dev.index)

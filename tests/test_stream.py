@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import anyio
 import pytest
 
@@ -72,6 +75,16 @@ def test_the_default_stream_has_priority_0_and_no_name_on_each_device() -> None:
         assert (d.stream_id, d.priority, d.name) == (0, 0, None)
         assert repr(d) == f"<aiostream.Stream device=virtual:{index} id=0 priority=0>"
         assert ais.default_stream(f"virtual:{index}") is d
+
+
+def test_a_backend_a_reset_replaced_is_not_kept_alive_by_its_default_stream() -> None:
+    """A program (or the pytest plugin, once a test) that resets the virtual device gets the
+    memory of the backend it replaced back, though it asked for that one's default stream."""
+    old = weakref.ref(ais.default_stream("virtual:0"))
+    ais.virtual.reset()
+    assert ais.default_stream("virtual:0") is not old()
+    gc.collect()
+    assert old() is None
 
 
 def test_delay_checks_its_seconds() -> None:

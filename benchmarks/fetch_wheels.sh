@@ -3,7 +3,8 @@
 # bash benchmarks/fetch_wheels.sh [PYTHON_VERSION]   (default 3.12, the device image's)
 #
 # The device image has PyTorch, CuPy, cuda-python, anyio, uvloop, pytest and hypothesis; this
-# adds trio and pytest-asyncio (with what they need), setuptools >= 70.1 (aiostream's build
+# adds sniffio (aiostream's, where the image's anyio does not bring it), trio and
+# pytest-asyncio (with what they need), setuptools >= 70.1 (aiostream's build
 # backend, able to build an editable install without the wheel package), and fastapi, uvicorn
 # and httpx for the inference server benchmark
 # into .whl/, which git ignores and the device call carries.
@@ -13,5 +14,5 @@ cd "$(dirname "$0")/.."
 mkdir -p .whl
 python3 -m pip download --quiet --dest .whl --only-binary=:all: \
     --python-version "$version" --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    --implementation cp trio pytest-asyncio "setuptools>=70.1" fastapi uvicorn httpx
+    --implementation cp sniffio trio pytest-asyncio "setuptools>=70.1" fastapi uvicorn httpx
 ls .whl

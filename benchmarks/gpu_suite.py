@@ -6,12 +6,12 @@ Writes ``OUTDIR/report.md`` (the machine, the GPU and its driver, the date, one 
 and each step's raw output as ``OUTDIR/<step>.txt``. The steps:
 
 1. ``info``: ``python -m aiostream info``.
-2. ``cuda-tests``: ``tests/test_cuda.py``, ``tests/test_cuda_contract.py`` (the driver's
-   contract: contexts, memory lifetimes, stream order, faults and exit), the conformance suite
-   on ``cuda:0`` and
-   ``tests/test_gpu_interop.py`` (PyTorch, CuPy and cuda.core interop, an interprocess event
-   awaited in a spawned child, a trapping kernel), on asyncio, uvloop and trio; every skip is
-   listed with its reason.
+2. ``cuda-tests``: every test marked ``cuda`` (``pytest -m cuda``): ``tests/cuda/`` (the
+   driver's contract: contexts, memory lifetimes, stream order, faults and exit; the waits),
+   the conformance suite on ``cuda:0``, and ``tests/interop/test_gpu_interop.py`` (PyTorch,
+   CuPy and cuda.core interop, an interprocess event awaited in a spawned child, a trapping
+   kernel), on asyncio, uvloop and trio; every skip is listed with its reason. With
+   ``--quick``, the conformance suite on ``cuda:0`` alone.
 3. ``bench-cuda``: ``benchmarks/bench_cuda.py``, each wait strategy's latency and CPU against
    ``cuEventSynchronize`` in a thread and ``asyncio.to_thread(torch_event.synchronize)``, and
    1,000 concurrent awaits on 100 streams.
@@ -56,6 +56,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPS = ("asyncio", "uvloop", "trio")
+CUDA_TEST_FOLDERS = ["tests/cuda", "tests/api", "tests/interop"]
 
 
 @dataclass
@@ -77,24 +78,13 @@ def steps(quick: bool) -> list[Step]:
         Step("info", [py, "-m", "aiostream", "info"], 120, needs_gpu=False),
         Step(
             "cuda-tests",
-            [
-                py,
-                "-m",
-                "pytest",
-                "-v",
-                "-rs",
-                "-p",
-                "no:cacheprovider",
-                "tests/test_cuda.py",
-                "tests/test_cuda_contract.py",
-                "tests/test_cuda_waits.py",
-                "tests/test_conformance.py",
-                "tests/test_gpu_interop.py",
-                "tests/test_dlpack.py",
-                "tests/test_interop_peers.py",
-                "-k",
-                "cuda or test_cuda or test_gpu_interop",
-            ],
+            # every test marked cuda (tests/cuda/, the conformance suite on cuda:0, DLPack, the
+            # peers' contracts, tests/interop/test_gpu_interop.py), slow ones included; only
+            # the folders that hold them are collected (tooling's need what the image lacks).
+            # Quick: the conformance suite alone (CI's CUDA lane runs the rest)
+            [py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "--run-slow"]
+            + ["--require-cuda", "-m", "cuda"]
+            + (["tests/api/test_conformance.py"] if quick else CUDA_TEST_FOLDERS),
             540,
         ),
         Step("bench-cuda", [py, "benchmarks/bench_cuda.py", *q], 540),
@@ -167,6 +157,9 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.status = "skipped"  # the whole step said why it could not run
         step.summary = skipped.group(1)
         return
+    elif step.name == "aiostream-bench" and rc == 1 and re.search(r"goals? missed$", last):
+        step.status = "goals missed"  # measured and reported, which is the step's job: a
+        # figure off its goal (on a loaded machine, or on the stand-in) is no failure of it
     else:
         step.status = "passed" if rc == 0 else f"failed (exit {rc})"
     if step.name == "cuda-tests":
@@ -252,7 +245,8 @@ def main() -> int:
         run(step, args.outdir)
         print(f"gpu_suite: {step.name}: {step.status} ({step.seconds:.1f} s)", flush=True)
     print(report(args.outdir, device, all_steps, started))
-    failed = [s.name for s in all_steps if s.status not in ("passed", "skipped", "not run")]
+    ran = ("passed", "goals missed", "skipped", "not run")
+    failed = [s.name for s in all_steps if s.status not in ran]
     return 1 if failed else 0
 
 

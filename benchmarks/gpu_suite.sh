@@ -13,7 +13,7 @@ shift
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python3}
 if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
-    "$py" -m pip install --quiet --no-index --find-links .whl trio pytest-asyncio "setuptools>=70.1" \
+    "$py" -m pip install --quiet --no-index --find-links .whl sniffio trio pytest-asyncio "setuptools>=70.1" \
         || echo "gpu_suite.sh: some wheels in .whl/ did not install; going on" >&2
     "$py" -m pip install --quiet --no-index --find-links .whl fastapi uvicorn httpx \
         || echo "gpu_suite.sh: the server's wheels did not install; bench-server will skip" >&2

@@ -1,21 +1,21 @@
-"""Fixtures shared by the test suite: every loop and a fresh simulator.
+"""The suite's lanes, and the fixtures every test shares: every loop and a fresh simulator.
 
-Every backend comes from the plugin's own `aiostream_device` fixture (aiostream.testing).
+Lanes (README, "Tests"): ``pytest`` runs the fast lane, every test not marked ``slow``;
+``--run-slow`` adds those, and gives property tests their full number of examples (a tenth
+in the fast lane: ``tests/helpers/lanes.py``). Tests marked ``cuda`` (and every test
+parametrized on a ``cuda:`` device) need a CUDA driver: where none works they skip, saying
+why; CI runs them with the stand-in driver of ``tests/fake_cuda`` (``pytest -m cuda
+--require-cuda``). Helpers live in ``tests/helpers/``, never here.
+
+Every backend comes from the plugin's own ``aiostream_device`` fixture (aiostream.testing).
 """
 
 from __future__ import annotations
 
 import gc
-import importlib
 import importlib.util
-import multiprocessing
-import os
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import hypothesis  # noqa: F401 - imported before the freeze below: see _settle
 import pytest
@@ -23,44 +23,70 @@ import pytest
 pytest_plugins = ["pytester"]
 
 import aiostream as ais  # noqa: E402 - after the plugin list, as pytest reads it
+from tests.helpers import fake_cuda, lanes, stand_in  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def run_python(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``python *args`` from the checkout, with ``env`` added and no AIOSTREAM_DEVICE."""
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-    environ.pop("AIOSTREAM_DEVICE", None)
-    return subprocess.run(
-        [sys.executable, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=environ,
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("aiostream's suite")
+    group.addoption(
+        "--run-slow",
+        action="store_true",
+        help="also run the tests marked slow: whole programs, benchmarks' smoke runs, scale "
+        "(CI's full lane)",
+    )
+    group.addoption(
+        "--require-cuda",
+        action="store_true",
+        help="stop at once where CUDA does not work, instead of skipping the cuda tests "
+        "(CI's CUDA lane, on the stand-in driver)",
     )
 
 
-def in_spawned_process(target: Callable[..., None], *args: object) -> tuple[int, Any]:
-    """Run ``target(*args, out)`` in a fresh (spawned) process; return its pid and what it put
-    on ``out`` (a queue), once."""
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    child = ctx.Process(target=target, args=(*args, out))
-    child.start()
-    try:
-        return child.pid or 0, out.get(timeout=60)
-    finally:
-        child.join(timeout=60)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "slow: a whole program, a benchmark's smoke run or a test at scale; runs with --run-slow",
+    )
+    config.addinivalue_line(
+        "markers", "stand_in: uses the stand-in driver's test hooks; skips on other drivers"
+    )
+    lanes.full = config.getoption("run_slow")
+    if config.getoption("require_cuda") and not stand_in.OK:
+        raise pytest.UsageError(f"--require-cuda: CUDA does not work here: {stand_in.REASON}")
 
 
-def import_example(name: str) -> ModuleType:
-    """Import ``examples/<name>.py`` by its name, as the examples import each other (and as
-    Ray's workers import an actor's module): examples/ goes on ``sys.path``."""
-    path = str(ROOT / "examples")
-    if path not in sys.path:
-        sys.path.insert(0, path)
-    return importlib.import_module(name)
+def _on_cuda(item: pytest.Item) -> bool:
+    if item.get_closest_marker("cuda") or item.get_closest_marker("stand_in"):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(isinstance(v, str) and v.startswith("cuda") for v in params.values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    no_cuda = pytest.mark.skip(reason=stand_in.NO_CUDA)
+    no_stand_in = pytest.mark.skip(reason="uses the stand-in driver's hooks (CI's CUDA lane)")
+    for item in items:
+        if _on_cuda(item):
+            item.add_marker(pytest.mark.cuda)
+            if not stand_in.OK:
+                item.add_marker(no_cuda)
+            elif item.get_closest_marker("stand_in") and stand_in.FAKE is None:
+                item.add_marker(no_stand_in)
+    if not config.getoption("run_slow"):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    lane = "fast and slow" if config.getoption("run_slow") else "fast (slow tests: --run-slow)"
+    cuda = (
+        "the stand-in driver"
+        if stand_in.FAKE is not None
+        else ("a CUDA driver" if stand_in.OK else "none (the cuda tests skip)")
+    )
+    return f"aiostream's suite: lanes {lane}; CUDA: {cuda}"
 
 
 def _settle() -> None:
@@ -127,24 +153,17 @@ def fresh_virtual() -> Iterator[None]:
         ais.virtual.reset()
 
 
+@pytest.fixture(scope="session")
+def stand_in_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the stand-in libcuda.so.1, built for this session."""
+    if fake_cuda.compiler() is None:
+        pytest.skip("needs a C compiler (cc or gcc) to build the stand-in driver")
+    return fake_cuda.build(tmp_path_factory.mktemp("fake_cuda"))
+
+
 @pytest.fixture
 def clock() -> ais.virtual.VirtualClock:
     """A manual clock driving a fresh virtual backend."""
     clk = ais.virtual.VirtualClock()
     ais.virtual.reset(clock=clk)
     return clk
-
-
-async def synchronize_keeping(awaited: ais.Stream | ais.Event, errors: list[Any]) -> None:
-    """``await awaited.synchronize()``, keeping a ``DeviceError`` it raises in ``errors``."""
-    try:
-        await awaited.synchronize()
-    except ais.DeviceError as exc:
-        errors.append(exc)
-
-
-def assert_quiet() -> None:
-    """Nothing pending on the virtual backend: no wait, no operation."""
-    stats = ais.virtual.stats()
-    assert stats.waits == 0, stats
-    assert stats.operations == 0, stats

@@ -1,0 +1,160 @@
+"""The CUDA backend in whole programs on the stand-in driver, each in a process of its own:
+detection and its reasons, releasing everything at interpreter exit, NVTX where installed.
+
+A process finds its driver when it starts, so each test runs Python in a subprocess whose
+``LD_LIBRARY_PATH`` names the stand-in's folder (the ``stand_in_folder`` fixture builds it) or
+one without a driver.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.fake_cuda import run_on
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not sys.platform.startswith("linux") or importlib.util.find_spec("cuda.bindings") is None,
+        reason="the stand-in driver is a Linux shared library used through cuda-python",
+    ),
+]
+
+
+DETECT = """
+import aiostream as ais
+print("available", ais.is_available("cuda"))
+print("default", ais.device())
+try:
+    ais.Stream("cuda:0")
+except ais.BackendUnavailableError as exc:
+    print("refused", exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"FAKE_CUDA_DEVICES": "0"}, "the NVIDIA driver found no CUDA device"),
+        ({"FAKE_CUDA_STUB": "1"}, "stub library, not a driver"),
+    ],
+    ids=["no-device", "stub-driver"],
+)
+def test_detection_falls_back_to_virtual_and_says_why(
+    stand_in_folder: Path, env: dict[str, str], reason: str
+) -> None:
+    proc = run_on(stand_in_folder, "-c", DETECT, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert "available False" in proc.stdout
+    assert "default virtual:0" in proc.stdout
+    assert "refused the 'cuda' backend is unavailable: " in proc.stdout
+    assert reason in proc.stdout
+    info = run_on(stand_in_folder, "-m", "aiostream", "info", **env)
+    assert info.returncode == 0, info.stderr
+    assert re.search(r"cuda +unavailable: .*" + re.escape(reason), info.stdout), info.stdout
+
+
+def test_a_working_driver_is_the_default_device(stand_in_folder: Path) -> None:
+    proc = run_on(stand_in_folder, "-c", DETECT)
+    assert proc.returncode == 0, proc.stderr
+    assert "available True\ndefault cuda:0\n" in proc.stdout
+    info = run_on(stand_in_folder, "-m", "aiostream", "info")
+    assert re.search(r"cuda +available, 1 device: cuda:0", info.stdout), info.stdout
+
+
+def test_no_driver_library_is_reported(tmp_path: Path) -> None:
+    if ctypes.util.find_library("cuda") is not None:
+        pytest.skip("this machine has an NVIDIA driver library, so its absence cannot be shown")
+    proc = run_on(tmp_path, "-c", DETECT)
+    assert proc.returncode == 0, proc.stderr
+    assert "default virtual:0" in proc.stdout
+    assert "no NVIDIA driver library (libcuda.so.1) could be loaded" in proc.stdout
+
+
+def test_missing_cuda_python_is_reported() -> None:
+    code = "import sys; sys.modules['cuda.bindings'] = None\n" + DETECT
+    proc = run_on(None, "-c", code)
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "cuda-python is not installed" in proc.stdout and "pip install cuda-python" in proc.stdout
+    )
+
+
+AT_EXIT = """
+import atexit, ctypes, gc, sys, threading
+lib = ctypes.CDLL("libcuda.so.1")
+lib.fake_cuda_live.restype = lib.fake_cuda_violations.restype = ctypes.c_long
+
+def report():  # registered first, so it runs last, after aiostream's own clean-up
+    live = [lib.fake_cuda_live(kind) for kind in range(6)]
+    print("live", live, "violations", lib.fake_cuda_violations(), flush=True)
+
+atexit.register(report)
+import anyio
+import aiostream as ais
+
+async def main():
+    s = ais.Stream("cuda:0")
+    ais.delay(0.01, stream=s)
+    await s.record_event().synchronize(strategy="thread")
+    return s
+
+kept = [anyio.run(main), ais.Event("cuda:0", enable_timing=True),
+        ais.HostBuffer(64, device="cuda:0")]
+kept[1].record(kept[0])
+view = kept[2].numpy()
+ais.delay(0.01, stream=kept[0])
+dropped = [ais.Stream("cuda:0") for _ in range(5)] + [ais.HostBuffer(64, device="cuda:0")]
+worker = threading.Thread(target=lambda: (dropped.clear(), gc.collect()))
+worker.start(); worker.join()
+# nothing pending at exit: work still pending leaves its context to the exit, by design
+# (test_cuda_contract's exit tests); here every handle must be released
+kept[0].synchronize_blocking()
+if sys.argv[1] == "dropped":
+    del kept[2], view
+    gc.collect()
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("buffer", ["held", "dropped"])
+def test_everything_is_released_once_at_interpreter_exit(
+    stand_in_folder: Path, buffer: str
+) -> None:
+    """Each with its context current (the module too), from any thread, and the stand-in's own
+    exit report is clean (it fails the process on a violation, leak or live handle). A host
+    buffer the program still holds at exit (a view of it, which a later atexit handler may
+    read) is not freed: it keeps its context, which the process's end frees."""
+    proc = run_on(stand_in_folder, "-c", AT_EXIT, buffer)
+    assert proc.returncode == 0, proc.stderr
+    assert "ok" in proc.stdout
+    # Streams, events, contexts, pinned host buffers, device buffers and modules: every handle
+    # released, the contexts last (a handle released after them counts as a violation), and
+    # nothing twice.
+    live = "0, 0, 1, 1" if buffer == "held" else "0, 0, 0, 0"
+    assert f"live [{live}, 0, 0] violations 0" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stderr == "", proc.stderr
+
+
+NVTX = """
+import sys, types
+sys.modules["nvtx"] = types.ModuleType("nvtx")
+import aiostream as ais
+from aiostream import _hooks
+ais.Stream("virtual:0")
+print("virtual", _hooks.nvtx is None)
+ais.Stream("cuda:0")
+print("cuda", _hooks.nvtx is sys.modules["nvtx"])
+"""
+
+
+def test_the_cuda_backend_turns_nvtx_on_where_installed(stand_in_folder: Path) -> None:
+    proc = run_on(stand_in_folder, "-c", NVTX)
+    assert proc.returncode == 0, proc.stderr
+    assert "virtual True\ncuda True\n" in proc.stdout, proc.stdout

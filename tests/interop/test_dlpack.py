@@ -1,0 +1,417 @@
+"""DLPack: device buffers exported (``__dlpack__``, ``__dlpack_device__``) and other libraries'
+arrays wrapped (``from_dlpack``).
+
+On virtual devices the memory is exported as host memory, which NumPy reads; on CUDA (a GPU or
+the stand-in driver) the consumer's stream is ordered after the buffer's work on the device,
+and ``from_dlpack`` is tested with stand-in producers that hand over capsules of other device
+buffers (PyTorch, CuPy and JAX themselves run in the GPU suite).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import aiostream as ais
+from aiostream import _dlpack
+from tests.helpers.stand_in import OK, needs_stand_in, touch
+
+needs_cuda = pytest.mark.cuda
+DEV = "cuda:0"
+
+
+def capsule_name(capsule: object) -> str:
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return get_name(capsule).decode()
+
+
+def managed(capsule: object) -> Any:
+    """The DLManagedTensorVersioned inside an unused versioned capsule (to spoil it)."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return _dlpack._ManagedVersioned.from_address(get(capsule, b"dltensor_versioned"))
+
+
+def settle() -> None:
+    """Collect, until the exports handed out are all released (a released foreign buffer is
+    freed once its streams' work is seen complete, at the next allocation on CUDA)."""
+    for _ in range(200):
+        gc.collect()
+        if not _dlpack.pending_exports():
+            return
+        for index in range(ais.device_count("cuda") if OK else 0):
+            ais.DeviceBuffer(1, f"cuda:{index}")  # its device frees what may be freed
+        time.sleep(0.005)
+
+
+@pytest.fixture(autouse=True)
+def no_export_left() -> Iterator[None]:
+    yield
+    settle()
+    assert _dlpack.pending_exports() == 0, "an exported tensor was never released"
+
+
+def filled(values: list[float], device: str, stream: ais.Stream | None = None) -> ais.DeviceBuffer:
+    """A float32 device buffer that a copy on ``stream`` fills with ``values``."""
+    host = ais.HostBuffer(4 * len(values), device=device)
+    host.numpy(np.float32)[:] = values
+    buf = ais.DeviceBuffer(host.nbytes, device)
+    ais.copy_async(buf, host, stream=stream)
+    return buf.view(np.float32)
+
+
+# ---------------------------------------------------------------------- virtual: host memory
+
+
+def test_a_virtual_buffer_is_exported_as_host_memory_without_a_copy(
+    clock: ais.virtual.VirtualClock,
+) -> None:
+    buf = filled([1, 2, 3, 4, 5, 6], "virtual:0")
+    clock.advance(1.0)
+    assert buf.__dlpack_device__() == (1, 0)  # kDLCPU, 0
+    grid = np.from_dlpack(buf.view(np.float32, (2, 3)))
+    assert grid.tolist() == [[1, 2, 3], [4, 5, 6]]
+    grid[1, 2] = 60  # the consumer's array is the buffer's memory
+    out = ais.HostBuffer(24, device="virtual:0")
+    ais.copy_async(out, buf)
+    clock.advance(1.0)
+    assert out.numpy(np.float32).tolist() == [1, 2, 3, 4, 5, 60]
+    assert ais.virtual.races() == []
+
+
+def test_the_export_keeps_the_buffer_alive(clock: ais.virtual.VirtualClock) -> None:
+    before = ais.virtual.stats().buffers
+    array = np.from_dlpack(filled([7, 8], "virtual:0"))
+    clock.advance(1.0)
+    gc.collect()
+    assert ais.virtual.stats().buffers == before + 1  # held by the array alone
+    assert array.tolist() == [7, 8]
+    del array
+    gc.collect()
+    assert ais.virtual.stats().buffers == before and _dlpack.pending_exports() == 0
+
+
+def test_a_capsule_never_consumed_releases_the_buffer(clock: ais.virtual.VirtualClock) -> None:
+    before = ais.virtual.stats().buffers
+    capsule = ais.DeviceBuffer(8, "virtual:0").__dlpack__()
+    gc.collect()
+    assert ais.virtual.stats().buffers == before + 1 and _dlpack.pending_exports() == 1
+    del capsule
+    gc.collect()
+    assert ais.virtual.stats().buffers == before and _dlpack.pending_exports() == 0
+
+
+def test_reading_an_export_while_a_copy_lands_is_a_race(clock: ais.virtual.VirtualClock) -> None:
+    ais.virtual.reset(clock=clock, bandwidth=16.0)  # 16 bytes take a second
+    buf = filled([5, 5, 5, 5], "virtual:0")
+    clock.advance(0.5)  # the copy runs from 0 to 1 s
+    early = np.from_dlpack(buf)
+    assert set(early.view(np.uint8).tolist()) == {ais.virtual.POISON}
+    races = ais.virtual.races(clear=True)
+    assert len(races) == 1 and "'copy h2d'" in races[0].copy
+    assert "test_reading_an_export_while_a_copy_lands_is_a_race" in races[0].where
+    clock.advance(1.0)
+    assert early.tolist() == [5, 5, 5, 5]
+    assert np.from_dlpack(buf).tolist() == [5, 5, 5, 5]  # after the copy: no race
+    assert ais.virtual.races() == []
+
+
+def test_versioned_capsules_when_the_consumer_reads_them() -> None:
+    buf = ais.DeviceBuffer(8, "virtual:0")
+    assert capsule_name(buf.__dlpack__()) == "dltensor"
+    assert capsule_name(buf.__dlpack__(max_version=(0, 8))) == "dltensor"
+    assert capsule_name(buf.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
+    assert capsule_name(buf.__dlpack__(max_version=(2, 3))) == "dltensor_versioned"
+    imported = _dlpack.consume(buf.view(np.int16, (2, 2)).__dlpack__(max_version=(1, 1)))
+    try:
+        assert (imported.shape, imported.dtype, imported.nbytes) == ((2, 2), np.int16, 8)
+        assert imported.device == (1, 0) and not imported.read_only
+    finally:
+        imported.release()
+
+
+def test_an_empty_virtual_buffer_is_exported_with_no_address() -> None:
+    """A buffer of no bytes has no memory to point at: its tensor's data is NULL, as DLPack
+    allows for a tensor of no elements, and a consumer reads an empty array."""
+    buf = ais.DeviceBuffer(0, "virtual:0")
+    capsule = buf.__dlpack__(max_version=(1, 0))
+    tensor = managed(capsule).dl_tensor
+    assert tensor.data is None and tensor.shape[0] == 0
+    del capsule
+    assert np.from_dlpack(buf).shape == (0,)
+
+
+def test_export_arguments_are_checked_as_the_standard_says() -> None:
+    buf = ais.DeviceBuffer(8, "virtual:0")
+    with pytest.raises(BufferError, match=r"copy=True\) is not supported"):
+        buf.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match=r"not on \(2, 0\)"):
+        buf.__dlpack__(dl_device=(2, 0))
+    assert capsule_name(buf.__dlpack__(dl_device=(1, 0), copy=False)) == "dltensor"
+    with pytest.raises(ValueError, match="stream must be None for memory exported as host"):
+        buf.__dlpack__(stream=5)
+    with pytest.raises(TypeError, match="max_version must be None or a"):
+        buf.__dlpack__(max_version="1.0")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="dl_device must be None or a"):
+        buf.__dlpack__(dl_device=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="copy must be True, False or None"):
+        buf.__dlpack__(copy=1)  # type: ignore[arg-type]
+    for dtype in ("V4", ">f4"):
+        with pytest.raises(BufferError, match="has no DLPack equivalent"):
+            buf.view(dtype).__dlpack__()
+    ais.virtual.reset()
+    with pytest.raises(ais.StaleHandleError):
+        buf.__dlpack__()
+
+
+def test_from_dlpack_refuses_host_arrays_and_points_to_host_buffers() -> None:
+    with pytest.raises(ValueError) as refused:
+        ais.from_dlpack(np.arange(4.0))
+    assert str(refused.value) == (
+        "from_dlpack() wraps CUDA device memory, and this array is in host memory (DLPack "
+        "device type 1, CPU): put it in an aiostream.HostBuffer (HostBuffer(a.nbytes, "
+        "device=...).numpy(a.dtype, a.shape)[:] = a) and copy it to a DeviceBuffer with "
+        "copy_async"
+    )
+    with pytest.raises(ValueError, match="in host memory"):
+        ais.from_dlpack(ais.DeviceBuffer(8, "virtual:0"))  # a virtual buffer is host memory
+    with pytest.raises(TypeError) as caught:
+        ais.from_dlpack([1.0, 2.0])
+    assert str(caught.value) == (
+        "from_dlpack() needs an array that speaks DLPack (__dlpack__ and __dlpack_device__: "
+        "a PyTorch tensor, a CuPy or JAX array); got [1.0, 2.0] of type list"
+    )
+    with pytest.raises(ValueError) as negative:
+        ais.from_dlpack(_Producer(None, device=(2, -1)))
+    assert str(negative.value) == "the DLPack device id must be >= 0, got -1"
+    with pytest.raises(ValueError, match="DLPack device type 13"):
+        ais.from_dlpack(_Producer(None, device=(13, 0)))
+    with pytest.raises(TypeError, match=r"must return \(device_type, device_id\)"):
+        ais.from_dlpack(_Producer(None, device="cuda"))
+
+
+# ---------------------------------------------------------------------- CUDA: stream order
+
+
+class _Producer:
+    """A stand-in for PyTorch or CuPy: hands over a capsule of an aiostream buffer (its
+    ``__dlpack__`` with the consumer's arguments), and remembers what it was asked."""
+
+    def __init__(self, buf: Any, *, device: object = (2, 0), legacy: bool = False) -> None:
+        self.buf, self.device, self.legacy = buf, device, legacy
+        self.asked: list[dict[str, Any]] = []
+        self.spoil: Any = None
+
+    def __dlpack_device__(self) -> object:
+        return self.device
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        self.asked.append(kwargs)
+        if self.legacy and "max_version" in kwargs:
+            raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+        capsule = self.buf.__dlpack__(**kwargs)
+        if self.spoil is not None:
+            self.spoil(managed(capsule))
+        return capsule
+
+
+@needs_cuda
+async def test_cuda_the_consumer_stream_waits_on_the_device_never_the_host(
+    anyio_backend: Any,
+) -> None:
+    work, consumer = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(0.3, stream=work)
+    buf = filled([1, 2, 3, 4], DEV, work)  # lands after 0.3 s
+    buf.__dlpack__(stream=consumer.stream_id, max_version=(1, 0))
+    assert not work.query()  # no host wait for the buffer's work
+    after = consumer.record_event()
+    assert not after.query()  # the consumer's later work waits for it
+    await after.synchronize()
+    assert work.query()
+
+
+@needs_cuda
+def test_cuda_the_consumer_stream_waits_for_the_other_users_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Exported to a stream, a buffer makes that stream wait for every other stream that used
+    it (one ``cuStreamWaitEvent`` each), and not for itself: its own work is in order already."""
+    from cuda.bindings import driver
+
+    waits = []
+    wait = driver.cuStreamWaitEvent
+
+    def spy(stream: Any, event: Any, flags: int) -> Any:
+        waits.append(int(stream))
+        return wait(stream, event, flags)
+
+    work, other = ais.Stream(DEV), ais.Stream(DEV)
+    with ais.use_stream(work):
+        buf = ais.DeviceBuffer(64, DEV)
+    monkeypatch.setattr(driver, "cuStreamWaitEvent", spy)
+    buf.__dlpack__(stream=work.stream_id, max_version=(1, 0))
+    assert waits == []  # its only user is the consumer itself
+    buf.record_stream(other)  # (its first use waits for the allocation)
+    waits.clear()
+    buf.__dlpack__(stream=work.stream_id, max_version=(1, 0))
+    assert waits == [work.stream_id]  # the consumer waits once, for the other user
+    work.synchronize_blocking()
+
+
+@needs_cuda
+async def test_cuda_stream_values_of_the_standard(anyio_backend: Any) -> None:
+    work = ais.Stream(DEV)
+    ais.delay(0.3, stream=work)
+    buf = filled([1, 2], DEV, work)
+    consumer = ais.Stream(DEV)
+    buf.__dlpack__(stream=-1)  # no synchronization
+    await consumer.record_event().synchronize()
+    assert not work.query()  # the consumer did not wait for it
+    buf.__dlpack__()  # None: the legacy default stream waits
+    assert not ais.default_stream(DEV).record_event().query()
+    for bad, error in ((0, "stream=0 is ambiguous"), (-2, "must be -1"), (1 << 64, "pointer")):
+        with pytest.raises(ValueError, match=error):
+            buf.__dlpack__(stream=bad)
+    with pytest.raises(TypeError, match="stream must be an int"):
+        buf.__dlpack__(stream=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="copy=False forbids one"):
+        buf.__dlpack__(dl_device=(1, 0), copy=False)
+    with pytest.raises(BufferError, match=r"not on \(1, 0\).*HostBuffer"):
+        buf.__dlpack__(dl_device=(1, 0))
+    assert buf.__dlpack_device__() == (2, 0)
+    await work.synchronize()
+
+
+@needs_cuda
+async def test_cuda_from_dlpack_wraps_without_a_copy_in_stream_order(anyio_backend: Any) -> None:
+    work, mine = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(0.3, stream=work)
+    source = filled([1, 2, 3, 4, 5, 6], DEV, work)
+    producer = _Producer(source.view(np.float32, (2, 3)))
+    wrapped = ais.from_dlpack(producer, stream=mine)
+    assert producer.asked == [{"stream": mine.stream_id, "max_version": (1, 0)}]
+    assert (wrapped.dtype, wrapped.shape, wrapped.nbytes) == (np.float32, (2, 3), 24)
+    ptr = wrapped.__cuda_array_interface__["data"][0]
+    assert ptr == source.__cuda_array_interface__["data"][0]  # the same memory
+    assert wrapped.__cuda_array_interface__["stream"] == mine.stream_id
+    out = ais.HostBuffer(24, device=DEV)
+    ais.copy_async(out, wrapped, stream=mine)  # ordered after the producer's work
+    await mine.synchronize()
+    assert out.numpy(np.float32).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+@needs_cuda
+async def test_cuda_the_wrapped_buffer_keeps_the_producer_alive(anyio_backend: Any) -> None:
+    source = filled([9, 8], DEV)
+    producer = _Producer(source)
+    alive = weakref.ref(producer)
+    wrapped = ais.from_dlpack(producer)
+    del producer, source
+    gc.collect()
+    assert alive() is not None and _dlpack.pending_exports() == 1
+    out = ais.HostBuffer(8, device=DEV)
+    ais.copy_async(out, wrapped)
+    await ais.current_stream(DEV).synchronize()
+    assert out.numpy(np.float32).tolist() == [9, 8]
+    del wrapped
+    settle()
+    assert alive() is None and _dlpack.pending_exports() == 0
+
+
+@needs_cuda
+async def test_cuda_the_producer_is_released_only_after_the_work_that_used_it(
+    anyio_backend: Any,
+) -> None:
+    wrapped = ais.from_dlpack(_Producer(filled([3, 4], DEV)))
+    s = ais.Stream(DEV)
+    ais.delay(0.3, stream=s)
+    ais.copy_async(ais.DeviceBuffer(8, DEV), wrapped, stream=s)  # uses it after 0.3 s
+    del wrapped
+    gc.collect()
+    ais.DeviceBuffer(1, DEV)  # an allocation frees what may be freed
+    assert _dlpack.pending_exports() == 1  # the copy still needs it
+    await s.synchronize()
+    settle()
+    assert _dlpack.pending_exports() == 0
+
+
+@needs_stand_in
+async def test_cuda_the_producer_is_released_after_the_consumer_stream_s_work(
+    anyio_backend: Any,
+) -> None:
+    """A kernel of another library on the stream given to from_dlpack uses the memory: the
+    producer's memory is released only after it, though aiostream never saw that kernel."""
+    mine = ais.Stream(DEV)
+    wrapped = ais.from_dlpack(_Producer(filled([3, 4], DEV)), stream=mine)
+    touch(mine, wrapped.__cuda_array_interface__["data"][0], 8, seconds=0.3)
+    del wrapped
+    gc.collect()
+    ais.DeviceBuffer(1, DEV)  # an allocation frees what may be freed
+    assert _dlpack.pending_exports() == 1  # the kernel still reads it
+    await mine.synchronize()
+    settle()
+    assert _dlpack.pending_exports() == 0
+
+
+@needs_cuda
+def test_cuda_a_legacy_producer_is_asked_again_without_max_version() -> None:
+    producer = _Producer(filled([1.5], DEV), legacy=True)
+    wrapped = ais.from_dlpack(producer)
+    assert [sorted(a) for a in producer.asked] == [["max_version", "stream"], ["stream"]]
+    assert wrapped.dtype == np.float32 and wrapped.shape == (1,)
+
+
+@needs_cuda
+def test_cuda_capsules_from_dlpack_cannot_wrap_are_refused_and_released() -> None:
+    def strided(m: Any) -> None:
+        m.dl_tensor.strides[0] = 2
+
+    def bfloat16(m: Any) -> None:
+        m.dl_tensor.dtype.code = 4  # kDLBfloat
+
+    def elsewhere(m: Any) -> None:
+        m.dl_tensor.device.device_type = 13
+
+    for spoil, error in (
+        (strided, "not C-contiguous"),
+        (bfloat16, "no NumPy equivalent"),
+        (elsewhere, r"capsule describes DLPack device \(13, 0\)"),
+    ):
+        producer = _Producer(filled([1, 2, 3, 4], DEV))
+        producer.spoil = spoil
+        with pytest.raises(BufferError, match=error):
+            ais.from_dlpack(producer)
+        del producer
+        settle()
+        assert _dlpack.pending_exports() == 0, spoil.__name__
+    with pytest.raises(TypeError, match="stream must be an aiostream.Stream"):
+        ais.from_dlpack(_Producer(filled([1], DEV)), stream=1)  # type: ignore[arg-type]
+
+
+@needs_cuda
+def test_cuda_from_dlpack_on_a_second_device() -> None:
+    if ais.device_count("cuda") < 2:
+        pytest.skip("needs two CUDA devices")
+    source = filled([1, 2], "cuda:1")
+    wrapped = ais.from_dlpack(_Producer(source, device=(2, 1)))
+    assert wrapped.device == ais.Device("cuda", 1)
+    with pytest.raises(ValueError, match="the stream on cuda:0"):
+        ais.from_dlpack(_Producer(source, device=(2, 1)), stream=ais.Stream(DEV))
+
+
+async def test_a_round_trip_through_numpy_on_every_loop(anyio_backend: Any) -> None:
+    """The async path: a copy awaited, then the export read (virtual, real time)."""
+    buf = filled([1, 2, 3], "virtual:0")
+    await ais.current_stream("virtual:0").synchronize()
+    assert np.from_dlpack(buf).tolist() == [1, 2, 3]
+    await anyio.sleep(0)
+    ais.virtual.assert_no_races()

@@ -1,0 +1,70 @@
+"""The unrelated PyPI project ``aiostream`` installed beside this one: said, with the fix."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiostream import _clash
+from aiostream.__main__ import info
+from tests.helpers.process import ROOT
+
+
+def _mixed_install(site: Path) -> None:
+    """What ``pip install aiostream`` then ``pip install aiostream-cuda`` leaves: one
+    ``aiostream/`` folder with both projects' files (the other's ``stream/`` package shadows
+    ``stream.py``) and the other's metadata beside it."""
+    shutil.copytree(ROOT / "aiostream", site / "aiostream")
+    (site / "aiostream" / "stream").mkdir()
+    (site / "aiostream" / "stream" / "__init__.py").write_text("")
+    meta = site / "aiostream-0.6.4.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: aiostream\nVersion: 0.6.4\n")
+
+
+def _import_from(site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``import aiostream`` in a fresh interpreter that finds the package in ``site`` only."""
+    return subprocess.run(
+        [sys.executable, "-c", "import aiostream"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={"PYTHONPATH": str(site), "PATH": ""},
+        timeout=60,
+    )
+
+
+def test_an_import_broken_by_the_other_project_names_it_and_the_fix(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    _mixed_install(site)
+    proc = _import_from(site, tmp_path)
+    assert proc.returncode == 1
+    error, fix, then = proc.stderr.strip().splitlines()[-3:]
+    assert error.startswith("ImportError: aiostream could not be imported (cannot import name")
+    assert f"The distribution aiostream 0.6.4 (in {site})" in error
+    assert fix == "    python -m pip uninstall -y aiostream aiostream-cuda"
+    assert then.startswith("then reinstall this project: python -m pip install aiostream-cuda")
+
+
+def test_an_import_error_of_another_cause_is_left_as_it_is(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "aiostream", site / "aiostream")
+    (site / "aiostream" / "stream.py").write_text("raise ImportError('a cause of its own')\n")
+    proc = _import_from(site, tmp_path)
+    assert proc.stderr.strip().splitlines()[-1] == "ImportError: a cause of its own"
+
+
+def test_info_warns_of_the_other_project(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "CONFLICT" not in info()
+    monkeypatch.setattr(_clash, "other_distribution", lambda: "aiostream 0.6.4 (in /x)")
+    text = info()
+    assert "CONFLICT: The distribution aiostream 0.6.4 (in /x) is installed here too" in text
+    assert "python -m pip uninstall -y aiostream aiostream-cuda" in text
+
+
+def test_this_project_is_not_taken_for_the_other() -> None:
+    assert _clash.other_distribution() is None

@@ -1,0 +1,454 @@
+"""The command line and the examples."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import aiostream as ais
+from aiostream.__main__ import main
+from tests.helpers.process import run_python
+
+
+def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("aiostream ")
+    assert "anyio: " in out and "cuda-python: " in out
+    assert "loops: asyncio" in out and "uvloop" in out and "trio" in out
+    assert "virtual  available, 1 device: virtual:0" in out
+    assert "cuda     " in out
+    assert "default device: " in out
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_streams_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "streams",
+                "--device",
+                "virtual:0",
+                "--tasks",
+                "3",
+                "--duration-ms",
+                "5",
+                "--loop",
+                loop,
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    for i in range(3):
+        assert f"task {i}: resumed at" in out
+    assert "device timeline on virtual:0" in out
+    assert out.count("|") == 6  # one bar per task
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_pipeline_demo_checks_its_results_and_reports(
+    loop: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "demo",
+                "--device",
+                "virtual:0",
+                "--batches",
+                "12",
+                "--batch-kb",
+                "64",
+                "--host-ms",
+                "1",
+                "--compute-ms",
+                "1",
+                "--loop",
+                loop,
+            ]
+        )
+        == 0
+    )
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "pipelined:  12 batches" in out and "sequential: 12 batches" in out
+    assert out.count("(checksum ok)") == 2
+    assert "efficiency against the bound: " in out and "speed-up over sequential: " in out
+    assert "stages per item (measured in the sequential run): host " in out
+    assert "ms per batch with 2 workers)" in out  # the host stage, shared by the workers
+    assert "bottleneck: " in out and "event loop CPU per batch (pipelined run): " in out
+    assert "12/12 batches" in captured.err  # the progress bar
+    assert (
+        main(
+            [
+                "demo",
+                "--device",
+                "virtual:0",
+                "--batches",
+                "4",
+                "--batch-kb",
+                "16",
+                "--workers",
+                "1",
+                "--loop",
+                loop,
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "prefetch 2, workers 1" in out and "per batch with" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["demo", "--device", "virtual:x"], "--device virtual:x: device spec 'virtual:x' is not"),
+        (["demo", "--device", "gpu"], "not valid"),
+        (["demo", "--batches", "0"], "--batches must be > 0"),
+        (["demo", "--host-ms", "x"], "--host-ms must be a number"),
+        (["demo", "--workers", "3", "--prefetch", "2"], "--prefetch 2 must be >= --workers 3"),
+        (["streams", "--tasks", "0"], "--tasks must be > 0"),
+        (["streams", "--duration-ms", "-1"], "--duration-ms must be > 0"),
+        (["nonsense"], "invalid choice"),
+        (["bench", "--loops", "curio"], "'curio' is not one of asyncio, uvloop, trio"),
+        (["bench", "--sections", "core,gpu"], "'gpu' is not one of core, scale, loader, cuda"),
+    ],
+)
+def test_bad_arguments_exit_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if argv[0] in ("demo", "streams", "bench"):  # the subcommand's usage, not the top level's
+        assert err.startswith(f"usage: python -m aiostream {argv[0]} ")
+
+
+def test_a_virtual_device_named_on_the_command_line_is_made(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["streams", "--device", "virtual:2", "--tasks", "2", "--duration-ms", "1"]
+    assert main(argv) == 0
+    assert "device timeline on virtual:2" in capsys.readouterr().out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == (
+        f"aiostream {ais.__version__} (distribution aiostream-cuda)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv0", "prog"),
+    [
+        ("/venv/bin/aiostream", "aiostream"),
+        ("/src/aiostream/__main__.py", "python -m aiostream"),
+        ("", "python -m aiostream"),
+    ],
+)
+def test_usage_names_the_command_the_user_ran(
+    argv0: str, prog: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.argv", [argv0])
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert capsys.readouterr().out.startswith(f"usage: {prog} [-h]")
+
+
+@pytest.mark.parametrize(
+    ("command", "defaults"),
+    [
+        (["demo"], ["(default 100)", "(default asyncio)", "(default 2)", "$AIOSTREAM_DEVICE"]),
+        (["streams"], ["(default 4)", "(default asyncio)", "(default 40)"]),
+        (["bench"], ["(default: every installed", "Exit status: 0 when every row"]),
+    ],
+)
+def test_help_shows_the_defaults(
+    command: list[str], defaults: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in defaults:
+        assert text in out
+
+
+@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["streams"], ["bench"]])
+def test_help_reads_as_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m aiostream")
+    for markup in ("``", ":func:", ":class:", ":meth:"):
+        assert markup not in out, f"reST markup {markup!r} in --help"
+
+
+@pytest.mark.slow
+def test_bench_prints_one_table_of_ratios_with_the_machine() -> None:
+    proc = run_python(
+        "-m", "aiostream", "bench", "--quick", "--sections", "core,loader,cuda", "--loops", "trio"
+    )
+    # a goal missed on a loaded machine exits 1 and says so; anything else is a failure
+    assert proc.returncode in (0, 1), proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines), "the table must fit 100 columns"
+    head = " ".join(lines[:2])
+    assert head.startswith("aiostream bench (quick): ") and "CPUs; aiostream " in head
+    assert all(f"{dist} " in head for dist in ("python", "anyio", "numpy", "trio"))
+    assert "real time" in proc.stdout
+    measures = [i for i, line in enumerate(lines) if line.startswith(("core:", "loader:"))]
+    assert len(measures) == 3 + 2
+    figures = [lines[i + 1] for i in measures]
+    assert all(row.startswith("  trio ") for row in figures)
+    misses = sum(row.endswith(" MISS") for row in figures)
+    assert sum(row.endswith(" ok") for row in figures) + misses == 5
+    assert proc.returncode == (1 if misses else 0)
+    assert lines[-1] == (f"{misses} of 5 goals missed" if misses else "every goal met")
+    # one progress line per step (stderr is not a terminal here), and a last one
+    assert proc.stderr.count(" steps, ") == 2 + 1 + (1 if ais.is_available("cuda") else 0)
+    if not ais.is_available("cuda"):
+        assert "not run: cuda: " in proc.stdout
+
+
+def _row(ratio: float, goal: str, ours: float = 1.0, unit: str = "") -> dict[str, object]:
+    return {
+        "section": "core", "what": "a measure / its baseline", "loop": "asyncio",
+        "size": "1,000 waits", "ours": ours, "baseline": 1.0, "ratio": ratio, "unit": unit,
+        "goal": goal,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        (_row(1.5, "<= 1.5"), True),
+        (_row(1.51, "<= 1.5"), False),
+        (_row(0.9, ">= 0.90"), True),
+        (_row(0.89, ">= 0.90"), False),
+        (_row(0.05, "< 0.05"), False),
+        (_row(3.0, "<= 2 or < 2 ms", ours=1.9, unit="ms"), True),  # the absolute alternative
+        (_row(2.5, "<= 2 or < 2 ms", ours=2.0, unit="ms"), False),
+        (_row(1.0, "< 2 KiB", ours=2047.0, unit="B"), True),
+        (_row(9.0, "< 2 KiB", ours=2048.0, unit="B"), False),
+        (_row(9.0, "-"), None),
+    ],
+)
+def test_bench_goals_are_judged(row: dict[str, object], expected: bool | None) -> None:
+    from aiostream._bench import suite
+
+    assert suite.met(row) is expected
+
+
+def test_bench_marks_a_missed_goal_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiostream._bench import suite
+
+    report = {
+        "machine": {
+            "platform": "Linux-x86_64", "cpus": 2, "versions": {"aiostream": "0"}, "gpus": [],
+            "cuda": "unavailable: none",
+        },
+        "quick": True, "seconds": 1.0, "clock": "real time", "skipped": [],
+        "rows": [_row(0.89, ">= 0.90"), _row(1.2, "<= 1.5"), _row(3.0, "-")],
+    }  # fmt: skip
+    monkeypatch.setattr(suite, "run", lambda *args: report)
+    assert main(["bench", "--loops", "asyncio"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    figures = [line for line in lines if line.startswith("  asyncio ")]
+    assert [row.split()[-1] for row in figures] == ["MISS", "ok", "-"]
+    assert lines[-1] == "1 of 2 goals missed"
+    report["rows"] = report["rows"][1:]  # type: ignore[index]
+    assert main(["bench", "--loops", "asyncio"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "every goal met"
+
+
+@pytest.mark.slow
+def test_bench_json_is_one_object_for_machines() -> None:
+    proc = run_python(
+        "-m", "aiostream", "bench", "--quick", "--json", "--sections", "scale", "--loops", "asyncio"
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["machine"]["versions"]["aiostream"] == ais.__version__
+    sizes = [(r["what"].split(" / ")[0], r["size"]) for r in report["rows"]]
+    assert sizes == [
+        ("CPU per wait", "1,000 streams"),
+        ("wake lateness, median", "1,000 streams"),
+        ("CPU per wait", "10,000 streams"),
+        ("wake lateness, median", "10,000 streams"),
+        ("memory per pending wait", "10,000 waits"),
+    ]
+    for r in report["rows"]:
+        assert r["ours"] > 0 and r["baseline"] > 0
+        assert r["ratio"] == pytest.approx(r["ours"] / r["baseline"])
+
+
+@pytest.mark.slow
+def test_python_dash_m_entry_point() -> None:
+    proc = run_python("-m", "aiostream", "info")
+    assert proc.returncode == 0, proc.stderr
+    assert "backends:" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (
+            "examples/loader.py",
+            "32 batches; at most 4 of the loader's 4 slots in use, whose 8 device buffers (an "
+            "image and a label per slot) were each allocated once",
+        ),
+        ("examples/overlap_two_streams.py", "8 chunks of 4 MiB copied and computed"),
+        ("examples/wait_strategies.py", "default strategy is now 'thread'"),
+    ],
+)
+def test_examples_run(script: str, expected: str) -> None:
+    proc = run_python(script)
+    assert proc.returncode == 0, proc.stderr
+    assert expected in proc.stdout
+
+
+@pytest.mark.slow
+def test_quickstart_example_prints_the_elapsed_time() -> None:
+    proc = run_python("examples/quickstart.py")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(" ms")
+    assert 19.5 <= float(proc.stdout.split()[0]) <= 30.0
+
+
+@pytest.mark.slow
+def test_core_benchmark_smoke_run() -> None:
+    """The benchmark script runs end to end (tiny sizes; its figures are not judged here)."""
+    proc = run_python("benchmarks/bench_core.py", "--quick", "--loops", "asyncio,trio")
+    assert proc.returncode == 0, proc.stderr
+    for heading in ("1. await on a complete event", "2. wake lateness", "3. CPU while"):
+        assert heading in proc.stdout
+    assert proc.stdout.count("ratio") >= 6
+
+
+@pytest.mark.slow
+def test_scale_benchmark_smoke_run(tmp_path: Path) -> None:
+    """The scale benchmark runs end to end and draws its curves (small sizes; not judged)."""
+    svg = tmp_path / "scaling.svg"
+    proc = run_python(
+        "benchmarks/bench_scale.py", "--quick", "--loops", "asyncio,trio", "--svg", str(svg)
+    )
+    assert proc.returncode == 0, proc.stderr
+    for heading in ("1. waits, real time", "2. memory per pending wait", "3. the simulator"):
+        assert heading in proc.stdout
+    try:
+        import simpy  # noqa: F401
+    except ImportError:  # the comparison says what to install, and ours still runs
+        assert "SimPy is not installed" in proc.stdout
+        assert proc.stdout.count("us/op") == 2
+    else:
+        assert proc.stdout.count("us/op") == 4  # two sizes, ours and SimPy's
+    assert svg.read_text().startswith("<svg ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["bench_cuda", "bench_torch_loader"])
+def test_gpu_benchmarks_say_why_they_skip_without_a_gpu(script: str) -> None:
+    ok, reason = ais._backends.probe("cuda")
+    if ok:
+        pytest.skip("a CUDA device works here: test_fake_driver.py and the GPU run cover it")
+    proc = run_python(f"benchmarks/{script}.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert f"{script}: skipped, no CUDA device here: {reason}" in proc.stdout
+
+
+@pytest.mark.slow
+def test_loader_benchmark_smoke_run() -> None:
+    """The loader benchmark runs end to end (a few batches; its figures are not judged here)."""
+    proc = run_python("benchmarks/bench_loader.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(" ok\n") == 9 + 8  # real-time rows, virtual-time rows
+    # the workers rows: peak buffers in use of the pool, for 1, 2 and 4 workers
+    assert len(re.findall(r" 2 ms .* [1-4]/4 [1-6]/6 (?:[1-9]|10)/10\n", proc.stdout)) == 3
+
+
+def test_demo_writes_a_trace_and_an_svg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace, svg = tmp_path / "out.json", tmp_path / "out.svg"
+    assert (
+        main(
+            [
+                "demo",
+                "--device",
+                "virtual:0",
+                "--batches",
+                "6",
+                "--batch-kb",
+                "64",
+                "--host-ms",
+                "1",
+                "--compute-ms",
+                "1",
+                "--trace",
+                str(trace),
+                "--svg",
+                str(svg),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "profile of the pipelined run:" in out and "host/device overlap: " in out
+    assert f"wrote the trace (open in https://ui.perfetto.dev or chrome://tracing): {trace}" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert {e["name"] for e in events if e["ph"] == "B"} >= {
+        "transform",
+        "model",
+        "delay",
+        "copy h2d",
+    }
+    assert svg.read_text().startswith("<svg ")
+
+
+@pytest.mark.slow
+def test_profiler_benchmark_smoke_run() -> None:
+    proc = run_python("benchmarks/bench_profiler.py", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("ns") >= 6
+
+
+@pytest.mark.parametrize("columns", [40, 60, 80, 200])
+def test_a_live_progress_line_never_wraps(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redrawn in place, a line must fit the terminal: a wrapped one leaves stale lines."""
+    import os
+
+    from aiostream import _bench, _demo
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((columns, 24)))
+    seen: list[str] = []
+    _demo.progress_bar(100, seen.append, live=True)(37)
+    bar = _bench.suite.Progress([_bench.suite.Step("core (asyncio)", 1.0, list)] * 3, _Tty())
+    bar.show(1)
+    for text in [*seen, bar.out.written]:
+        assert text.startswith("\r") and text.endswith("\x1b[K")
+        assert len(text) - len("\r\x1b[K") <= columns - 1
+
+
+class _Tty:
+    written = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> None:
+        self.written += text
+
+    def flush(self) -> None:
+        pass

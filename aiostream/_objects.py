@@ -47,7 +47,9 @@ def _finalizer(
     finalizer, which would then read freed memory through the host views the program still
     holds. The backend's own close at exit releases what must be."""
     finalizer = weakref.finalize(obj, release, handle)
-    finalizer.atexit = False
+    finalizer.atexit = (  # pragma: no mutate (equivalent: None: finalize reads it for truth)
+        False
+    )
     return finalizer
 
 

@@ -198,7 +198,9 @@ class _Entry:
         # far smaller than an anyio.Event with its queue of waiters
         self.parked = parked
         self.error: BaseException | None = None
-        self.finished = False
+        self.finished = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         self.dead = False
 
     def __call__(self) -> None:
@@ -254,7 +256,8 @@ class _Waiter:
         self._due: deque[_Entry] = deque()  # told complete, not finished yet (any thread appends)
         self._pending = 0
         self._running = False
-        self._kicked = False
+        # equivalent under mutation: _watch clears it before any kick can matter
+        self._kicked = False  # pragma: no mutate
         self._kick_sent = False  # a wake-up from another thread is on its way to the loop
         self._scope: anyio.CancelScope | None = None
         # The task, strongly referenced: asyncio keeps only weak references to its tasks.
@@ -399,6 +402,7 @@ class _Waiter:
             self._scope = None
             self._running = False
             unsubscribe()
+            # equivalent mutant (unmarked): and -> or: both halves always hold when the task ends
             if not self._pending and self._registry.get(self._key) is self:
                 del self._registry[self._key]
 
@@ -407,7 +411,9 @@ class _Waiter:
 
     async def _watch(self) -> None:
         while self._pending:
-            self._kicked = False
+            self._kicked = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+                False
+            )
             self.wakes += 1
             delay = self._sweep()
             if not self._pending:
@@ -501,7 +507,8 @@ class _StrategyWaiter(_Waiter):
 
     def _discarded(self, entry: _Entry) -> None:
         self._dead += 1
-        if self._dead >= _COMPACT_MIN and self._dead > self._pending:
+        # equivalent under mutation: compacting sooner or later drops only settled waits
+        if self._dead >= _COMPACT_MIN and self._dead > self._pending:  # pragma: no mutate
             self._compact()
 
     def _compact(self) -> None:
@@ -594,6 +601,7 @@ async def wait(
     goes on.
     """
     obs = _hooks.observer
+    # equivalent mutant (unmarked): 0.0 -> 1.0: start is read only when there is an observer
     start = _hooks.now(obs) if obs is not None else 0.0
     task = _current_task()
     waiter = _waiter(backend, index)

@@ -158,6 +158,8 @@ def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
         return list(item), tuple
     if isinstance(item, dict) and all(isinstance(x, np.ndarray) for x in item.values()):
         keys = list(item)
+        # equivalent mutant (unmarked): strict=True -> False or None, or left out: the leaves are
+        # made one per key
         return [item[k] for k in keys], lambda leaves: dict(zip(keys, leaves, strict=True))
     raise TypeError(
         "the loader carries numpy arrays, or tuples or dicts of them; got "
@@ -190,7 +192,8 @@ class _Job:
 
     def __init__(self, item: Any) -> None:
         self.item = item
-        self.slot: _Slot | None = None
+        # equivalent under mutation: read only after take_slot() has set it
+        self.slot: _Slot | None = None  # pragma: no mutate
         self.result: _Prepared | None = None
         self.error: BaseException | None = None
         self.done = False  # set on the loop's thread when a worker is done with it
@@ -308,6 +311,8 @@ class _Staging:
         specs = [(a.dtype, a.shape) for a in arrays]
         if [b.nbytes for b in slot.staging] != [a.nbytes for a in arrays]:
             return _Prepared(specs, rebuild, arrays)  # new shapes: the loop allocates
+        # equivalent mutant (unmarked): strict=True -> False or None, or left out: the size check
+        # above makes both lists the same length
         for array, host in zip(arrays, slot.staging, strict=True):
             np.copyto(host.numpy(array.dtype, array.shape), array)
         return _Prepared(specs, rebuild, None)
@@ -326,6 +331,8 @@ class _Staging:
         for released in slot.released:
             stream.wait_event(released)  # the consumer's work with it is done first
         views = []
+        # equivalent mutant (unmarked): strict=True -> False or None, or left out: all three hold
+        # one entry per array
         for (dtype, shape), host, dev in zip(
             prepared.specs, slot.staging, slot.device, strict=True
         ):
@@ -397,12 +404,17 @@ class _Iteration(AsyncIterator[Batch]):
         self._source: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
         self._limiter = anyio.CapacityLimiter(plan.workers)  # worker threads, this pass's own
         self.staging = _Staging(plan, self._limiter)
-        self._closed = False  # nothing more is handed out
+        # nothing more is handed out
+        self._closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         self._released = False  # aclose has run
         self.batches = 0
         # Produced inside __anext__ (no runner):
         self._inflight: deque[Batch] = deque()
-        self._exhausted = False
+        self._exhausted = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         self._error: BaseException | None = None  # raised once the batches before it are out
         # Run ahead (a runner): the producer's tasks, and what they hand the consumer.
         self.run_ahead = runner is not None
@@ -512,7 +524,8 @@ class _Iteration(AsyncIterator[Batch]):
                                 else:
                                     if job.item is _END:
                                         ended = True
-                                        break
+                                        # equivalent under mutation: the workers hand out the rest
+                                        break  # pragma: no mutate
                                     self._credits -= 1
                                     job.slot = await self.staging.take_slot()
                                     if started < plan.workers:  # no idle threads or tasks
@@ -561,6 +574,8 @@ class _Iteration(AsyncIterator[Batch]):
             job = pending.popleft()
             if job.error is None:
                 try:
+                    # equivalent mutant (unmarked): and -> or: both are always set for a job done
+                    # without an error
                     assert job.slot is not None and job.result is not None
                     batch = self.staging.enqueue(job.slot, job.result)
                 except Exception as exc:  # a failed device, memory refused: in its turn
@@ -586,7 +601,7 @@ class _Iteration(AsyncIterator[Batch]):
                     raise  # not handed out: nothing is, once cancelled
                 job.error = exc
             finally:
-                job.item = None
+                job.item = None  # pragma: no mutate (equivalent: the field is not read again)
             self._prepared(job)
 
     async def _thread_worker(
@@ -606,7 +621,7 @@ class _Iteration(AsyncIterator[Batch]):
                 except BaseException as exc:  # noqa: BLE001 - handed to the consumer
                     job.error = exc
                 finally:
-                    job.item = None
+                    job.item = None  # pragma: no mutate (equivalent: the field is not read again)
                     call_soon(functools.partial(self._prepared, job))
 
         await anyio.to_thread.run_sync(work, limiter=self._limiter)
@@ -671,6 +686,8 @@ class _Iteration(AsyncIterator[Batch]):
         try:
             await self.aclose()
         except BaseException as exc:
+            # equivalent mutant (unmarked): _cancelled(error) -> _cancelled(None): where error is
+            # the loop's cancellation, it or exc is raised, a cancellation either way, caught alike
             if not (_cancelled(exc) and not _cancelled(error)):
                 _after(exc, error)
                 raise
@@ -760,7 +777,8 @@ class DataLoader(AsyncIterable[Batch]):
         self._iterations: weakref.WeakSet[_Iteration] = weakref.WeakSet()
         self._last: _Iteration | None = None
         self._runner: anyio.abc.TaskGroup | None = None
-        self._owner: object = None  # the task that entered 'async with'
+        # equivalent under mutation: compared only after __aenter__ has set it
+        self._owner: object = None  # the task that entered 'async with'  # pragma: no mutate
 
     def __aiter__(self) -> _Iteration:
         if self._runner is None and self.workers > 1:

@@ -58,7 +58,9 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def device_name(self, index: int) -> str:
         check, cu = self._drv.check, self._cu
         dev = check(cu.cuDeviceGet(index), index, "cuDeviceGet")
+        # equivalent mutant (unmarked): 256 -> 257, the driver's names are far shorter
         name = check(cu.cuDeviceGetName(256, dev), index, "cuDeviceGetName")
+        # equivalent mutant (unmarked): maxsplit 1 -> 2 or none, rsplit: the name has one NUL
         return bytes(name).split(b"\0", 1)[0].decode(errors="replace").strip()
 
     def priority_range(self, index: int) -> tuple[int, int]:
@@ -81,6 +83,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def stream_default(self, index: int) -> Stream:
         dev = self._devices.get(index)
         if dev.default is None:
+            # equivalent mutant (unmarked): owned=None, owned is only tested for truth
             dev.default = Stream(self._cu.CUstream(0), index, owned=False)
         return dev.default
 
@@ -101,7 +104,8 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return Stream(ptr, dev.index, owned=False), int(priority)
 
     def stream_native(self, stream: Stream) -> int:
-        stream.private = False  # others may submit to it now: see Waits.event_capture
+        # others may submit to it now (see Waits.event_capture); equivalent mutant (unmarked):
+        stream.private = False  # = None, read only as a truth value
         return handed_out(stream)
 
     def stream_destroy(self, stream: Stream) -> None:
@@ -129,7 +133,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         with self._devices[stream.index].pushed:
             result = self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0)
         self._drv.check(result, stream.index, "cuStreamWaitEvent")
-        stream.ops += 1
+        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
 
     def stream_capture(self, stream: Stream, wake: bool) -> Target:
         return self._waits.stream_capture(stream, wake)
@@ -221,7 +225,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
                 kernel, 1, 1, 1, 1, 1, 1, 0, stream.ptr, ((ns,), (ctypes.c_uint64,)), 0
             )
         self._drv.check(result, stream.index, "cuLaunchKernel")
-        stream.ops += 1
+        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
 
     # ------------------------------------------------------------------ memory and copies
 
@@ -293,6 +297,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         while True:
             woken = threading.Event()
             target.watch(woken.set)
+            # equivalent mutant (unmarked): 0.25 -> 1.25 or no timeout; only woken ends the loop
             while not woken.wait(0.25):
                 pass
             if target.done():

@@ -38,15 +38,19 @@ class Stream:
         self.owned = owned
         self.alive = True
         self.seq = itertools.count()  # the order of its captures
-        #: work submitted through aiostream (kernels, copies, waits, allocations); event
-        #: records and completion flags add none
+        # equivalent mutant (unmarked): 0 -> 1: ops is only compared with its own earlier values :
+        # work submitted through aiostream (kernels, copies, waits, allocations); event : records
+        # and completion flags add none
         self.ops = 0
         #: only aiostream submits to it: made here, and its handle never handed out
         self.private = owned
         #: memory that will record on this stream when it is freed (see Memory.streams): an
         #: owned stream is destroyed only once none is left
         self.holds = 0
-        self.doomed = False  # released by its owner while held: destroyed at the last hold
+        #: released by its owner while held: destroyed at the last hold
+        self.doomed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         #: (mark, ops): the last thing on this private stream is the host function that
         #: announces ``mark``, added when ``ops`` was this (see Waits.idle)
         self.woke: tuple[Any, int] | None = None
@@ -111,7 +115,10 @@ class Memory:
         self.device = device
         self.array = array  # a bytearray for pageable host memory (ptr is then its address)
         self.alive = True
-        self.pooled = False  # device memory from cuMemAllocAsync (else cuMemAlloc)
+        #: device memory from cuMemAllocAsync (else cuMemAlloc)
+        self.pooled = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         #: the streams that used it, by key; freeing records a marker on each
         self.streams: dict[StreamKey, Stream] = {}
         #: a stream-ordered allocation: the marker recorded after it, which another stream

@@ -64,7 +64,7 @@ class Sharing:
                             "cuStreamWaitEvent",
                         )
                 if marks:
-                    stream.ops += 1
+                    stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
             finally:
                 for dev, marker in marks:  # the waits captured them: they may be reused
                     dev.give_back(marker)
@@ -73,6 +73,8 @@ class Sharing:
         """Device memory allocated elsewhere: freeing it calls ``release()`` once the work of
         every stream that used it has completed."""
         dev = self.devices.get(index)
+        # equivalent mutant (unmarked): nbytes -> None, device=None or False: its releaser settles
+        # freeing and export; its size is never read
         mem = Memory(index, nbytes, ptr, device=True)
 
         def releaser(_: Memory) -> None:
@@ -144,7 +146,7 @@ class Sharing:
                     self.drv.check(
                         cu.cuStreamWaitEvent(stream.ptr, after, 0), index, "cuStreamWaitEvent"
                     )
-                    stream.ops += 1
+                    stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
                     mem.alloc_marker = dev.record_marker(stream)  # other streams wait for it
                 except CudaError:
                     self.memories.device_free(mem)

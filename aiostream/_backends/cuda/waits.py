@@ -148,7 +148,8 @@ class Waits:
         with dev.lock:
             if event.mark is not None:
                 dev.watcher.unhold(event.mark)
-                event.mark = None
+                # equivalent under mutation: the event is retired right after: nothing reads it
+                event.mark = None  # pragma: no mutate
 
     def event_capture(self, event: Event, wake: bool) -> Target:
         dev = self.devices[event.index]
@@ -158,6 +159,9 @@ class Waits:
             if mark is None or stream is None or not event.private:
                 # not recorded here, or its handle is out and others may record it unseen:
                 # query the event itself, which follows its latest record, whoever made it
+                # equivalent mutant (unmarked): "event" -> "XXeventXX" or "EVENT", 0 -> 1 or None:
+                # an event's lane is its own, apart from every stream's whatever the label, and its
+                # seqs are all alike
                 target = Target(watcher, ("event", event.id), 0)
                 target.event = event.ptr
                 return target

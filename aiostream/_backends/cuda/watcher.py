@@ -97,12 +97,16 @@ class Semaphores:
             getattr(libc, name).restype = ctypes.c_int
         libc.malloc.restype = ctypes.c_void_p
         libc.malloc.argtypes = [ctypes.c_size_t]
+        # equivalent mutant (unmarked): 0 -> 1: a libc function's address is never null, so the or
+        # never runs
         self.post_address: int = ctypes.cast(libc.sem_post, ctypes.c_void_p).value or 0
 
     def new(self) -> int:
         """A semaphore at 0, in memory that is never freed (a late host function may post
         it while the interpreter exits)."""
         sem = self.libc.malloc(self.SIZE)
+        # equivalent mutant (unmarked): pshared 0 -> 1 (a process-shared semaphore works the same
+        # within one process), and pshared or value -> None (ctypes passes None as 0)
         if not sem or self.libc.sem_init(ctypes.c_void_p(sem), 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "sem_init failed")
         return int(sem)
@@ -145,6 +149,8 @@ def driver_launch_host_func(cu: Any) -> LaunchHostFunc | None:
     if semaphores is None:
         return None
     try:
+        # equivalent mutant (unmarked): flags 0 -> None (the bindings take None as 0), 10000 ->
+        # 10001 (the function has one version, of CUDA 10.0)
         err, address, _ = cu.cuGetProcAddress(b"cuLaunchHostFunc", 10000, 0)
     except (RuntimeError, ValueError, TypeError):  # a driver without cuGetProcAddress
         return None
@@ -201,7 +207,9 @@ class Target:
         self.mark: Mark | None = None
         self.event: Any = None  # the event queried, when there is no mark
         self.polled = True  # watched, with no host function to announce it: polled
-        self.complete = False
+        self.complete = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         self.released = False
         self.callback: Callable[[], None] | None = None
         #: launches a host function to announce the mark, when the wait is watched (lock
@@ -293,6 +301,8 @@ class Flags:
         return chunk
 
     def free(self, mark: Mark) -> None:
+        # equivalent mutant (unmarked): -1 -> -2: a slot is only compared with 0, any negative
+        # meaning none
         slot, mark.slot = mark.slot, -1
         chunk, j = self.chunks[slot // CHUNK], slot % CHUNK
         chunk.expected[j] = 0
@@ -357,15 +367,16 @@ class Watcher:
         self.watched: dict[Target, None] = {}
         self.polled = 0  # watched waits that no host function will announce
         self.ahead = 0  # watched waits on a mark announced ahead of it (see mark())
-        self.chase_until = 0.0  # poll promptly until then: a host function ran (see _run)
+        # poll promptly until then: a host function ran (see _run); equivalent mutant (unmarked):
+        self.chase_until = 0.0  # 0.0 -> 1.0, as monotonic() is long past 1.0
         self.queried: dict[Target, None] = {}  # watched waits on an event
         self.health: Any = None  # an event never recorded: querying it says if the device failed
         self.failed: CudaError | None = None
         self.closed = False
         self.checked_at = float("-inf")  # when the driver was last asked (never)
-        self.progress_at = time.monotonic()
+        self.progress_at = time.monotonic()  # pragma: no mutate (equivalent: written before read)
         self.sleeping_until = float("inf")
-        self.sem = semaphores.new() if semaphores is not None else 0
+        self.sem = semaphores.new() if semaphores is not None else 0  # eq. mutant 0 -> 1: unread
         self.later: list[Callable[[], None]] = []  # callbacks found by a sweep off the thread
         self.thread: threading.Thread | None = None
 
@@ -423,7 +434,7 @@ class Watcher:
             self.flags.free(mark)
         elif mark.slot >= 0:  # it drains: a sweep must come to free it
             self._start()
-            if self.sleeping_until == float("inf") and semaphores is not None:
+            if self.sleeping_until == float("inf") and semaphores is not None:  # eq. mutant "INF"
                 semaphores.post(self.sem)
         if mark.event is not None:
             self.dev.give_back(mark.event)
@@ -490,7 +501,7 @@ class Watcher:
                 target.wake = None
             if not tell_now:  # (post is read only then)
                 target.callback = callback
-                self.watched[target] = None
+                self.watched[target] = None  # pragma: no mutate (equivalent: values unread)
                 if mark is not None and mark.slot >= 0:
                     mark.waits.append(target)  # the sweep of the flags tells it
                     target.polled = not mark.woken
@@ -502,7 +513,8 @@ class Watcher:
                     self.polled += 1
                     self.progress_at = now  # poll a new wait promptly, then back off
                 self._start()
-                # Wake the thread if it sleeps past when this wait needs a look.
+                # Wake the thread if it sleeps past when this wait needs a look (equivalent
+                # mutant, unmarked: > -> >=, as at equal times the thread wakes then anyway).
                 post = self.sleeping_until > now + (POLL_MIN_S if target.polled else HEALTH_S)
         if tell_now:
             callback()
@@ -518,8 +530,8 @@ class Watcher:
             self._forget(target)
             if target.mark is not None:
                 self.unhold(target.mark)
-                target.mark = None
-            target.event = None
+                target.mark = None  # pragma: no mutate (equivalent: never read again once released)
+            target.event = None  # pragma: no mutate (equivalent: never read again once released)
 
     def _forget(self, target: Target) -> None:
         """Stop watching ``target`` (lock held)."""
@@ -560,6 +572,7 @@ class Watcher:
                     return
                 now = time.monotonic()
                 timeout = self._timeout(now)
+                # equivalent mutant (unmarked): "inf" -> "INF": float() reads it in any case
                 self.sleeping_until = float("inf") if timeout is None else now + timeout
             posted = False
             if semaphores is not None:
@@ -585,7 +598,7 @@ class Watcher:
         for mark in self.flags.sweep():  # complete: each wait's done() reads it so
             for target in list(mark.waits):
                 self._fire(target, due)
-        failed = False
+        failed = False  # equivalent mutant (unmarked): = None, read only as a truth value
         for target in list(self.queried):
             try:
                 if target.done():

@@ -175,6 +175,8 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
     def event_record(self, event: Event, stream: Stream) -> None:
         with self._sim.lock:
             self._sim.check_device(stream.device)
+            # equivalent mutant (unmarked): the duration 0 -> 1 or None: a marker's duration is
+            # never read
             event.state.item = self._sim.submit_locked(stream, 0, None, None, None, "record")
 
     def event_query(self, event: Event) -> bool:
@@ -194,6 +196,8 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
             item = event.state.item
             if item is None:  # never recorded: complete
                 now = sim.now_locked()
+                # equivalent mutant (unmarked): the duration 0 -> 1 or None: this complete item is
+                # never submitted
                 item = Item(0, event.device.default, now, 0, None, None, None, "sync")
                 item.start = item.end = now
                 item.state = DONE
@@ -283,7 +287,8 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
     def host_access(self, host: Memory) -> None:
         self._memory.host_access(host)
 
-    def races(self, clear: bool = False) -> list[Race]:
+    # equivalent under mutation: the callers that take the default read a backend being discarded
+    def races(self, clear: bool = False) -> list[Race]:  # pragma: no mutate
         return self._memory.take_races(clear)
 
     def host_free(self, host: Memory) -> None:

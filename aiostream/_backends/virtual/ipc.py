@@ -37,6 +37,8 @@ class IpcTable:
     def handle(self, event: Event) -> bytes:
         self._states[event.state.id] = event.state
         body = _MAGIC + self._token
+        # equivalent mutant (unmarked): "<IQI" -> "<iqi": signed or unsigned, these small values
+        # pack the same
         body += struct.pack("<IQI", event.device.index, event.state.id, self._pid)
         return body.ljust(_SIZE, b"\x00")
 

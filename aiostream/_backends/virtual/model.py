@@ -129,7 +129,10 @@ class Engine:
         self.slots = slots
         self.busy = 0
         self.stalled = 0  # stalls held on it (they nest): it starts nothing while > 0
-        self.dirty = False  # may be able to start something: the scheduler will look
+        # may be able to start something: the scheduler will look
+        self.dirty = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         self.ready: list[tuple[int, int, int, int, int, int, Item]] = []
         self.provisional: list[tuple[int, int, int, int, int, int, Item]] = []
         self.provisional_t = -1
@@ -255,8 +258,8 @@ class Item:
         #: called once when it completes (the waits watching it, a copy's bookkeeping)
         self.watchers: list[Callable[[], None]] | None = None
         self.ready = submit
-        self.start = -1
-        self.end = -1
+        self.start = -1  # pragma: no mutate (equivalent: read only after the item starts or ends)
+        self.end = -1  # pragma: no mutate (equivalent: read only after the item starts or ends)
         self.state = PENDING
         self.token = 0  # bumped at every start: tells a live completion entry from a stale one
 

@@ -62,6 +62,7 @@ class Scheduler:
         # the lock by the facade's fast paths (VirtualBackend._settled).
         self.running: list[tuple[int, int, int, int, int, Item]] = []
         self._dirty: list[Engine] = []  # engines that may be able to start something
+        # equivalent mutant (unmarked): 1 -> 2: sequence numbers only order items among themselves
         self._seq = itertools.count(1)
         self._timeline: deque[_Entry] = deque(maxlen=TIMELINE_LIMIT)
 
@@ -81,7 +82,7 @@ class Scheduler:
                 _, _, _, _, token, item = heapq.heappop(running)
                 if item.token == token and item.state == RUNNING:
                     self._finish(item)
-        if now > self.t:
+        if now > self.t:  # pragma: no mutate (equivalent: when equal, t keeps its value)
             self.t = now
 
     def next_end(self) -> int | None:
@@ -165,6 +166,8 @@ class Scheduler:
             heapq.heappop(started)
             worst.state = PENDING
             worst.start = worst.end = -1
+            # equivalent mutant (unmarked): += 2: any increase makes the item's old completion
+            # entries stale
             worst.token += 1  # its completion entry is stale now
             engine.busy -= 1
             heapq.heappush(ready, worst.key())

@@ -55,7 +55,7 @@ class Target:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.callback = None
+            self.callback = None  # pragma: no mutate (equivalent: a released target never calls it)
             self.sim.release(self)
 
 
@@ -110,7 +110,8 @@ class Simulation:
         """Bring the simulation to the clock's now and return it."""
         sched = self.sched
         now = self.clock_ns()
-        if now < sched.t:  # a clock must not run backwards; keep the timeline monotonic
+        # a clock must not run backwards; keep the timeline monotonic
+        if now < sched.t:  # pragma: no mutate (equivalent: when equal, now keeps its value)
             now = sched.t
         if not self._advancing:  # a host function calling back in sees the instant it is at
             self._advancing = True
@@ -205,13 +206,15 @@ class Simulation:
     def wake_hint(self) -> float | None:
         with self.lock:
             if self.closed:
-                return 0.0
+                return 0.0  # pragma: no mutate (equivalent: no waiter sleeps on it once closed)
             now = self.now_locked()
             end = self.sched.next_end()
             if self.manual is not None or end is None:
                 self._hinted = _NEVER
                 return None
             self._hinted = end
+            # equivalent mutant (unmarked): 1e9 -> 1000000001.0: a wake-up 1 ns per second early
+            # only means one more look
             return (end - now) / 1e9
 
     def wait_blocking(self, target: Target) -> None:

@@ -5,7 +5,7 @@
 prints requests/s against the server's device bound and the /health latency (p50, p99) while
 the clients run. Each reply must carry its own request's numbers back: a reply mixed up across
 a batch counts as an error. ``serving()`` starts ``inference_server.py`` in a subprocess for
-tests and benchmarks (``tests/test_inference_server.py``, ``benchmarks/bench_server.py``).
+tests and benchmarks (``tests/tooling/test_inference_server.py``, ``benchmarks/bench_server.py``).
 """
 
 from __future__ import annotations

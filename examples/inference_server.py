@@ -445,10 +445,13 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         batcher = Batcher(model, ais.device(device), **batcher_options)
         app.state.batcher = batcher
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(batcher.run)
-            yield
-            tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(batcher.run)
+                yield
+                tg.cancel_scope.cancel()
+        finally:
+            del app.state.batcher  # its streams and buffers go with it, not with the app
 
     app = FastAPI(title="aiostream inference server", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_error)

@@ -57,135 +57,65 @@ class Module:
     tests: tuple[str, ...]
 
 
-# the tests of streams and events beside their own files (event.py's and stream.py's)
-_STREAMS_AND_EVENTS = (
-    "tests/test_conformance.py",
-    "tests/test_outside_contracts.py",
-    "tests/test_faults.py",
-    "tests/test_profiler.py",
-    "tests/test_cuda.py",
-    "tests/test_cuda_contract.py",
-    "tests/test_await.py",
-    "tests/test_documented.py",
-    "tests/test_interop_peers.py",
+# The test files of each module, as folders or files: its own area, the white-box tests of
+# it, the conformance suite (every backend keeps the semantics), and the CUDA tests where its
+# code has a CUDA side. Each must pass as it is. The fuzzers of every public call
+# (tests/api/test_every_public_name.py, test_bad_input.py) reach every module and are left
+# out: each would run for every mutant. So are the slow tests (not collected without
+# --run-slow): whole programs in subprocesses, which mutmut does not follow.
+_API = (
+    "tests/api/test_stream.py",
+    "tests/api/test_event.py",
+    "tests/api/test_device.py",
+    "tests/api/test_await.py",
+    "tests/api/test_conformance.py",
+    "tests/api/test_backend_protocol.py",
 )
-
-# The test files of each module: the ones written for it, the conformance suite (every
-# backend keeps the semantics), and the CUDA files where its code has a CUDA side. Each must
-# pass as it is; slow suites that reach a module only through the public surface
-# (test_bad_input, test_testing, test_fake_driver's subprocess runs) are left out.
+_CUDA = ("tests/cuda", "tests/internals/cuda")
 MODULES: dict[str, Module] = {
     "_objects": Module(
         ("aiostream/_objects.py",),
-        (
-            "tests/test_stream.py",
-            "tests/test_event.py",
-            "tests/test_device.py",
-            "tests/test_buffers.py",
-            "tests/test_conformance.py",
-            "tests/test_outside_contracts.py",
-            "tests/test_faults.py",
-            "tests/test_profiler.py",
-            "tests/test_cuda.py",
-            "tests/test_cuda_contract.py",  # finalizers at exit: a program's atexit handler
-            "tests/test_await.py",
-            "tests/test_documented.py",
-            "tests/test_exact_time.py",
-            "tests/test_virtual.py",
-            "tests/test_cuda_waits.py",
-        ),
+        (*_API, "tests/data/test_buffers.py", "tests/virtual", "tests/waiting", "tests/profiler")
+        + _CUDA,
     ),
     "event": Module(
         ("aiostream/event.py",),
-        (
-            "tests/test_event.py",
-            "tests/test_stream.py",
-            *_STREAMS_AND_EVENTS,
-            "tests/test_stand_in_driver.py",
-        ),
+        (*_API, "tests/virtual", "tests/waiting", "tests/profiler", *_CUDA)
+        + ("tests/interop/test_interop_peers.py",),
     ),
     "stream": Module(
         ("aiostream/stream.py",),
-        (
-            "tests/test_stream.py",
-            "tests/test_event.py",
-            *_STREAMS_AND_EVENTS,
-            "tests/test_profiler_output.py",
-        ),
+        (*_API, "tests/virtual", "tests/waiting", "tests/profiler", *_CUDA)
+        + ("tests/interop/test_interop_peers.py",),
     ),
     "buffers": Module(
         ("aiostream/buffers.py",),
-        (
-            "tests/test_buffers.py",
-            "tests/test_conformance.py",
-            "tests/test_outside_contracts.py",
-            "tests/test_profiler.py",
-            "tests/test_loader.py",
-            "tests/test_cuda.py",
-            "tests/test_cuda_contract.py",
-            "tests/test_documented.py",
-            "tests/test_dlpack.py",
-            "tests/test_interop_peers.py",
-        ),
+        ("tests/data", "tests/internals/data", "tests/api/test_conformance.py", "tests/virtual")
+        + ("tests/profiler", "tests/interop/test_dlpack.py", "tests/interop/test_interop_peers.py")
+        + _CUDA,
     ),
     "_waiting": Module(
         ("aiostream/_waiting.py",),
-        (
-            "tests/test_waiting.py",
-            "tests/test_conformance.py",
-            "tests/test_outside_contracts.py",
-            "tests/test_faults.py",
-            "tests/test_profiler.py",
-            "tests/test_storm.py",
-            "tests/test_cuda.py",
-            "tests/test_await.py",
-            "tests/test_documented.py",
-            "tests/test_exact_time.py",
-            "tests/test_cuda_waits.py",
-            "tests/test_loader.py",
-        ),
+        ("tests/waiting", "tests/internals/waiting", *_API, "tests/virtual", "tests/profiler")
+        + ("tests/data", *_CUDA),
     ),
     "loader": Module(
         ("aiostream/loader.py",),
-        (
-            "tests/test_loader.py",
-            "tests/test_profiler_output.py",
-            "tests/test_cuda.py",
-            "tests/test_cuda_contract.py",
-        ),
+        ("tests/data", "tests/internals/data", "tests/profiler/test_profiler_output.py")
+        + ("tests/cuda/test_cuda.py", "tests/cuda/test_memory.py")
+        + ("tests/cuda/test_close_and_exit.py",),
     ),
     "virtual": Module(
         ("aiostream/_backends/virtual/*.py",),
-        (
-            "tests/test_virtual.py",
-            "tests/test_scheduler.py",
-            "tests/test_faults.py",
-            "tests/test_conformance.py",
-            "tests/test_backend_protocol.py",
-            "tests/test_stream.py",
-            "tests/test_event.py",
-            "tests/test_buffers.py",
-            "tests/test_waiting.py",
-            "tests/test_outside_contracts.py",
-            "tests/test_documented.py",
-            "tests/test_exact_time.py",
-            "tests/test_profiler.py",
-            "tests/test_interop_peers.py",
-            "tests/test_dlpack.py",  # a virtual buffer's export as host memory
-        ),
+        ("tests/virtual", "tests/internals/virtual", "tests/internals/api", *_API)
+        + ("tests/data/test_buffers.py", "tests/waiting", "tests/internals/waiting")
+        + ("tests/profiler", "tests/interop/test_interop_peers.py", "tests/interop/test_dlpack.py"),
     ),
     "cuda": Module(
         ("aiostream/_backends/cuda/*.py",),
-        (
-            "tests/test_cuda.py",
-            "tests/test_cuda_contract.py",
-            "tests/test_cuda_waits.py",
-            "tests/test_conformance.py",
-            "tests/test_backend_protocol.py",
-            "tests/test_stand_in_driver.py",
-            "tests/test_dlpack.py",
-            "tests/test_interop_peers.py",
-        ),
+        (*_CUDA, "tests/api/test_conformance.py", "tests/api/test_backend_protocol.py")
+        + ("tests/internals/api", "tests/interop/test_dlpack.py")
+        + ("tests/interop/test_interop_peers.py",),
     ),
 }
 
@@ -194,14 +124,14 @@ MODULES: dict[str, Module] = {
 # clean one) must not fail by them.
 DESELECT: tuple[str, ...] = (
     # 5 ms differences in real time
-    "tests/test_cuda.py::test_waits_on_many_streams_complete_in_any_order",
+    "tests/cuda/test_cuda.py::test_waits_on_many_streams_complete_in_any_order",
     # 5000 waits within 10 s of real time: not under mutmut's instrumentation on a busy machine
-    "tests/test_cuda_waits.py::test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle",
+    "tests/cuda/test_scale.py::test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle",
     # check that a race report ends at the test's own line: mutmut's trampolines (a frame of
     # mutmut's between the package's) end it there instead
-    "tests/test_buffers.py::test_a_race_report_ends_at_the_read",
-    "tests/test_buffers.py::test_assert_no_races_lists_where",
-    "tests/test_dlpack.py::test_reading_an_export_while_a_copy_lands_is_a_race",
+    "tests/data/test_buffers.py::test_a_race_report_ends_at_the_read",
+    "tests/data/test_buffers.py::test_assert_no_races_lists_where",
+    "tests/interop/test_dlpack.py::test_reading_an_export_while_a_copy_lands_is_a_race",
 )
 
 # Imported once by mutmut's fork server, before it forks a process per mutant. Nothing here
@@ -251,36 +181,40 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 IN_CHILDREN = {
     # finalizers at exit: a program whose earlier atexit handler reads a buffer's view
     "aiostream._objects.x__finalizer": (
-        "tests/test_cuda_contract.py::test_after_the_close_at_exit",
+        "tests/cuda/test_close_and_exit.py::test_after_the_close_at_exit",
     ),
     # opening another process's shared memory: the exporter must be another, living process
     "aiostream._backends.cuda.sharing.xǁSharingǁipc_open": (
-        "tests/test_interop_peers.py::test_cuda_a_",
-        "tests/test_cuda_waits.py::test_a_buffer_opened_after_an_announced_wait",
+        "tests/interop/test_interop_peers.py::test_cuda_a_",
+        "tests/cuda/test_unseen_work.py::test_a_buffer_opened_after_an_announced_wait",
     ),
     "aiostream._backends.cuda.sharing.xǁSharingǁ_close": (
-        "tests/test_interop_peers.py::test_cuda_a_",
+        "tests/interop/test_interop_peers.py::test_cuda_a_",
     ),
     "aiostream._backends.cuda.backend.xǁCudaBackendǁmemory_from_ipc_handle": (
-        "tests/test_interop_peers.py::test_cuda_a_",
-        "tests/test_cuda_waits.py::test_a_buffer_opened_after_an_announced_wait",
+        "tests/interop/test_interop_peers.py::test_cuda_a_",
+        "tests/cuda/test_unseen_work.py::test_a_buffer_opened_after_an_announced_wait",
     ),
     # a watcher with no POSIX semaphores: a program that has none from the start
     "aiostream._backends.cuda.watcher.xǁWatcherǁ_run": (
-        "tests/test_cuda_waits.py::test_without_posix_semaphores",
+        "tests/internals/cuda/test_watcher.py::test_without_posix_semaphores",
     ),
     "aiostream._backends.cuda.watcher.xǁWatcherǁ__init__": (
-        "tests/test_cuda_waits.py::test_without_posix_semaphores",
+        "tests/internals/cuda/test_watcher.py::test_without_posix_semaphores",
     ),
     # what a program's exit does with work still pending: programs of the tests' own
     "aiostream._backends.cuda.devices.xǁDeviceǁdestroy_stream": (
-        "tests/test_cuda_contract.py::test_exit_",
+        "tests/cuda/test_close_and_exit.py::test_exit_",
     ),
-    "aiostream._backends.cuda.devices.xǁDeviceǁbusy": ("tests/test_cuda_contract.py::test_exit_",),
+    "aiostream._backends.cuda.devices.xǁDeviceǁbusy": (
+        "tests/cuda/test_close_and_exit.py::test_exit_",
+    ),
     "aiostream._backends.cuda.devices.xǁDeviceǁrelease_all": (
-        "tests/test_cuda_contract.py::test_exit_",
+        "tests/cuda/test_close_and_exit.py::test_exit_",
     ),
-    "aiostream._backends.cuda.memory.xǁMemoriesǁreap": ("tests/test_cuda_contract.py::test_exit_",),
+    "aiostream._backends.cuda.memory.xǁMemoriesǁreap": (
+        "tests/cuda/test_close_and_exit.py::test_exit_",
+    ),
 }
 
 # mutmut, run with two changes: a function that only one test called while mutmut learned

@@ -9,16 +9,21 @@ import anyio
 import pytest
 
 import aiostream as ais
+from tests.helpers.deadlines import deadline
 
 pytestmark = pytest.mark.anyio
 
 SHORT = 0.02  # seconds of device work: pending when awaited, quick to finish
+#: seconds of device work a query made at once still finds pending, on a loaded machine too
+PENDING = 0.2
+#: seconds of device work still pending after a short wait: wide margin for a loaded machine
+LONG = 0.5
 
 
 async def test_await_a_stream_waits_for_all_its_work(aiostream_device: ais.Device) -> None:
     s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
-    ais.delay(SHORT, stream=s)
+    ais.delay(PENDING, stream=s)
     assert s.query() is False
     await s
     assert s.query() is True
@@ -28,11 +33,11 @@ async def test_await_an_event_waits_for_what_it_captured(aiostream_device: ais.D
     s = ais.Stream(aiostream_device)
     ais.delay(SHORT, stream=s)
     e = s.record_event()
-    ais.delay(0.5, stream=s)  # after the record: not the event's work
-    with anyio.fail_after(0.4):
+    ais.delay(LONG, stream=s)  # after the record: not the event's work
+    with deadline(10, "the event's own work"):
         await e
     assert e.query() is True
-    assert s.query() is False
+    assert s.query() is False  # the await did not wait for the work recorded after it
     await s
 
 
@@ -63,7 +68,7 @@ async def test_await_uses_the_default_strategy(
 
 async def test_await_is_cancellable(aiostream_device: ais.Device) -> None:
     s = ais.Stream(aiostream_device)
-    ais.delay(0.3, stream=s)
+    ais.delay(LONG, stream=s)
     with anyio.move_on_after(0.05) as scope:
         await s
     assert scope.cancelled_caught

@@ -1,160 +1,63 @@
-"""Each backend implements the Backend protocol, and exactly the capabilities it declares.
-
-mypy checks the signatures (both backends subclass the protocols explicitly, so a missing or
-mistyped method fails ``mypy --strict`` in CI); these tests check the same at run time, and that
-the user objects ask for capabilities rather than kinds.
+"""The backend protocol as the user objects reach it (``tests/helpers/protocol.py``): a backend
+used directly refuses what the user objects refuse first; a stream is destroyed once and a
+default stream never; objects of a backend without interop refuse interop. The backends'
+classes against the protocol are checked in ``tests/internals/api/test_backend_classes.py``.
 """
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 
 import aiostream as ais
-from aiostream._backends.base import Backend, Interop, Timeline
-from aiostream._backends.cuda import CudaBackend
-from aiostream._backends.virtual import VirtualBackend
+from tests.helpers.protocol import backend, backend_of, handle_of
+from tests.helpers.stand_in import OK
 
 
-def _members(protocol: type) -> set[str]:
-    names = {n for n in vars(protocol) if not n.startswith("_")}
-    return names | set(getattr(protocol, "__annotations__", {}))
-
-
-@pytest.mark.parametrize(
-    ("cls", "capabilities"),
-    [(VirtualBackend, {Timeline}), (CudaBackend, {Interop})],
-    ids=["virtual", "cuda"],
-)
-def test_each_backend_implements_the_protocol_and_its_capabilities(
-    cls: type, capabilities: set[type]
+def test_the_virtual_backend_checks_what_the_user_objects_check_first(
+    clock: ais.virtual.VirtualClock,
 ) -> None:
-    assert Backend in cls.__mro__  # explicit: mypy checks every method against the protocol
-    for protocol in (Backend, Interop, Timeline):
-        declared = protocol in cls.__mro__
-        assert declared == (protocol is Backend or protocol in capabilities), protocol
-        if not declared:
-            continue
-        for name in _members(protocol):
-            own = inspect.getattr_static(cls, name)
-            assert own is not inspect.getattr_static(protocol, name, None), (
-                f"{cls.__name__}.{name} is the protocol's stub, not an implementation"
-            )
-    assert not inspect.isabstract(cls)
-
-
-def test_capabilities_are_seen_at_run_time() -> None:
-    backend = VirtualBackend()
-    try:
-        assert isinstance(backend, Timeline)
-        assert not isinstance(backend, Interop)
-    finally:
-        backend.close()
-
-
-def test_the_virtual_backend_checks_what_the_user_objects_check_first() -> None:
     """The user objects refuse bad calls before they reach a backend; the virtual backend,
-    used directly, refuses them too (its own tests and tools call it so)."""
-    from aiostream import NotReadyError
-
-    backend = VirtualBackend()
-    try:
-        start, end = (
-            backend.event_create(0, timing=True, blocking=False, interprocess=False)
-            for _ in range(2)
-        )
-        with pytest.raises(ValueError) as never:
-            backend.event_elapsed_ms(start, end)
-        assert str(never.value) == "elapsed_time() needs two recorded events"
-        s = backend.stream_create(0, 0)
-        with pytest.raises(ValueError) as negative:
-            backend.delay(s, -1.0)
-        assert str(negative.value) == "seconds must be >= 0 seconds, got -1.0"
-        backend.event_record(start, s)
-        backend.delay(s, 1.0)
-        backend.event_record(end, s)
-        with pytest.raises(NotReadyError) as busy:
-            backend.event_elapsed_ms(start, end)
-        assert str(busy.value) == (
-            "elapsed_time() needs both events complete; await synchronize() on the later one first"
-        )
-        assert backend.device_name(0) == "simulated"  # as `python -m aiostream info` says
-    finally:
-        backend.close()
-
-
-@pytest.mark.parametrize("device", ["virtual:0", "cuda:0"])
-def test_a_capture_of_an_event_never_recorded_is_complete(device: str) -> None:
-    """``event_capture`` of an event whose handle exists but that was never recorded (an
-    interprocess event handed out first) captures no work: its target is done, a watch is
-    called at once, and the release is idempotent. The user objects ask ``query()`` first, so
-    only a backend's direct callers reach it."""
-    from aiostream import _backends
-
-    if device.startswith("cuda") and not _backends.probe("cuda")[0]:
-        pytest.skip("needs a CUDA device (python -m aiostream info says why)")
-    if device.startswith("virtual"):
-        clock = ais.virtual.VirtualClock()
-        ais.virtual.reset(clock=clock)
-        clock.advance(1.5)
-    e = ais.Event(device, interprocess=True)
-    e.ipc_handle()  # the handle is made now, with nothing recorded
-    called: list[bool] = []
-    for wake in (False, True):
-        target = e._backend.event_capture(e._handle, wake)
-        assert target.done() is True
-        if device.startswith("virtual"):  # a wait held until released, on work done now
-            assert e._backend.leaks()[0] == (
-                "pending wait on virtual:0 stream 0 (for the work up to its 'sync', "
-                "submitted at t=1.500000000s)"
-            )
-        target.watch(lambda wake=wake: called.append(wake))  # type: ignore[misc]
-        target.release()
-        target.release()
-    assert called == [False, True]  # each watch at once
+    used directly, refuses them too (its own tests and tools call it so). Its clock stands
+    still: the work submitted here stays pending."""
+    virtual = backend("virtual")
+    start, end = (
+        virtual.event_create(0, timing=True, blocking=False, interprocess=False) for _ in range(2)
+    )
+    with pytest.raises(ValueError) as never:
+        virtual.event_elapsed_ms(start, end)
+    assert str(never.value) == "elapsed_time() needs two recorded events"
+    s = virtual.stream_create(0, 0)
+    with pytest.raises(ValueError) as negative:
+        virtual.delay(s, -1.0)
+    assert str(negative.value) == "seconds must be >= 0 seconds, got -1.0"
+    virtual.event_record(start, s)
+    virtual.delay(s, 1.0)
+    virtual.event_record(end, s)
+    with pytest.raises(ais.NotReadyError) as busy:
+        virtual.event_elapsed_ms(start, end)
+    assert str(busy.value) == (
+        "elapsed_time() needs both events complete; await synchronize() on the later one first"
+    )
+    assert virtual.device_name(0) == "simulated"  # as `python -m aiostream info` says
 
 
 @pytest.mark.parametrize("device", ["virtual:0", "cuda:0"])
 def test_a_stream_is_destroyed_once_and_a_default_stream_never(device: str) -> None:
     """``stream_destroy`` runs in finalizers: it never raises, a second call does nothing, and
     a device's default stream (which the backend does not own) stays usable."""
-    from aiostream import _backends
-
-    if device.startswith("cuda") and not _backends.probe("cuda")[0]:
+    if device.startswith("cuda") and not OK:
         pytest.skip("needs a CUDA device (python -m aiostream info says why)")
     s, default = ais.Stream(device), ais.default_stream(device)
-    backend = s._backend
-    live = backend.stats().streams if device.startswith("virtual") else None
+    owner = backend_of(s)
+    live = ais.virtual.stats().streams if device.startswith("virtual") else None
     for _ in range(2):
-        backend.stream_destroy(default._handle)
-        backend.stream_destroy(s._handle)
+        owner.stream_destroy(handle_of(default))
+        owner.stream_destroy(handle_of(s))
     if live is not None:
-        assert backend.stats().streams == live - 1
+        assert ais.virtual.stats().streams == live - 1
     ais.delay(0.001, stream=default)
     default.synchronize_blocking()
     assert default.query()
-
-
-def test_the_stand_in_driver_loads_where_it_has_devices() -> None:
-    """Where ``libcuda.so.1`` is the tests' stand-in with devices, the CUDA backend loads it.
-    The CUDA suites skip where no driver loads, so a loader that refused a working driver
-    would only make them skip; this test runs whether it loads or not."""
-    import ctypes
-    import os
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        pytest.skip("no libcuda.so.1 here (test_fake_driver.py runs this with the stand-in)")
-    if not hasattr(lib, "fake_cuda_live"):
-        pytest.skip("libcuda.so.1 is a real driver: the CUDA suites say whether it loads")
-    if os.environ.get("FAKE_CUDA_DEVICES") == "0" or os.environ.get("FAKE_CUDA_STUB") == "1":
-        pytest.skip("the stand-in is set to have no usable device")
-    driver = pytest.importorskip("cuda.bindings.driver")
-    from aiostream._backends.cuda.driver import load_driver
-
-    assert load_driver() is driver
 
 
 def test_objects_of_a_backend_without_interop_refuse_interop() -> None:

@@ -12,6 +12,7 @@ import pytest
 import aiostream as ais
 from aiostream.testing import VirtualTime
 from tests.helpers.process import in_spawned_process
+from tests.helpers.protocol import backend_of, handle_of
 
 pytestmark = pytest.mark.anyio
 
@@ -245,18 +246,16 @@ def test_a_virtual_handle_of_another_process_is_refused_word_for_word(what: str)
     """The whole message for a virtual handle made by another process (its process id, bytes
     36-40 of the backend's handle, is not this one's); the other process itself is tested in
     test_interop_peers, where the message is checked in part."""
-    import struct
-
-    from aiostream.buffers import _IPC_HEADER
-
     if what == "event":
         handle = bytearray(ais.Event(interprocess=True).ipc_handle())
         kept = None
+        at = 36
     else:
         kept = ais.DeviceBuffer(8, interprocess=True)
         handle = bytearray(kept.ipc_handle())
-    at = 36  # the backend's part of a buffer's handle comes after the buffer's own header
-    at += struct.calcsize(_IPC_HEADER) if what == "buffer" else 0
+        # the backend's part of a buffer's handle comes after the buffer's own header
+        memory = backend_of(kept).memory_ipc_handle(handle_of(kept))
+        at = bytes(handle).index(memory) + 36
     other = os.getpid() + 1
     handle[at : at + 4] = other.to_bytes(4, "little")
     with pytest.raises(ais.StaleHandleError) as stale:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import json
 import weakref
+from pathlib import Path
 
 import anyio
 import pytest
@@ -50,18 +52,26 @@ def test_priority_must_be_an_int(priority: object) -> None:
         ais.Stream(priority=priority)  # type: ignore[arg-type]
 
 
-def test_a_named_stream_carries_its_name_where_it_is_shown() -> None:
-    from aiostream.stream import stream_name
-
+def test_a_named_stream_carries_its_name_where_it_is_shown(tmp_path: Path) -> None:
     s = ais.Stream(name="loader")
     assert s.name == "loader"
     assert (
         repr(s) == f"<aiostream.Stream device=virtual:0 id={s.stream_id} priority=0 name='loader'>"
     )
-    assert stream_name(s.device, s.stream_id) == "loader"  # what traces and timelines show
     plain = ais.Stream()
-    assert plain.name is None and stream_name(plain.device, plain.stream_id) is None
+    assert plain.name is None
     assert repr(plain) == f"<aiostream.Stream device=virtual:0 id={plain.stream_id} priority=0>"
+    with ais.profile() as prof:  # what traces and timelines show: the name, if it has one
+        for stream in (s, plain):
+            ais.delay(0.0, stream=stream)
+            stream.synchronize_blocking()
+    prof.export_chrome_trace(tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    lanes = {e["args"]["name"] for e in events if e["name"] == "thread_name" and e["pid"] > 1}
+    assert lanes == {
+        f"virtual:0 stream {s.stream_id} (loader)",
+        f"virtual:0 stream {plain.stream_id}",
+    }
     with pytest.raises(TypeError) as caught:
         ais.Stream(name=1)  # type: ignore[arg-type]
     assert str(caught.value) == "name must be a str or None, got 1"

@@ -1,7 +1,9 @@
-"""The CUDA backend: run where ``cuda:0`` works (a GPU, or the stand-in driver of test_fake_driver).
+"""The CUDA backend, the basics: detection, streams and their priorities, other libraries'
+streams and events, events and their timing, driver errors and sticky device failures, every
+wait strategy, copies, the loader, and the names ``python -m aiostream info`` gives devices.
 
-Without either, every test here skips and says why; ``test_fake_driver.py`` then builds the
-stand-in ``libcuda.so.1`` and runs this file against it in a subprocess. Tests that use the
+Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver
+(``tests/fake_cuda``); without either, every test here skips and says why. Tests that use the
 stand-in's hooks (fault injection, handle counts) skip on a real GPU.
 """
 
@@ -10,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
-import re
 import sys
 import threading
 import time
@@ -22,15 +23,10 @@ import numpy as np
 import pytest
 
 import aiostream as ais
-from aiostream import _backends
-from tests.helpers.stand_in import (
-    EVENTS,
-    FAKE,
-    MODULES,
-    STREAMS,
-    hurry,
-    needs_stand_in,
-)
+from tests.helpers.cuda import device_finishes
+from tests.helpers.deadlines import deadline, until
+from tests.helpers.protocol import ANNOUNCED, STRATEGIES, backend
+from tests.helpers.stand_in import EVENTS, FAKE, MODULES, STREAMS, hurry, needs_stand_in
 
 pytestmark = pytest.mark.cuda
 
@@ -89,7 +85,7 @@ def test_objects_of_two_backends_are_never_mixed() -> None:
 
 
 def test_priorities_are_checked_against_the_drivers_range() -> None:
-    lowest, highest = _backends.get("cuda").priority_range(0)
+    lowest, highest = backend("cuda").priority_range(0)
     s = ais.Stream(DEV, priority=highest)
     assert s.priority == highest
     with pytest.raises(ValueError, match=rf"between {highest} \(highest\) and {lowest}"):
@@ -99,7 +95,7 @@ def test_priorities_are_checked_against_the_drivers_range() -> None:
 def test_priorities_reach_the_driver() -> None:
     """Each priority of the range is the stream's own in the driver (cuStreamGetPriority, through
     a wrapper of its handle), not only in aiostream's record of it."""
-    lowest, highest = _backends.get("cuda").priority_range(0)
+    lowest, highest = backend("cuda").priority_range(0)
     for priority in range(highest, lowest + 1):
         s = ais.Stream(DEV, priority=priority)
         assert s.priority == priority
@@ -324,6 +320,11 @@ def test_bad_ipc_handles_are_refused_cleanly() -> None:
 
 @needs_stand_in
 async def test_device_failures_are_sticky_cuda_errors(anyio_backend: object, fake: Any) -> None:
+    # what earlier tests dropped is freed now, while the device works (a free once it has
+    # failed fails, and the backend says so at exit)
+    hurry()
+    device_finishes()
+    ais.HostBuffer(1, device=DEV)
     s = ais.Stream(DEV)
     fake.fake_cuda_fail_next_launch(719)
     ais.delay(0.01, stream=s)
@@ -349,7 +350,7 @@ async def test_device_failures_are_sticky_cuda_errors(anyio_backend: object, fak
     ):
         with pytest.raises(ais.CudaError, match="LAUNCH_FAILED"):
             submit()
-    for strategy in ais._waiting.STRATEGIES:
+    for strategy in STRATEGIES:
         with anyio.fail_after(5), pytest.raises(ais.CudaError, match="LAUNCH_FAILED"):
             await e.synchronize(strategy=strategy)
     if ais.device_count("cuda") > 1:  # per device: another one works on
@@ -374,25 +375,10 @@ def test_query_raises_what_the_driver_reports(fake: Any) -> None:
         assert query() is True  # the next answer is the driver's own again
 
 
-def test_a_code_the_bindings_do_not_know_is_kept_unnamed() -> None:
-    """A code the installed bindings cannot name (a newer driver's) keeps its number; its
-    name is empty rather than a guess."""
-    from cuda.bindings import driver as cu
-
-    from aiostream._backends.cuda.driver import Driver
-
-    err = Driver(cu).error(54321, 0, "cuStreamQuery")
-    assert (err.code, err.name, err.device) == (54321, "", DEV)
-    assert str(err) == "cuStreamQuery failed on cuda:0: CUresult 54321"
-    known = Driver(cu).error(cu.CUresult.CUDA_ERROR_NOT_READY, None, "cuEventQuery")
-    assert (known.code, known.name, known.device) == (600, "CUDA_ERROR_NOT_READY", "cuda")
-    assert str(known).startswith("cuEventQuery failed on cuda: CUDA_ERROR_NOT_READY (600): ")
-
-
 # ---------------------------------------------------------------------- waiting strategies
 
 
-@pytest.mark.parametrize("strategy", ais._waiting.STRATEGIES)
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_every_strategy_waits_for_the_work(anyio_backend: object, strategy: str) -> None:
     s, other = ais.Stream(DEV), ais.Stream(DEV)
     calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
@@ -409,44 +395,9 @@ async def test_every_strategy_waits_for_the_work(anyio_backend: object, strategy
         launched = FAKE.fake_cuda_host_calls() - calls
         # A host function (sem_post) wakes the watcher for hybrid and callback waits; poll and
         # thread add nothing to the stream but the completion flag's write.
-        assert (launched > 0) if strategy in ais._waiting.WAKE else (launched == 0)
+        assert (launched > 0) if strategy in ANNOUNCED else (launched == 0)
         # never Python on the driver's thread
         assert FAKE.fake_cuda_host_calls_python() == python_calls
-
-
-@pytest.mark.parametrize("strategy", sorted(ais._waiting.WAKE))
-async def test_host_functions_wake_the_watcher(
-    anyio_backend: object, strategy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A callback (or handed-over hybrid) wait is announced by its host function, which wakes
-    the watcher: with the watcher's own 50 ms sweeps pushed out of reach, each wait still
-    resumes once its work is done, not at the next sweep."""
-    from aiostream._backends.cuda import watcher
-
-    monkeypatch.setattr(watcher, "HEALTH_S", 3600.0)  # its sweeps while waits are watched
-    backend: Any = _backends.get("cuda")
-    s = ais.Stream(DEV)
-    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
-    for _ in range(5):
-        ais.delay(3600.0 if FAKE is not None else 0.05, stream=s)  # ends when the test says
-        finished: list[bool] = []
-
-        async def wait(finished: list[bool] = finished) -> None:
-            await s.synchronize(strategy=strategy)
-            finished.append(True)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wait)
-            with anyio.fail_after(10):  # until the watcher has the wait (hybrid: after 1 ms)
-                while not backend.held(0)["watched"] and not finished:
-                    await anyio.sleep(0.001)
-            hurry()  # the work ends now (on a GPU, in its time)
-            with anyio.fail_after(10):  # a wait left to the sweep would take an hour
-                while not finished:
-                    await anyio.sleep(0.001)
-        assert s.query()
-    if FAKE is not None:
-        assert FAKE.fake_cuda_host_calls() - calls == 5
 
 
 async def test_the_global_strategy_applies_to_waits(anyio_backend: object) -> None:
@@ -478,11 +429,13 @@ async def test_waits_on_many_streams_complete_in_any_order(anyio_backend: object
 
     try:
         async with anyio.create_task_group() as tg:
-            for i, strategy in enumerate(("hybrid", *ais._waiting.STRATEGIES)):
+            for i, strategy in enumerate(("hybrid", *STRATEGIES)):
                 tg.start_soon(one, i, strategy)
-            with anyio.fail_after(10):
-                while len(done) < 4:
-                    await anyio.sleep(0.001)
+            await until(
+                lambda: len(done) >= 4,
+                "the waits on the four streams whose work ends to end",
+                seconds=10,
+            )
             assert sorted(done) == [1, 2, 3, 4]  # no wait blocked another
             assert not streams[0].query()  # all while the first one's work still runs
             hurry()  # its work ends now (on a GPU it ends by itself)
@@ -506,7 +459,7 @@ async def test_long_waits_cost_no_cpu(anyio_backend: object, strategy: str) -> N
 @pytest.mark.parametrize("strategy", ["thread", "hybrid", "callback", "poll"])
 async def test_cancelled_waits_leak_nothing(anyio_backend: object, strategy: str) -> None:
     # (slots of earlier tests' waits may never land: writes after a stand-in fault never run)
-    start = _backends.get("cuda").held(0)  # type: ignore[attr-defined]
+    start = backend("cuda").held(0)  # type: ignore[attr-defined]
     before = start["slots"]
     s = ais.Stream(DEV)
     ais.delay(0.1, stream=s)
@@ -515,11 +468,11 @@ async def test_cancelled_waits_leak_nothing(anyio_backend: object, strategy: str
         with anyio.move_on_after(0.002):
             await e.synchronize(strategy=strategy)
     assert ais.pending_waits() == []
-    held = _backends.get("cuda").held(0)  # type: ignore[attr-defined]
+    held = backend("cuda").held(0)  # type: ignore[attr-defined]
     assert held["watched"] == 0  # a cancelled wait is forgotten at once
     await e.synchronize(strategy=strategy)
-    with anyio.fail_after(2):  # the watcher frees the slots whose values have landed
-        while (held := _backends.get("cuda").held(0))["slots"] > before:  # type: ignore[attr-defined]
+    with deadline(2, "the watcher to free the slots whose values have landed"):
+        while (held := backend("cuda").held(0))["slots"] > before:  # type: ignore[attr-defined]
             await anyio.sleep(0.01)
     assert held["watched"] == 0, held
     # no stream or marker per wait (the health event may be new)
@@ -571,7 +524,7 @@ def test_handles_dropped_in_other_threads_are_released_once() -> None:
     marker behind until that work completes.)"""
 
     def events() -> int:
-        internal: int = _backends.get("cuda").held(0)["events"]  # type: ignore[attr-defined]
+        internal: int = backend("cuda").held(0)["events"]  # type: ignore[attr-defined]
         return int(FAKE.fake_cuda_live(EVENTS)) - internal
 
     gc.collect()
@@ -629,90 +582,14 @@ def test_info_names_each_device_as_the_driver_does() -> None:
     text before the NUL that ends it in the driver's buffer, nothing of what follows."""
     from aiostream.__main__ import info
 
-    backend = _backends.get("cuda")
-    names = [backend.device_name(i) for i in range(ais.device_count("cuda"))]
+    cuda = backend("cuda")
+    names = [cuda.device_name(i) for i in range(ais.device_count("cuda"))]
     for name in names:
         assert name and name.isprintable() and name == name.strip(), repr(name)
     if FAKE is not None:
         assert names == [f"aiostream fake GPU {i}" for i in range(len(names))]
     listed = ", ".join(f"cuda:{i} ({name})" for i, name in enumerate(names))
     assert f"device{'s' if len(names) != 1 else ''}: {listed}\n" in info()
-
-
-@pytest.mark.parametrize(
-    ("init", "count", "reason"),
-    [
-        (100, 1, "the NVIDIA driver found no CUDA device"),  # CUDA_ERROR_NO_DEVICE
-        (0, 0, "the NVIDIA driver found no CUDA device"),  # cuInit works, but no device
-        (
-            34,  # CUDA_ERROR_STUB_LIBRARY
-            1,
-            "libcuda.so.1 is the CUDA toolkit's stub library, not a driver: put the real "
-            "driver's library first on the library path",
-        ),
-        # any other failure: named as the driver names it (its message varies by driver)
-        (3, 1, "cuInit failed: CUDA_ERROR_NOT_INITIALIZED (3)"),
-    ],
-    ids=["no-device", "no-device-counted", "stub", "other"],
-)
-def test_why_the_driver_cannot_be_used_is_said_exactly(
-    monkeypatch: pytest.MonkeyPatch, init: int, count: int, reason: str
-) -> None:
-    """What cuInit and cuDeviceGetCount answer becomes the reason the backend gives, word for
-    word, up to the driver's own message of any other code (the bindings' calls are replaced
-    here, the driver itself is left as it is)."""
-    from cuda.bindings import driver
-
-    from aiostream._backends.cuda.driver import load_driver
-
-    monkeypatch.setattr(driver, "cuInit", lambda flags: (driver.CUresult(init),))
-    monkeypatch.setattr(driver, "cuDeviceGetCount", lambda: (driver.CUresult.CUDA_SUCCESS, count))
-    with pytest.raises(ais.BackendUnavailableError) as info:
-        load_driver()
-    said = info.value.reason
-    assert info.value.kind == "cuda" and (said == reason or said.startswith(f"{reason}: ")), said
-    assert str(info.value) == f"the 'cuda' backend is unavailable: {said}"
-
-
-def test_without_cuda_python_the_reason_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """No bindings to import: the cuda backend is unavailable, and says what to install or
-    use instead."""
-    from aiostream._backends.cuda.driver import load_driver
-
-    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # as if never installed
-    with pytest.raises(ais.BackendUnavailableError) as info:
-        load_driver()
-    assert info.value.kind == "cuda"
-    assert re.fullmatch(
-        r"cuda-python is not installed \(.+\); run 'pip install cuda-python', or use a "
-        r"virtual device \('virtual:0'\)",
-        info.value.reason,
-    ), info.value.reason
-
-
-def test_without_a_driver_library_the_reason_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The bindings import but find no ``libcuda.so.1`` (cuda.pathfinder raises a
-    RuntimeError from the first call): the cuda backend is unavailable, and says which
-    library is missing and what to install or use instead, word for word."""
-    from cuda.bindings import driver
-
-    from aiostream._backends.cuda.driver import load_driver
-
-    def no_library(flags: int) -> None:
-        raise RuntimeError("libcuda.so.1 not found")
-
-    monkeypatch.setattr(driver, "cuInit", no_library)
-    with pytest.raises(ais.BackendUnavailableError) as info:
-        load_driver()
-    assert info.value.kind == "cuda"
-    assert info.value.reason == (
-        "no NVIDIA driver library (libcuda.so.1) could be loaded (libcuda.so.1 not found); "
-        "install the NVIDIA driver, or use a virtual device ('virtual:0')"
-    )
 
 
 async def test_pageable_host_buffers_and_device_to_device_copies_move_the_data(

@@ -114,7 +114,7 @@ dropped = [ais.Stream("cuda:0") for _ in range(5)] + [ais.HostBuffer(64, device=
 worker = threading.Thread(target=lambda: (dropped.clear(), gc.collect()))
 worker.start(); worker.join()
 # nothing pending at exit: work still pending leaves its context to the exit, by design
-# (test_cuda_contract's exit tests); here every handle must be released
+# (tests/cuda/test_close_and_exit.py); here every handle must be released
 kept[0].synchronize_blocking()
 if sys.argv[1] == "dropped":
     del kept[2], view
@@ -144,17 +144,26 @@ def test_everything_is_released_once_at_interpreter_exit(
 
 NVTX = """
 import sys, types
-sys.modules["nvtx"] = types.ModuleType("nvtx")
+ranges = []
+nvtx = types.ModuleType("nvtx")  # the nvtx package, noting the ranges pushed and popped
+nvtx.push_range = lambda name: ranges.append(("push", name))
+nvtx.pop_range = lambda: ranges.append(("pop",))
+sys.modules["nvtx"] = nvtx
 import aiostream as ais
-from aiostream import _hooks
 ais.Stream("virtual:0")
-print("virtual", _hooks.nvtx is None)
+with ais.record_function("on virtual"):
+    pass
+print("virtual", ranges)
 ais.Stream("cuda:0")
-print("cuda", _hooks.nvtx is sys.modules["nvtx"])
+with ais.record_function("on cuda"):
+    pass
+print("cuda", ranges)
 """
 
 
 def test_the_cuda_backend_turns_nvtx_on_where_installed(stand_in_folder: Path) -> None:
+    """``record_function`` pushes an NVTX range once a CUDA backend is in use, where the
+    ``nvtx`` package is installed; not before, on a virtual device alone."""
     proc = run_on(stand_in_folder, "-c", NVTX)
     assert proc.returncode == 0, proc.stderr
-    assert "virtual True\ncuda True\n" in proc.stdout, proc.stdout
+    assert "virtual []\ncuda [('push', 'on cuda'), ('pop',)]\n" in proc.stdout, proc.stdout

@@ -16,14 +16,12 @@ from typing import Any
 import pytest
 
 from tests.helpers.process import run_python
-from tests.helpers.stand_in import FAKE, take_violations
+from tests.helpers.stand_in import FAKE, SLEEP_PTX, take_violations
 
-pytestmark = pytest.mark.stand_in
+pytestmark = [pytest.mark.cuda, pytest.mark.stand_in]
 
 if FAKE is not None:
     from cuda.bindings import driver as cu
-
-    from aiostream._backends.cuda.devices import sleep_ptx
 
 INVALID_VALUE, INVALID_CONTEXT, INVALID_HANDLE, NOT_READY, LAUNCH_FAILED = 1, 201, 400, 600, 719
 libc = ctypes.CDLL(None)
@@ -64,7 +62,7 @@ class Context:
     def sleep(self, stream: Any, seconds: float) -> None:
         """The sleep kernel on ``stream`` (context pushed by the caller)."""
         if self.module is None:
-            self.module = ok(cu.cuModuleLoadData(sleep_ptx()))
+            self.module = ok(cu.cuModuleLoadData(SLEEP_PTX))
         fn = ok(cu.cuModuleGetFunction(self.module, b"aiostream_sleep"))
         ns = round(seconds * 1e9)
         ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0))
@@ -228,7 +226,7 @@ def test_a_value_written_without_a_barrier_may_be_seen_before_the_work_before_it
             deadline = time.monotonic() + 5
             while seen.value != 5 and time.monotonic() < deadline:
                 time.sleep(0.0002)
-            assert seen.value == 5
+            assert seen.value == 5, "waited 5 s in vain for the value to land"
             before = ctypes.string_at(dst, 16), code(cu.cuStreamQuery(stream))
             if flags == 1:
                 assert before == (bytes(16), NOT_READY)

@@ -10,6 +10,7 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from tests.helpers.fuzzing import memory_cap
 
 pytestmark = pytest.mark.anyio
 
@@ -136,9 +137,8 @@ def test_a_virtual_device_refuses_memory_it_does_not_have(virtual_device: ais.De
     assert second.nbytes == 1000
 
 
-def test_memory_the_host_cannot_hold_is_refused_by_its_device(
-    virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.aiostream(memory=1 << 50)  # a device of a petabyte, the most a virtual one has
+def test_memory_the_host_cannot_hold_is_refused_by_its_device(virtual_device: ais.Device) -> None:
     """The simulator keeps every buffer's bytes in host memory: where the machine cannot hold
     them, the allocation is refused with a DeviceError of the device, as a driver refuses
     pinned memory, whether host or device memory was asked."""
@@ -150,18 +150,14 @@ def test_memory_the_host_cannot_hold_is_refused_by_its_device(
         "does not have it)"
     )
 
-    def no_memory(self: object, nbytes: int, *args: object, **kwargs: object) -> None:
-        raise MemoryError
-
-    from aiostream._backends.virtual import model
-
-    monkeypatch.setattr(model.Memory, "__init__", no_memory)  # a host short of memory
-    with pytest.raises(ais.DeviceError) as device:
-        ais.DeviceBuffer(600)
+    with memory_cap():  # the host cannot hold it, on any machine: refused at once
+        with pytest.raises(ais.DeviceError) as device:
+            ais.DeviceBuffer(1 << 50)  # free on the device
     assert device.value.device == "virtual:0"
     assert str(device.value) == (
-        "virtual:0 is out of memory: 600 bytes asked, 17179869184 of 17179869184 free; the "
-        "host could not hold it (aiostream.virtual.reset(memory=...) sets the size)"
+        "virtual:0 is out of memory: 1125899906842624 bytes asked, 1125899906842624 of "
+        "1125899906842624 free; the host could not hold it (aiostream.virtual.reset(memory=...) "
+        "sets the size)"
     )
 
 

@@ -38,11 +38,68 @@
  *   (1), any other is a violation (CUDA_ERROR_INVALID_VALUE). Without the barrier the write
  *   "may be reordered with writes issued before it": behind pending work, its value lands
  *   as that work ends, 20 ms before the work's own effects (its bytes, its completion).
- * - cuStreamWaitEvent takes flags 0 only: CU_EVENT_WAIT_EXTERNAL is for stream capture,
- *   which this driver does not do (a violation, CUDA_ERROR_INVALID_VALUE). A wait for a
- *   record not yet completed is an operation of the stream ("all operations in the stream",
- *   cuStreamQuery): the stream is busy, and cuStreamQuery answers CUDA_ERROR_NOT_READY, until
- *   the record completes.
+ * - cuStreamWaitEvent takes flags 0, and CU_EVENT_WAIT_EXTERNAL (1) from a capturing stream
+ *   only (any other use is a violation, CUDA_ERROR_INVALID_VALUE). A wait for a record not yet
+ *   completed is an operation of the stream ("all operations in the stream", cuStreamQuery):
+ *   the stream is busy, and cuStreamQuery answers CUDA_ERROR_NOT_READY, until the record
+ *   completes.
+ * - Stream capture (cuStreamBeginCapture_v2, cuStreamEndCapture, cuStreamIsCapturing,
+ *   cuStreamGetCaptureInfo _v2 and _v3, cuThreadExchangeStreamCaptureMode) and graphs
+ *   (cuGraphInstantiateWithFlags, which cuda-python 13's cuGraphInstantiate is, cuGraphLaunch,
+ *   cuGraphExecDestroy, cuGraphDestroy, cuGraphGetNodes), as the reference and the programming
+ *   guide's "CUDA Graphs" describe them; the section "stream capture" below says how, and where
+ *   the documentation leaves a case open this driver takes the least forgiving reading, said
+ *   at that spot. Work submitted to a capturing stream (kernels, async copies between pinned
+ *   or device memory, host functions, cuStreamWriteValue32, cuMemAllocAsync/cuMemFreeAsync,
+ *   an external event wait) does not run: it is a node of the capture's graph, which runs at
+ *   each cuGraphLaunch as operations of the launch stream, each due after its dependencies,
+ *   the stream's earlier work and the previous launch of its executable graph. Event records
+ *   and waits inside a capture are edges only: a launch records no event, and an event
+ *   recorded in a capture stays a captured event (also after the capture ended) until it is
+ *   recorded again outside any capture. A stream joins a capture by waiting for an event
+ *   recorded in it; each must be joined back into the origin (the origin waits, directly or
+ *   through other streams, for an event recorded on it after its last change) before
+ *   cuStreamEndCapture, else CUDA_ERROR_STREAM_CAPTURE_UNJOINED (904) and no graph. Refused,
+ *   each with its code and a violation (rule "capture"), invalidating the captures it
+ *   conflicts with:
+ *   . the potentially unsafe calls, where the calling thread's capture interaction mode
+ *     (per thread, GLOBAL to begin with) prohibits them: in GLOBAL mode while its own capture
+ *     not begun RELAXED, or another thread's begun GLOBAL, has not ended (an invalidated one
+ *     included); in THREAD_LOCAL mode its own only; never in RELAXED mode. They are:
+ *     cuEventQuery, cuEventSynchronize, cuStreamQuery, cuStreamSynchronize, cuCtxSynchronize,
+ *     cuMemAlloc, cuMemFree, cuMemHostAlloc, cuMemAllocHost, cuMemFreeHost,
+ *     cuIpcOpenMemHandle, cuIpcCloseMemHandle (they map and unmap memory as an allocation
+ *     does), an async copy to pageable host memory (it returns once it completed), and any
+ *     use of the legacy default stream (it synchronizes implicitly). This driver has no
+ *     synchronous cuMemcpy or cuMemset, no cuMemsetAsync, no cuMemHostRegister: they would
+ *     be too. CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900);
+ *   . in any mode, what necessarily conflicts with a capture: querying, synchronizing or
+ *     destroying a capturing stream, synchronizing its context, launching a graph into it,
+ *     copying pageable memory into it (900); querying, synchronizing or timing a captured
+ *     event, or waiting for one from a stream outside any capture once its capture ended
+ *     (CUDA_ERROR_CAPTURED_EVENT, 907); a capturing stream waiting for an event recorded
+ *     outside the capture (CUDA_ERROR_STREAM_CAPTURE_ISOLATION, 905) or captured in another
+ *     capture (CUDA_ERROR_STREAM_CAPTURE_MERGE, 902); work on the legacy stream while a
+ *     blocking stream (not CU_STREAM_NON_BLOCKING) of its context captures
+ *     (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, 906; cuStreamIsCapturing on it answers 906 without
+ *     harm, as documented);
+ *   . cuStreamBeginCapture on the default stream (900) or on a stream already capturing
+ *     (CUDA_ERROR_ILLEGAL_STATE, 401); cuStreamEndCapture on a stream not capturing (401), on
+ *     one that joined and is not the origin (CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, 903), from
+ *     another thread than the one that began a capture not begun RELAXED
+ *     (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, 908).
+ *   Once a capture is invalidated, its streams and events answer
+ *   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901, no new violation) until cuStreamEndCapture,
+ *   which answers 901 with a NULL graph and takes its streams out of capture. A call that
+ *   invalidates another thread's capture is a violation too, whether or not the caller
+ *   handled its error: every test catches a library breaking a capture. Graph memory: an
+ *   allocation node allocates at each launch, a launch while the previous one's allocation
+ *   is unfreed fails (CUDA_ERROR_INVALID_VALUE, unless AUTO_FREE_ON_LAUNCH), a graph with
+ *   memory nodes has one executable graph at a time. cuGraphExecDestroy of a launch in
+ *   flight lets it complete; a graph destroyed leaves its executable graphs whole. An
+ *   executable graph launches on a stream of its own context only (a violation,
+ *   CUDA_ERROR_INVALID_VALUE). A captured kernel takes no fake_cuda_fail_next_launch; the
+ *   first kernel node of the next graph launch does.
  * - IPC. Events and cuMemAlloc's memory are shared across processes through memfd mappings
  *   (the other process maps /proc/<pid>/fd/<fd>). cuIpcGetMemHandle takes the base of a
  *   cuMemAlloc allocation only (not a pool's); cuIpcOpenMemHandle takes
@@ -62,7 +119,8 @@
  * Environment: FAKE_CUDA_DEVICES (default 1; 0 makes cuInit fail with CUDA_ERROR_NO_DEVICE),
  * FAKE_CUDA_STUB=1 (cuInit fails as the toolkit's stub library does), FAKE_CUDA_NO_POOLS=1 (no
  * memory pools: cuMemAllocAsync returns CUDA_ERROR_NOT_SUPPORTED), FAKE_CUDA_ALLOC_NS,
- * FAKE_CUDA_RELAX (comma-separated rules to relax: context, portable, python-host-fn, exit),
+ * FAKE_CUDA_RELAX (comma-separated rules to relax: context, portable, python-host-fn, exit,
+ * capture: the refusals and invalidations of stream capture stay, uncounted),
  * FAKE_CUDA_TRACE=1 (print symbol lookups that fail, and violations as they happen).
  *
  * Test hooks (called through ctypes) are at the end of this file, each with its comment.
@@ -94,20 +152,25 @@ enum {
     NO_DEVICE = 100, INVALID_DEVICE = 101, INVALID_IMAGE = 200, INVALID_CONTEXT = 201,
     INVALID_HANDLE = 400, NOT_FOUND = 500, NOT_READY = 600, CONTEXT_IS_DESTROYED = 709,
     LAUNCH_FAILED = 719, NOT_SUPPORTED = 801,
+    ILLEGAL_STATE = 401, CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901,
+    CAPTURE_MERGE = 902, CAPTURE_UNMATCHED = 903, CAPTURE_UNJOINED = 904, CAPTURE_ISOLATION = 905,
+    CAPTURE_IMPLICIT = 906, CAPTURED_EVENT = 907, CAPTURE_WRONG_THREAD = 908,
 };
 enum { EV_BLOCKING = 1, EV_DISABLE_TIMING = 2, EV_INTERPROCESS = 4 };
 enum { HOST_PORTABLE = 1, HOST_DEVICEMAP = 2 };
 enum { ATTR_MEMORY_POOLS_SUPPORTED = 115 };
 enum { KIND_STREAM = 0, KIND_EVENT = 1, KIND_CONTEXT = 2, KIND_HOST = 3, KIND_DEVICE = 4,
-       KIND_MODULE = 5, KIND_FUNCTION = 6 };
-enum { RELAX_CONTEXT = 1, RELAX_PORTABLE = 2, RELAX_PYTHON_HOST_FN = 4, RELAX_EXIT = 8 };
+       KIND_MODULE = 5, KIND_FUNCTION = 6, KIND_GRAPH = 7, KIND_EXEC = 8, NKINDS = 9 };
+enum { RELAX_CONTEXT = 1, RELAX_PORTABLE = 2, RELAX_PYTHON_HOST_FN = 4, RELAX_EXIT = 8,
+       RELAX_CAPTURE = 16 };
 #define MAXDEV 8
 #define MAGIC 0xC0DA5EEDu
 #define COPY_LATENCY_NS 5000u
 #define COPY_BYTES_PER_NS 10u  /* 10 GB/s */
 
 static const char *kind_names[] = {"stream", "event", "context", "pinned host buffer",
-                                   "device buffer", "module", "function"};
+                                   "device buffer", "module", "function", "graph",
+                                   "executable graph"};
 
 /* ------------------------------------------------------------------ objects */
 
@@ -136,6 +199,17 @@ typedef struct Stream {
     int priority, is_null;
     uint64_t tail;         /* due time of its last operation */
     uint64_t submitted, done;
+    unsigned flags;        /* CU_STREAM_NON_BLOCKING (1) or not: a blocking stream */
+    /* stream capture (see "stream capture" below) */
+    struct Capture *cap;   /* the capture sequence it is part of, or NULL */
+    int member;            /* its index among the capture's streams */
+    struct Node **deps;    /* the nodes its next captured node depends on */
+    int ndeps, capdeps;
+    uint64_t version;      /* bumped by every change of ``deps``: the state a join must see */
+    uint64_t *seen;        /* the latest version of each stream of the capture it has waited */
+    int nseen;             /* for, directly or through other streams (for the join check) */
+    unsigned char *edges;  /* zeroed edge data for cuStreamGetCaptureInfo */
+    int nedges;
 } Stream;
 
 typedef struct Event {
@@ -150,6 +224,12 @@ typedef struct Event {
     int ipc_fd;
     const struct IpcEventState *remote;  /* opened from another process: its state */
     pid_t remote_pid;
+    struct Capture *cap;   /* last recorded in a capturing stream of this capture (a "captured
+                            * event", until recorded again outside any capture); else NULL */
+    struct Node **cap_deps;              /* what its record captured: the stream's nodes */
+    int cap_ndeps;
+    uint64_t *seen;                      /* and the stream versions it had seen */
+    int nseen;
 } Event;
 
 typedef struct Module { Obj h; } Module;
@@ -169,6 +249,10 @@ typedef struct Block {
     long opens;            /* its cuIpcOpenMemHandle references */
     uint64_t serial;       /* which export: the handle of a new allocation differs */
     pid_t exporter;        /* imported: the process that exported it */
+    struct Graph *graph_owner;  /* made by an allocation node captured into this graph */
+    int graph_live;        /* such memory, allocated by a launch and not freed since */
+    uint64_t epoch;        /* such memory's allocations by launches: ``pending`` counts the
+                            * operations of the latest only (0 for all other memory) */
 } Block;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -181,6 +265,7 @@ static __thread Ctx *ctx_stack[32];
 static __thread int ctx_depth;
 static int fail_next_code;
 static long violations, leaks, host_calls, host_calls_python;
+static long captures_invalidated, graph_nodes_run;  /* for the test hooks */
 static uint64_t host_fn_ns;  /* how late each host function runs after the work before it */
 static uint64_t host_fn_return_ns;  /* how long after its host function returns the stream goes on */
 static char vlog[16][240];
@@ -520,6 +605,8 @@ typedef struct Op {
     Block *block;                /* OP_ALLOC, OP_FREE */
     uint32_t value;              /* OP_WRITE32: written at dst */
     int early;                   /* OP_WRITE32 without a barrier: before the work it follows */
+    int graph;                   /* a node of a graph launch */
+    uint64_t epoch_dst, epoch_src;  /* the allocation of bdst, bsrc it uses (Block.epoch) */
 } Op;
 
 static Op **heap;
@@ -558,6 +645,12 @@ static Op *heap_pop(void) {
     }
     if (nheap) heap[i] = last;
     return top;
+}
+
+/* The operation uses its memory until it completes (lock held). */
+static void use_blocks(Op *op) {
+    if (op->bdst) op->bdst->pending++, op->epoch_dst = op->bdst->epoch;
+    if (op->bsrc) op->bsrc->pending++, op->epoch_src = op->bsrc->epoch;
 }
 
 /* Check, when an operation runs, that the memory it uses may be used (lock held). */
@@ -626,16 +719,18 @@ static void complete(Op *op) {
     case OP_ALLOC:
         op->block->ready = 1;
         break;
-    case OP_FREE:
-        if (op->block->pending > 0) {
+    case OP_FREE:  /* (op->rec: the allocation it frees; a later launch's is not its own) */
+        if (op->block->pending > 0 && op->rec == op->block->epoch) {
             violation("cuMemFreeAsync freed device memory that %ld pending operation(s) still "
                       "use: they run after the free", op->block->pending);
         }
-        release_block(op->block);
+        if (op->block->graph_owner) op->block->ready = 0;  /* its graph allocates it again */
+        else release_block(op->block);
         break;
     }
-    if (op->bdst) op->bdst->pending--;
-    if (op->bsrc) op->bsrc->pending--;
+    if (op->graph) graph_nodes_run++;
+    if (op->bdst && op->epoch_dst == op->bdst->epoch) op->bdst->pending--;
+    if (op->bsrc && op->epoch_src == op->bsrc->epoch) op->bsrc->pending--;
     free(op->staging);
     s->done++;
     if (op->gen == c->gen) c->done++;
@@ -721,8 +816,11 @@ static CUresult wait_for(const uint64_t *done, uint64_t target, Ctx *c, unsigned
 /* Releasing the last reference: every object of the context is destroyed. A handle still
  * alive then was leaked, except memory while the context still had work pending (memory
  * that work may use cannot be freed before it completes; the reset reclaims it). */
+static void drop_captures(Ctx *c);
+
 static void reset_context(Ctx *c) {
     long live_handles = 0;
+    drop_captures(c);  /* its streams are destroyed: their captures are over */
     int busy = c->done < c->submitted;
     for (size_t i = 0; i < nobjects; i++) {
         Obj *o = objects[i];
@@ -762,6 +860,344 @@ static void reset_context(Ctx *c) {
     pthread_cond_broadcast(&progress);
 }
 
+/* ------------------------------------------------------------------ stream capture */
+
+/* Stream capture, as the driver API reference (cuStreamBeginCapture, cuStreamEndCapture,
+ * cuThreadExchangeStreamCaptureMode, cuStreamWaitEvent's CU_EVENT_WAIT_EXTERNAL) and the
+ * programming guide ("CUDA Graphs": stream capture, cross-stream dependencies and events,
+ * prohibited and unhandled operations, invalidation) describe it. A capture sequence is begun
+ * on an origin stream by a thread, in a mode; a stream joins it by waiting for an event
+ * recorded in it (a fork), and must be joined back into the origin stream (the origin waits
+ * for an event recorded on it after its last work) before cuStreamEndCapture. Work submitted
+ * to a capturing stream does not run: it becomes a node of the capture's graph, depending on
+ * the nodes before it in its stream and on those of the events the stream waited for. Event
+ * records and waits inside one capture are edges, not nodes (a launch of the graph records
+ * no event); a wait with CU_EVENT_WAIT_EXTERNAL is a node. */
+
+enum { MODE_GLOBAL = 0, MODE_THREAD_LOCAL = 1, MODE_RELAXED = 2 };
+/* CUstreamCaptureStatus (NONE 0, ACTIVE 1, INVALIDATED 2), and this driver's "ended" */
+enum { CAP_NONE = 0, CAP_ACTIVE = 1, CAP_INVALIDATED = 2, CAP_ENDED = 3 };
+
+typedef struct Node {
+    int kind;                    /* OP_KERNEL, OP_COPY, OP_HOSTFN, OP_WRITE32, OP_ALLOC,
+                                  * OP_FREE, OP_TOUCH, or OP_WAIT (an external event wait) */
+    int index;                   /* its place in its graph (the graph is in capture order,
+                                  * so a node's dependencies come before it) */
+    struct Node **deps;
+    int ndeps;
+    uint64_t ns;                 /* how long it runs */
+    char *dst, *src;             /* OP_COPY, OP_WRITE32 (dst), OP_TOUCH (src) */
+    size_t n;
+    Block *bdst, *bsrc;
+    CUhostFn fn;                 /* OP_HOSTFN */
+    void *data;
+    Block *block;                /* OP_ALLOC, OP_FREE */
+    uint32_t value;              /* OP_WRITE32 */
+    unsigned flags;
+    Event *event;                /* OP_WAIT */
+} Node;
+
+typedef struct Graph {
+    Obj h;
+    Node **nodes;
+    int nnodes, capnodes;
+    int mem_nodes;               /* allocation or free nodes */
+    int execs;                   /* live executable graphs made from it */
+    struct Capture *capture;     /* the capture that builds it */
+} Graph;
+
+typedef struct Exec {
+    Obj h;
+    Graph *graph;
+    Node **nodes;                /* its own copy: the graph may be destroyed */
+    int nnodes;
+    unsigned long long flags;
+    uint64_t tail;               /* due time of its last launch's last node */
+} Exec;
+
+typedef struct Capture {
+    uint64_t id;
+    int mode, status;
+    pthread_t thread;            /* the thread that began it */
+    Ctx *ctx;
+    Stream *origin;
+    Stream **members;            /* the origin and the streams that joined it */
+    int nmembers, capmembers;
+    Graph *graph;
+} Capture;
+
+static Capture **captures;       /* every capture begun (never freed: events remember theirs) */
+static size_t ncaptures, capcaptures;
+static long open_captures;       /* not ended */
+static uint64_t capture_ids;
+static __thread int capture_mode = MODE_GLOBAL;  /* cuThreadExchangeStreamCaptureMode */
+
+static const char *mode_name(int mode) {
+    return mode == MODE_GLOBAL ? "GLOBAL" : mode == MODE_THREAD_LOCAL ? "THREAD_LOCAL"
+                                                                      : "RELAXED";
+}
+
+static int is_own(const Capture *c) { return pthread_equal(c->thread, pthread_self()); }
+
+/* A breach of the rules of stream capture (rule "capture"): counted unless relaxed. */
+static void capture_violation(const char *fmt, ...) {
+    char buf[240];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (!(relaxed & RELAX_CAPTURE)) violation("%s", buf);
+}
+
+/* Invalidate ``c`` if it is active; whether it was. */
+static int invalidate(Capture *c) {
+    if (c == NULL || c->status != CAP_ACTIVE) return 0;
+    c->status = CAP_INVALIDATED;
+    captures_invalidated++;
+    return 1;
+}
+
+/* The end of a violation's description: which capture the call invalidated, and whose. */
+static const char *invalidated_note(const Capture *c, int newly) {
+    if (!newly) return "";
+    return is_own(c) ? ", and its capture is invalidated"
+                     : ", and it invalidated the capture of another thread";
+}
+
+static void seen_raise(uint64_t **seen, int *n, int i, uint64_t v) {
+    if (i >= *n) {
+        *seen = realloc(*seen, (size_t)(i + 1) * sizeof **seen);
+        memset(*seen + *n, 0, (size_t)(i + 1 - *n) * sizeof **seen);
+        *n = i + 1;
+    }
+    if ((*seen)[i] < v) (*seen)[i] = v;
+}
+
+static uint64_t seen_get(const uint64_t *seen, int n, int i) { return i < n ? seen[i] : 0; }
+
+static void deps_add(Node ***deps, int *n, int *cap, Node *node) {
+    for (int i = 0; i < *n; i++) if ((*deps)[i] == node) return;
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 4;
+        *deps = realloc(*deps, (size_t)*cap * sizeof **deps);
+    }
+    (*deps)[(*n)++] = node;
+}
+
+/* The stream's dependency set changed: its new state. */
+static void bump(Stream *s) {
+    s->version++;
+    seen_raise(&s->seen, &s->nseen, s->member, s->version);
+}
+
+static void add_member(Capture *c, Stream *s) {
+    if (c->nmembers == c->capmembers) {
+        c->capmembers = c->capmembers ? 2 * c->capmembers : 4;
+        c->members = realloc(c->members, (size_t)c->capmembers * sizeof *c->members);
+    }
+    s->member = c->nmembers;
+    c->members[c->nmembers++] = s;
+    s->cap = c;
+    s->ndeps = 0;
+    s->version = 0;
+    s->nseen = 0;
+    bump(s);
+}
+
+/* End ``c``: its streams leave capture. */
+static void end_capture(Capture *c) {
+    for (int i = 0; i < c->nmembers; i++) {
+        Stream *s = c->members[i];
+        s->cap = NULL;
+        free(s->deps);
+        free(s->seen);
+        s->deps = NULL;
+        s->seen = NULL;
+        s->ndeps = s->capdeps = s->nseen = 0;
+        s->version = 0;
+    }
+    c->status = CAP_ENDED;
+    open_captures--;
+}
+
+static void drop_captures(Ctx *ctx) {
+    for (size_t i = 0; i < ncaptures; i++) {
+        if (captures[i]->ctx == ctx && captures[i]->status != CAP_ENDED) end_capture(captures[i]);
+    }
+}
+
+/* A new node of the capture of ``s``, depending on the stream's dependency set, which it
+ * then replaces (lock held). */
+static Node *add_node(Stream *s, int kind, uint64_t ns) {
+    Graph *g = s->cap->graph;
+    Node *node = calloc(1, sizeof *node);
+    node->kind = kind;
+    node->ns = ns;
+    node->index = g->nnodes;
+    node->ndeps = s->ndeps;
+    if (s->ndeps) {
+        node->deps = malloc((size_t)s->ndeps * sizeof *node->deps);
+        memcpy(node->deps, s->deps, (size_t)s->ndeps * sizeof *node->deps);
+    }
+    if (g->nnodes == g->capnodes) {
+        g->capnodes = g->capnodes ? 2 * g->capnodes : 16;
+        g->nodes = realloc(g->nodes, (size_t)g->capnodes * sizeof *g->nodes);
+    }
+    g->nodes[g->nnodes++] = node;
+    if (kind == OP_ALLOC || kind == OP_FREE) g->mem_nodes++;
+    s->ndeps = 0;
+    deps_add(&s->deps, &s->ndeps, &s->capdeps, node);
+    bump(s);
+    return node;
+}
+
+/* ``e`` recorded in the capture of ``s``: it captures the stream's dependencies. */
+static void capture_record(Event *e, Stream *s) {
+    e->cap = s->cap;
+    free(e->cap_deps);
+    e->cap_deps = NULL;
+    e->cap_ndeps = 0;
+    if (s->ndeps) {
+        e->cap_deps = malloc((size_t)s->ndeps * sizeof *e->cap_deps);
+        memcpy(e->cap_deps, s->deps, (size_t)s->ndeps * sizeof *e->cap_deps);
+        e->cap_ndeps = s->ndeps;
+    }
+    free(e->seen);
+    e->seen = NULL;
+    e->nseen = 0;
+    for (int i = 0; i < s->nseen; i++) seen_raise(&e->seen, &e->nseen, i, s->seen[i]);
+}
+
+/* ``e`` recorded outside any capture: no longer a captured event. */
+static void uncapture(Event *e) {
+    e->cap = NULL;
+    free(e->cap_deps);
+    free(e->seen);
+    e->cap_deps = NULL;
+    e->seen = NULL;
+    e->cap_ndeps = e->nseen = 0;
+}
+
+/* A capturing ``s`` waits for ``e``, captured in the same capture: its next node depends on
+ * what the record captured too. */
+static void capture_merge(Stream *s, const Event *e) {
+    for (int i = 0; i < e->cap_ndeps; i++) deps_add(&s->deps, &s->ndeps, &s->capdeps, e->cap_deps[i]);
+    for (int i = 0; i < e->nseen; i++) seen_raise(&s->seen, &s->nseen, i, e->seen[i]);
+    bump(s);
+}
+
+/* Whether a blocking stream (not CU_STREAM_NON_BLOCKING) of ``ctx`` is in a capture that has
+ * not ended; invalidating those captures when ``inval``. How many were newly invalidated
+ * in ``*newly``, and one of them in ``*which``. */
+static int blocking_capture(Ctx *ctx, int inval, int *newly, Capture **which) {
+    int found = 0;
+    for (size_t i = 0; i < ncaptures; i++) {
+        Capture *c = captures[i];
+        if (c->status == CAP_ENDED || c->ctx != ctx) continue;
+        for (int j = 0; j < c->nmembers; j++) {
+            if (c->members[j]->flags & 1) continue;
+            found = 1;
+            if (inval && invalidate(c)) {
+                if (newly) (*newly)++;
+                if (which) *which = c;
+            }
+            break;
+        }
+    }
+    return found;
+}
+
+/* A potentially unsafe call by the calling thread (lock held): refused with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED where the thread's mode prohibits it, and the
+ * captures it conflicts with are invalidated. GLOBAL: while the thread's own capture begun in
+ * a mode other than RELAXED is under way, or another thread's begun in GLOBAL mode;
+ * THREAD_LOCAL: its own only; RELAXED: never. A capture that was invalidated and not yet ended
+ * is still under way (the least forgiving reading: its streams are still in capture mode,
+ * cuStreamIsCapturing says CU_STREAM_CAPTURE_STATUS_INVALIDATED). */
+static CUresult unsafe_call(const char *call) {
+    if (open_captures == 0 || capture_mode == MODE_RELAXED) return OK;
+    int own = 0, others = 0, newly_own = 0, newly_others = 0;
+    for (size_t i = 0; i < ncaptures; i++) {
+        Capture *c = captures[i];
+        if (c->status == CAP_ENDED) continue;
+        if (is_own(c)) {
+            if (c->mode == MODE_RELAXED) continue;
+            own++;
+            newly_own += invalidate(c);
+        } else {
+            if (capture_mode != MODE_GLOBAL || c->mode != MODE_GLOBAL) continue;
+            others++;
+            newly_others += invalidate(c);
+        }
+    }
+    if (!own && !others) return OK;
+    capture_violation("%s (a potentially unsafe call) in %s mode while %s is under way: "
+                      "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED%s%s", call, mode_name(capture_mode),
+                      own ? "the thread's own capture" : "another thread's GLOBAL capture",
+                      newly_own ? ", and its capture is invalidated" : "",
+                      newly_others ? ", and it invalidated the capture of another thread" : "");
+    return CAPTURE_UNSUPPORTED;
+}
+
+/* A use of the legacy default stream (lock held): while a blocking stream of its context
+ * captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (the legacy stream would depend on it) and
+ * those captures invalidated, whatever the mode; else a potentially unsafe call (the legacy
+ * stream synchronizes implicitly). */
+static CUresult legacy_use(const char *call, Stream *s) {
+    if (!s->is_null || open_captures == 0) return OK;
+    int newly = 0;
+    Capture *which = NULL;
+    if (blocking_capture(s->h.ctx, 1, &newly, &which)) {
+        capture_violation("%s on the legacy default stream while a blocking stream of cuda:%d "
+                          "captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT%s", call,
+                          s->h.ctx->dev, which ? invalidated_note(which, 1) : "");
+        return CAPTURE_IMPLICIT;
+    }
+    return unsafe_call(call);
+}
+
+/* Work submitted to ``s`` (lock held): the legacy stream's rules; a stream of an invalidated
+ * capture answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED until cuStreamEndCapture. */
+static CUresult stream_use(const char *call, Stream *s) {
+    CUresult r = legacy_use(call, s);
+    if (r != OK) return r;
+    if (s->cap && s->cap->status == CAP_INVALIDATED) return CAPTURE_INVALIDATED;
+    return OK;
+}
+
+/* ``s`` queried, synchronized or destroyed (lock held): a capturing stream cannot be, in any
+ * mode (it "necessarily conflicts"): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and its capture
+ * invalidated. ``unsafe``: the call is potentially unsafe besides. */
+static CUresult stream_sync_use(const char *call, Stream *s, int unsafe) {
+    CUresult r = legacy_use(call, s);
+    if (r != OK) return r;
+    if (s->cap && s->cap->status == CAP_INVALIDATED) return CAPTURE_INVALIDATED;
+    if (s->cap) {
+        int newly = invalidate(s->cap);
+        capture_violation("%s of a capturing stream: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED%s",
+                          call, invalidated_note(s->cap, newly));
+        return CAPTURE_UNSUPPORTED;
+    }
+    return unsafe && !s->is_null ? unsafe_call(call) : OK;
+}
+
+/* ``e`` queried, synchronized or timed (lock held): not while it is a captured event,
+ * whatever the mode: CUDA_ERROR_CAPTURED_EVENT, also once its capture ended (until it is
+ * recorded again outside a capture); its capture, if under way, is invalidated (the
+ * programming guide: "any associated capture graphs are invalidated"). An event of an
+ * invalidated capture answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+static CUresult event_use(const char *call, Event *e) {
+    Capture *c = e->cap;
+    if (c == NULL) return OK;
+    if (c->status == CAP_INVALIDATED) return CAPTURE_INVALIDATED;
+    int newly = invalidate(c);
+    capture_violation("%s of an event last recorded in a capturing stream%s: "
+                      "CUDA_ERROR_CAPTURED_EVENT%s", call,
+                      c->status == CAP_ENDED ? " (its capture has ended)" : "",
+                      invalidated_note(c, newly));
+    return CAPTURED_EVENT;
+}
+
 /* ------------------------------------------------------------------ init and devices */
 
 static unsigned parse_relax(const char *s) {
@@ -771,6 +1207,7 @@ static unsigned parse_relax(const char *s) {
     if (strstr(s, "portable")) r |= RELAX_PORTABLE;
     if (strstr(s, "python-host-fn")) r |= RELAX_PYTHON_HOST_FN;
     if (strstr(s, "exit")) r |= RELAX_EXIT;
+    if (strstr(s, "capture")) r |= RELAX_CAPTURE;
     return r;
 }
 
@@ -838,6 +1275,16 @@ static const char *error_name(CUresult r) {
     case CONTEXT_IS_DESTROYED: return "CUDA_ERROR_CONTEXT_IS_DESTROYED";
     case LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
     case NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case ILLEGAL_STATE: return "CUDA_ERROR_ILLEGAL_STATE";
+    case CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+    case CAPTURE_INVALIDATED: return "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED";
+    case CAPTURE_MERGE: return "CUDA_ERROR_STREAM_CAPTURE_MERGE";
+    case CAPTURE_UNMATCHED: return "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED";
+    case CAPTURE_UNJOINED: return "CUDA_ERROR_STREAM_CAPTURE_UNJOINED";
+    case CAPTURE_ISOLATION: return "CUDA_ERROR_STREAM_CAPTURE_ISOLATION";
+    case CAPTURE_IMPLICIT: return "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT";
+    case CAPTURED_EVENT: return "CUDA_ERROR_CAPTURED_EVENT";
+    case CAPTURE_WRONG_THREAD: return "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD";
     default: return NULL;
     }
 }
@@ -855,6 +1302,23 @@ static CUresult cuGetErrorString(CUresult r, const char **out) {
     case NOT_READY: *out = "device not ready"; return OK;
     case INVALID_CONTEXT: *out = "invalid device context"; return OK;
     case NOT_SUPPORTED: *out = "operation not supported"; return OK;
+    case ILLEGAL_STATE: *out = "the operation cannot be performed in the present state"; return OK;
+    case CAPTURE_UNSUPPORTED: *out = "operation not permitted when stream is capturing"; return OK;
+    case CAPTURE_INVALIDATED: *out = "operation failed due to a previous error during capture";
+        return OK;
+    case CAPTURE_MERGE: *out = "operation would result in a merge of separate capture sequences";
+        return OK;
+    case CAPTURE_UNMATCHED: *out = "capture was not ended in the same stream as it began";
+        return OK;
+    case CAPTURE_UNJOINED: *out = "capturing stream has unjoined work"; return OK;
+    case CAPTURE_ISOLATION: *out = "dependency created on uncaptured work in another stream";
+        return OK;
+    case CAPTURE_IMPLICIT: *out = "operation would make the legacy stream depend on a capturing "
+                                  "blocking stream"; return OK;
+    case CAPTURED_EVENT: *out = "operation not permitted on an event last recorded in a "
+                                "capturing stream"; return OK;
+    case CAPTURE_WRONG_THREAD: *out = "attempt to terminate a thread-local capture sequence from "
+                                      "another thread"; return OK;
     default: *out = error_name(r); return *out ? OK : INVALID_VALUE;
     }
 }
@@ -862,12 +1326,12 @@ static CUresult cuGetErrorString(CUresult r, const char **out) {
 /* ------------------------------------------------------------------ streams */
 
 static CUresult cuStreamCreateWithPriority(void **out, unsigned flags, int priority) {
-    (void)flags;
     ENTER();
     CUresult r = need_context("cuStreamCreateWithPriority", NULL);
     if (r != OK) LEAVE(r);
     Stream *s = new_object(sizeof *s, KIND_STREAM, current());
     s->priority = priority < -5 ? -5 : (priority > 0 ? 0 : priority);
+    s->flags = flags;
     *out = s;
     LEAVE(OK);
 }
@@ -893,6 +1357,13 @@ static CUresult cuStreamDestroy(void *h) {
     if (s == NULL) LEAVE(r);
     r = need_context("cuStreamDestroy", &s->h);
     if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    if (s->cap) {
+        /* the reference says nothing of a capturing stream; the least forgiving reading: it
+         * cannot be destroyed (its capture could not be joined or ended), as it cannot be
+         * synchronized */
+        CUresult rc = stream_sync_use("cuStreamDestroy", s, 0);
+        LEAVE(rc);
+    }
     s->h.dead = 1;  /* work already submitted still completes */
     LEAVE(r);
 }
@@ -903,6 +1374,7 @@ static CUresult cuStreamQuery(void *h) {
     Stream *s = stream_of(h, "cuStreamQuery", &r);
     if (s == NULL) LEAVE(r);
     if ((r = need_context("cuStreamQuery", &s->h)) != OK) LEAVE(r);
+    if ((r = stream_sync_use("cuStreamQuery", s, 1)) != OK) LEAVE(r);
     s->h.ctx->last_busy = s->done < s->submitted;
     LEAVE(s->done < s->submitted ? NOT_READY : OK);
 }
@@ -913,6 +1385,7 @@ static CUresult cuStreamSynchronize(void *h) {
     Stream *s = stream_of(h, "cuStreamSynchronize", &r);
     if (s == NULL) LEAVE(r);
     if ((r = need_context("cuStreamSynchronize", &s->h)) != OK) LEAVE(r);
+    if ((r = stream_sync_use("cuStreamSynchronize", s, 1)) != OK) LEAVE(r);
     LEAVE(wait_for(&s->done, s->submitted, s->h.ctx, s->h.gen));
 }
 
@@ -921,17 +1394,110 @@ static CUresult cuCtxSynchronize(void) {
     CUresult r = need_context("cuCtxSynchronize", NULL);
     if (r != OK) LEAVE(r);
     Ctx *c = current();
+    if (open_captures) {
+        /* it waits for every stream of the context: with one capturing, it necessarily
+         * conflicts with that capture, in any mode (the least forgiving reading; its
+         * reference lists CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) */
+        int found = 0, invalidated_only = 1, newly = 0;
+        Capture *which = NULL;
+        for (size_t i = 0; i < ncaptures; i++) {
+            Capture *k = captures[i];
+            if (k->status == CAP_ENDED || k->ctx != c) continue;
+            found = 1;
+            if (k->status == CAP_ACTIVE) invalidated_only = 0;
+            if (invalidate(k)) newly++, which = k;
+        }
+        if (found && invalidated_only) LEAVE(CAPTURE_INVALIDATED);
+        if (found) {
+            capture_violation("cuCtxSynchronize while a stream of cuda:%d captures: "
+                              "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED%s", c->dev,
+                              which ? invalidated_note(which, newly) : "");
+            LEAVE(CAPTURE_UNSUPPORTED);
+        }
+        if ((r = unsafe_call("cuCtxSynchronize")) != OK) LEAVE(r);
+    }
     LEAVE(wait_for(&c->done, c->submitted, c, c->gen));
 }
 
 static Event *source_of(Event *e) { return e->peer ? e->peer : e; }
 
+enum { EVENT_WAIT_EXTERNAL = 1 };
+
+/* cuStreamWaitEvent from a capturing stream (lock held; ``src`` is the event's source). */
+static CUresult capture_wait(Stream *s, Event *e, Event *src, unsigned flags) {
+    Capture *c = s->cap;
+    if (flags == EVENT_WAIT_EXTERNAL) {
+        /* an external event node waits, at each launch, for the event's latest record then.
+         * The least forgiving reading: only for an event recorded outside any capture (an
+         * event captured is no record a launch could wait for) */
+        if (src->cap) {
+            int newly = invalidate(c);
+            capture_violation("cuStreamWaitEvent with CU_EVENT_WAIT_EXTERNAL on an event last "
+                              "recorded in a capturing stream: CUDA_ERROR_CAPTURED_EVENT%s",
+                              invalidated_note(c, newly));
+            return CAPTURED_EVENT;
+        }
+        if (e->remote) {
+            violation("cuStreamWaitEvent with CU_EVENT_WAIT_EXTERNAL on an event of another "
+                      "process: this stand-in does not capture such waits");
+            return NOT_SUPPORTED;
+        }
+        add_node(s, OP_WAIT, 0)->event = src;
+        return OK;
+    }
+    if (src->cap == c) {  /* an edge inside the capture (a join, where s is the origin) */
+        capture_merge(s, src);
+        return OK;
+    }
+    if (src->cap) {
+        /* another capture's event, under way or ended (an ended capture's event still
+         * belongs to its graph): both captures are invalidated */
+        Capture *other = src->cap;
+        int newly = invalidate(c), newly_other = invalidate(other);
+        capture_violation("cuStreamWaitEvent from a capturing stream on an event of another "
+                          "capture sequence: CUDA_ERROR_STREAM_CAPTURE_MERGE%s%s",
+                          invalidated_note(c, newly), invalidated_note(other, newly_other));
+        return CAPTURE_MERGE;
+    }
+    /* recorded outside any capture (or never recorded: the least forgiving reading counts
+     * that too): a dependency across the capture's boundary */
+    int newly = invalidate(c);
+    capture_violation("cuStreamWaitEvent from a capturing stream on an event recorded outside "
+                      "the capture: CUDA_ERROR_STREAM_CAPTURE_ISOLATION%s",
+                      invalidated_note(c, newly));
+    return CAPTURE_ISOLATION;
+}
+
+/* cuStreamWaitEvent from a stream outside any capture on a captured event (lock held): while
+ * its capture is under way, the stream joins it (a fork); once it ended,
+ * CUDA_ERROR_CAPTURED_EVENT. */
+static CUresult wait_captured(Stream *s, Event *src) {
+    Capture *c = src->cap;
+    if (c->status == CAP_ENDED) {
+        capture_violation("cuStreamWaitEvent from a stream outside any capture on an event last "
+                          "recorded in a capture (that has ended): CUDA_ERROR_CAPTURED_EVENT");
+        return CAPTURED_EVENT;
+    }
+    if (s->is_null || s->h.ctx != c->ctx) {
+        /* the legacy stream cannot capture; a stream of another context joining: this
+         * stand-in captures within one context (the least forgiving reading) */
+        int newly = invalidate(c);
+        capture_violation("cuStreamWaitEvent: %s cannot join a capture sequence%s: "
+                          "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED%s",
+                          s->is_null ? "the default stream" : "a stream of another context",
+                          s->is_null ? "" : " of this stand-in", invalidated_note(c, newly));
+        return CAPTURE_UNSUPPORTED;
+    }
+    add_member(c, s);
+    capture_merge(s, src);
+    return OK;
+}
+
 static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
     ENTER();
     CUresult r;
-    if (flags != 0) {
-        /* CU_EVENT_WAIT_EXTERNAL (1) is valid only during stream capture, which the stand-in
-         * has none of; no other flag exists */
+    if (flags & ~(unsigned)EVENT_WAIT_EXTERNAL) {
+        /* no flag but CU_EVENT_WAIT_EXTERNAL (1) exists */
         violation("cuStreamWaitEvent with flags %#x: outside stream capture it takes "
                   "CU_EVENT_WAIT_DEFAULT (0)", flags);
         LEAVE(INVALID_VALUE);
@@ -941,11 +1507,21 @@ static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
     Event *e = (Event *)lookup(he, KIND_EVENT, "cuStreamWaitEvent", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuStreamWaitEvent", &s->h)) != OK) LEAVE(r);
+    if (flags && s->cap == NULL) {
+        /* CU_EVENT_WAIT_EXTERNAL is valid only during stream capture */
+        violation("cuStreamWaitEvent with flags %#x: outside stream capture it takes "
+                  "CU_EVENT_WAIT_DEFAULT (0)", flags);
+        LEAVE(INVALID_VALUE);
+    }
+    if ((r = stream_use("cuStreamWaitEvent", s)) != OK) LEAVE(r);
+    Event *src = source_of(e);  /* a remote event is its own source, and never captured */
+    if (src->cap && src->cap->status == CAP_INVALIDATED) LEAVE(CAPTURE_INVALIDATED);
+    if (s->cap) LEAVE(capture_wait(s, e, src, flags));
+    if (src->cap) LEAVE(wait_captured(s, src));
     if (e->remote) {
         remote_wait(e);
         LEAVE(OK);
     }
-    Event *src = source_of(e);
     if (src->done < src->recs) {  /* the wait is work of the stream until the record ends */
         s->tail = max_u64(s->tail, src->due);
         submit(s, OP_WAIT, 0);
@@ -1008,6 +1584,13 @@ static CUresult cuEventRecord(void *he, void *hs) {
         LEAVE(INVALID_HANDLE);
     }
     e = source_of(e);  /* an event opened from this process's handle is that same event */
+    if ((r = stream_use("cuEventRecord", s)) != OK) LEAVE(r);
+    if (e->cap && e->cap->status == CAP_INVALIDATED) LEAVE(CAPTURE_INVALIDATED);
+    if (s->cap) {  /* no operation: the event captures the stream's nodes */
+        capture_record(e, s);
+        LEAVE(OK);
+    }
+    uncapture(e);
     Op *op = submit(s, OP_RECORD, 0);
     op->e = e;
     op->rec = ++e->recs;
@@ -1022,6 +1605,8 @@ static CUresult cuEventQuery(void *h) {
     Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventQuery", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuEventQuery", &e->h)) != OK) LEAVE(r);
+    if (!e->remote && (r = event_use("cuEventQuery", source_of(e))) != OK) LEAVE(r);
+    if ((r = unsafe_call("cuEventQuery")) != OK) LEAVE(r);
     if (e->remote) LEAVE(remote_done(e, __atomic_load_n(&e->remote->recs, __ATOMIC_ACQUIRE))
                          ? OK : NOT_READY);
     Event *src = source_of(e);
@@ -1035,6 +1620,8 @@ static CUresult cuEventSynchronize(void *h) {
     Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventSynchronize", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuEventSynchronize", &e->h)) != OK) LEAVE(r);
+    if (!e->remote && (r = event_use("cuEventSynchronize", source_of(e))) != OK) LEAVE(r);
+    if ((r = unsafe_call("cuEventSynchronize")) != OK) LEAVE(r);
     if (e->remote) {
         remote_wait(e);
         LEAVE(OK);
@@ -1054,6 +1641,8 @@ static CUresult cuEventElapsedTime(float *ms, void *hstart, void *hend) {
     Event *b = (Event *)lookup(hend, KIND_EVENT, "cuEventElapsedTime", &r);
     if (b == NULL) LEAVE(r);
     if ((r = need_context("cuEventElapsedTime", &a->h)) != OK) LEAVE(r);
+    if ((r = event_use("cuEventElapsedTime", source_of(a))) != OK) LEAVE(r);
+    if ((r = event_use("cuEventElapsedTime", source_of(b))) != OK) LEAVE(r);
     if ((a->flags | b->flags) & EV_DISABLE_TIMING) LEAVE(INVALID_HANDLE);
     if (!a->recs || !b->recs) LEAVE(INVALID_HANDLE);
     if (a->done < a->recs || b->done < b->recs) LEAVE(NOT_READY);
@@ -1173,6 +1762,11 @@ static CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, 
         LEAVE(INVALID_HANDLE);
     }
     if (params == NULL) LEAVE(INVALID_VALUE);
+    if ((r = stream_use("cuLaunchKernel", s)) != OK) LEAVE(r);
+    if (s->cap) {  /* a kernel node: its parameters are read now */
+        add_node(s, OP_KERNEL, *(uint64_t *)params[0]);
+        LEAVE(OK);
+    }
     Op *op = submit(s, OP_KERNEL, *(uint64_t *)params[0]);
     op->fail = fail_next_code;
     fail_next_code = 0;
@@ -1185,6 +1779,7 @@ static CUresult cuLaunchHostFunc(void *hs, CUhostFn fn, void *data) {
     Stream *s = stream_of(hs, "cuLaunchHostFunc", &r);
     if (s == NULL) LEAVE(r);
     if ((r = need_context("cuLaunchHostFunc", &s->h)) != OK) LEAVE(r);
+    if ((r = stream_use("cuLaunchHostFunc", s)) != OK) LEAVE(r);
     Dl_info info;
     host_calls++;
     if (!dladdr((void *)fn, &info) || info.dli_sname == NULL || info.dli_saddr != (void *)fn) {
@@ -1193,6 +1788,12 @@ static CUresult cuLaunchHostFunc(void *hs, CUhostFn fn, void *data) {
             violation("cuLaunchHostFunc of %p, which is no C function of a loaded library "
                       "(a ctypes closure runs Python on the driver's thread)", (void *)fn);
         }
+    }
+    if (s->cap) {  /* a host node: the function runs at each launch */
+        Node *node = add_node(s, OP_HOSTFN, host_fn_ns);
+        node->fn = fn;
+        node->data = data;
+        LEAVE(OK);
     }
     Op *op = submit(s, OP_HOSTFN, host_fn_ns);
     op->fn = fn;
@@ -1260,10 +1861,13 @@ static Block *block_of_ptr(CUdeviceptr p, const char *call, CUresult *err) {
     return b;
 }
 
-static CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
-    ENTER();
-    CUresult r = need_context("cuMemHostAlloc", NULL);
+/* Pinned host memory: cuMemHostAlloc, and cuMemAllocHost (flags 0). */
+static CUresult host_alloc(const char *call, void **out, size_t n, unsigned flags) {
+    pthread_mutex_lock(&lock);
+    CUresult r = failpoint(call);
     if (r != OK) LEAVE(r);
+    if ((r = need_context(call, NULL)) != OK) LEAVE(r);
+    if ((r = unsafe_call(call)) != OK) LEAVE(r);
     Block *b = new_block(n, 1, current());
     if (b == NULL) LEAVE(OUT_OF_MEMORY);
     b->portable = (flags & HOST_PORTABLE) != 0;
@@ -1271,6 +1875,14 @@ static CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
     b->ready = 1;
     *out = b->base;
     LEAVE(OK);
+}
+
+static CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
+    return host_alloc("cuMemHostAlloc", out, n, flags);
+}
+
+static CUresult cuMemAllocHost(void **out, size_t n) {
+    return host_alloc("cuMemAllocHost", out, n, 0);
 }
 
 static CUresult cuMemFreeHost(void *p) {
@@ -1282,6 +1894,8 @@ static CUresult cuMemFreeHost(void *p) {
     }
     CUresult r = need_context("cuMemFreeHost", b->portable ? NULL : &b->h);
     if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    CUresult unsafe = unsafe_call("cuMemFreeHost");
+    if (unsafe != OK) LEAVE(unsafe);
     if (b->pending > 0) {
         violation("cuMemFreeHost of pinned memory that %ld pending copies still use",
                   b->pending);
@@ -1298,9 +1912,19 @@ static CUresult cuMemAllocAsync(CUdeviceptr *out, size_t n, void *hs) {
     if (s == NULL) LEAVE(r);
     if ((r = need_context("cuMemAllocAsync", &s->h)) != OK) LEAVE(r);
     if (no_pools) LEAVE(NOT_SUPPORTED);
+    if ((r = stream_use("cuMemAllocAsync", s)) != OK) LEAVE(r);
     Block *b = new_block(n, 0, current());
     if (b == NULL) LEAVE(OUT_OF_MEMORY);
     b->pooled = 1;
+    if (s->cap) {
+        /* an allocation node: the graph's memory, allocated at each launch (it completes
+         * alloc_ns after the nodes it depends on); a launch while a previous launch's
+         * allocation is unfreed fails, as cuGraphLaunch documents */
+        b->graph_owner = s->cap->graph;
+        add_node(s, OP_ALLOC, alloc_ns)->block = b;
+        *out = (CUdeviceptr)(uintptr_t)b->base;
+        LEAVE(OK);
+    }
     b->alloc_stream = s;
     Op *op = submit(s, OP_ALLOC, alloc_ns);
     op->block = b;
@@ -1320,10 +1944,21 @@ static CUresult cuMemFreeAsync(CUdeviceptr p, void *hs) {
         violation("cuMemFreeAsync of memory of cuda:%d on a stream of cuda:%d",
                   b->h.ctx->dev, s->h.ctx->dev);
     }
+    if ((r = stream_use("cuMemFreeAsync", s)) != OK) LEAVE(r);
+    if (s->cap) {
+        /* a free node: the memory is freed at each launch. Memory this graph allocates is
+         * freed for what the capture does after it; other memory stays usable until a launch
+         * frees it */
+        add_node(s, OP_FREE, 0)->block = b;
+        if (b->graph_owner == s->cap->graph) b->free_submitted = 1, b->h.dead = 1;
+        LEAVE(OK);
+    }
     b->free_submitted = 1;
     b->h.dead = 1;
+    b->graph_live = 0;
     Op *op = submit(s, OP_FREE, 0);
     op->block = b;
+    op->rec = b->epoch;
     LEAVE(OK);
 }
 
@@ -1331,6 +1966,7 @@ static CUresult cuMemAlloc(CUdeviceptr *out, size_t n) {
     ENTER();
     CUresult r = need_context("cuMemAlloc", NULL);
     if (r != OK) LEAVE(r);
+    if ((r = unsafe_call("cuMemAlloc")) != OK) LEAVE(r);
     Block *b = new_block(n, 0, current());
     if (b == NULL) LEAVE(OUT_OF_MEMORY);
     b->ready = 1;
@@ -1346,6 +1982,8 @@ static CUresult cuMemFree(CUdeviceptr p) {
     if (b == NULL) LEAVE(r);
     r = need_context("cuMemFree", &b->h);
     if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    CUresult unsafe = unsafe_call("cuMemFree");
+    if (unsafe != OK) LEAVE(unsafe);
     if (b->pooled) violation("cuMemFree of memory from cuMemAllocAsync (use cuMemFreeAsync)");
     if (b->imported) {
         violation("cuMemFree of memory from cuIpcOpenMemHandle (use cuIpcCloseMemHandle)");
@@ -1398,6 +2036,7 @@ static CUresult cuIpcOpenMemHandle(CUdeviceptr *out, CUipcMemHandle handle, unsi
     ENTER();
     CUresult r = need_context("cuIpcOpenMemHandle", NULL);
     if (r != OK) LEAVE(r);
+    if ((r = unsafe_call("cuIpcOpenMemHandle")) != OK) LEAVE(r);
     if (flags != IPC_LAZY_ENABLE_PEER_ACCESS) {
         violation("cuIpcOpenMemHandle with flags %#x: it takes "
                   "CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS", flags);
@@ -1453,6 +2092,7 @@ static CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     Block *b = block_of_ptr(p, "cuIpcCloseMemHandle", &r);
     if (b == NULL) LEAVE(r);
     if ((r = need_context("cuIpcCloseMemHandle", &b->h)) != OK) LEAVE(r);
+    if ((r = unsafe_call("cuIpcCloseMemHandle")) != OK) LEAVE(r);
     if (!b->imported || (char *)(uintptr_t)p != b->base) {
         violation("cuIpcCloseMemHandle of %#llx, which cuIpcOpenMemHandle did not return", p);
         LEAVE(INVALID_VALUE);
@@ -1506,16 +2146,35 @@ static CUresult copy(const char *call, void *dst, const void *src, size_t n, voi
         ends[i] = b;
     }
     uint64_t ns = COPY_LATENCY_NS + n / COPY_BYTES_PER_NS;
+    if ((r = stream_use(call, s)) != OK) LEAVE(r);
+    if (s->cap) {
+        if (pageable_src || pageable_dst) {
+            /* pageable memory is staged or waited for at the call: nothing a graph can replay
+             * (the least forgiving reading) */
+            int newly = invalidate(s->cap);
+            capture_violation("%s with pageable host memory into a capturing stream: "
+                              "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED%s", call,
+                              invalidated_note(s->cap, newly));
+            LEAVE(CAPTURE_UNSUPPORTED);
+        }
+        Node *node = add_node(s, OP_COPY, ns);  /* a copy node: it copies at each launch */
+        node->dst = (char *)dst;
+        node->src = (char *)src;
+        node->n = n;
+        node->bdst = ends[0];
+        node->bsrc = ends[1];
+        LEAVE(OK);
+    }
+    /* a copy to pageable memory returns once it completed: a synchronous, potentially
+     * unsafe call */
+    if (pageable_dst && !s->is_null && (r = unsafe_call(call)) != OK) LEAVE(r);
     Op *op = submit(s, OP_COPY, ns);
     op->dst = (char *)dst;
     op->src = (char *)src;
     op->n = n;
     op->bdst = ends[0];
     op->bsrc = ends[1];
-    for (int i = 0; i < 2; i++) {
-        if (ends[i] == NULL) continue;
-        ends[i]->pending++;
-    }
+    use_blocks(op);
     if (pageable_src) {  /* staged before the call returns */
         op->staging = malloc(n ? n : 1);
         memcpy(op->staging, src, n);
@@ -1587,14 +2246,426 @@ static CUresult cuStreamWriteValue32(void *hs, CUdeviceptr addr, uint32_t value,
                   addr);
         LEAVE(INVALID_VALUE);
     }
+    if ((r = stream_use("cuStreamWriteValue32", s)) != OK) LEAVE(r);
+    if (s->cap) {  /* a memory operation node: it writes at each launch */
+        Node *node = add_node(s, OP_WRITE32, 0);
+        node->dst = (char *)(uintptr_t)addr;
+        node->value = value;
+        node->bdst = b;
+        node->flags = flags;
+        LEAVE(OK);
+    }
     uint64_t behind = s->tail;  /* the due time of the stream's last operation */
     Op *op = prepare(s, OP_WRITE32, 0);
     op->dst = (char *)(uintptr_t)addr;
     op->value = value;
     op->bdst = b;
     op->early = (flags & WRITE_VALUE_NO_MEMORY_BARRIER) && behind > now_ns();
-    b->pending++;
+    use_blocks(op);
     enqueue(op);
+    LEAVE(OK);
+}
+
+/* ------------------------------------------------------------------ capture and graphs */
+
+/* Begins a capture on ``hs`` in ``mode`` (cuStreamBeginCapture_v2). */
+static CUresult cuStreamBeginCapture(void *hs, int mode) {
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(hs, "cuStreamBeginCapture", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuStreamBeginCapture", &s->h)) != OK) LEAVE(r);
+    if (mode < MODE_GLOBAL || mode > MODE_RELAXED) {
+        violation("cuStreamBeginCapture with mode %d: no CUstreamCaptureMode", mode);
+        LEAVE(INVALID_VALUE);
+    }
+    if (s->is_null) {
+        /* "Capture may not be initiated if hStream is CU_STREAM_LEGACY". This stand-in has
+         * one default stream for the legacy and the per-thread handles, so neither begins a
+         * capture (the least forgiving reading for CU_STREAM_PER_THREAD). The code is the
+         * driver's for an operation the stream cannot do under capture */
+        capture_violation("cuStreamBeginCapture on the default stream: "
+                          "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED");
+        LEAVE(CAPTURE_UNSUPPORTED);
+    }
+    if (s->cap) {  /* "it may only be initiated if the stream is not already in capture mode" */
+        capture_violation("cuStreamBeginCapture on a stream already capturing (%s): "
+                          "CUDA_ERROR_ILLEGAL_STATE", s == s->cap->origin ? "its origin"
+                                                                           : "joined by a fork");
+        LEAVE(ILLEGAL_STATE);
+    }
+    Capture *c = calloc(1, sizeof *c);
+    c->id = ++capture_ids;
+    c->mode = mode;
+    c->status = CAP_ACTIVE;
+    c->thread = pthread_self();
+    c->ctx = s->h.ctx;
+    c->origin = s;
+    c->graph = new_object(sizeof(Graph), KIND_GRAPH, s->h.ctx);
+    c->graph->capture = c;
+    if (ncaptures == capcaptures) {
+        capcaptures = capcaptures ? 2 * capcaptures : 16;
+        captures = realloc(captures, capcaptures * sizeof *captures);
+    }
+    captures[ncaptures++] = c;
+    open_captures++;
+    add_member(c, s);
+    LEAVE(OK);
+}
+
+/* The memory of ``g``'s allocation nodes that no launch holds allocated is no live buffer of the
+ * program's (an executable graph still made from ``g`` allocates it again at its launch). */
+static void retire_graph_memory(Graph *g) {
+    for (int i = 0; i < g->nnodes; i++) {
+        Block *b = g->nodes[i]->block;
+        if (g->nodes[i]->kind == OP_ALLOC && !b->graph_live) b->h.dead = 1;
+    }
+}
+
+/* Ends the capture begun on ``hs``: its graph in ``*out`` (NULL where it failed), and every
+ * stream of the capture leaves it. */
+static CUresult cuStreamEndCapture(void *hs, void **out) {
+    ENTER();
+    CUresult r;
+    Stream *s = stream_of(hs, "cuStreamEndCapture", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuStreamEndCapture", &s->h)) != OK) LEAVE(r);
+    if (out == NULL) LEAVE(INVALID_VALUE);
+    *out = NULL;
+    Capture *c = s->cap;
+    if (c == NULL) {
+        /* the reference lists no code for a stream not capturing: this one says the stream's
+         * state does not allow it */
+        capture_violation("cuStreamEndCapture on a stream not capturing: "
+                          "CUDA_ERROR_ILLEGAL_STATE");
+        LEAVE(ILLEGAL_STATE);
+    }
+    if (s != c->origin) {
+        /* "Capture must be ended on the same stream in which it was initiated"; the least
+         * forgiving reading invalidates the capture, as other breaches of its rules do */
+        int newly = invalidate(c);
+        capture_violation("cuStreamEndCapture on a stream that joined a capture, not its "
+                          "origin: CUDA_ERROR_STREAM_CAPTURE_UNMATCHED%s",
+                          invalidated_note(c, newly));
+        LEAVE(CAPTURE_UNMATCHED);
+    }
+    if (c->mode != MODE_RELAXED && !is_own(c)) {
+        /* the capture stays in capture mode for its own thread to end; the least forgiving
+         * reading invalidates it */
+        int newly = invalidate(c);
+        capture_violation("cuStreamEndCapture of a capture begun in %s mode by another thread: "
+                          "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD%s", mode_name(c->mode),
+                          newly ? ", and the capture is invalidated" : "");
+        LEAVE(CAPTURE_WRONG_THREAD);
+    }
+    r = OK;
+    if (c->status == CAP_INVALIDATED) {
+        r = CAPTURE_INVALIDATED;
+    } else {
+        /* every stream that joined must be joined back: the origin has waited (directly or
+         * through other streams) for an event recorded on it after its last change. The least
+         * forgiving reading: also a fork that submitted nothing */
+        int unjoined = 0;
+        for (int i = 0; i < c->nmembers; i++) {
+            Stream *m = c->members[i];
+            if (m != s && seen_get(s->seen, s->nseen, m->member) < m->version) unjoined++;
+        }
+        if (unjoined) {
+            invalidate(c);
+            capture_violation("cuStreamEndCapture with %d stream(s) of the capture not joined "
+                              "back into its origin: CUDA_ERROR_STREAM_CAPTURE_UNJOINED",
+                              unjoined);
+            r = CAPTURE_UNJOINED;
+        }
+    }
+    end_capture(c);  /* "all streams being captured to the same graph" leave capture */
+    if (r == OK) {
+        *out = c->graph;
+    } else {
+        c->graph->h.dead = 1;
+        retire_graph_memory(c->graph);
+    }
+    LEAVE(r);
+}
+
+/* Whether ``hs`` is capturing: CUstreamCaptureStatus in ``*status``. */
+static CUresult capture_status(const char *call, void *hs, int *status, Stream **stream) {
+    CUresult r;
+    Stream *s = stream_of(hs, call, &r);
+    if (s == NULL) return r;
+    if ((r = need_context(call, &s->h)) != OK) return r;
+    if (status == NULL) return INVALID_VALUE;
+    /* the legacy stream while a blocking stream of its context captures: documented, and the
+     * capture is not invalidated (and no violation: it is an answer) */
+    if (s->is_null && open_captures && blocking_capture(s->h.ctx, 0, NULL, NULL)) {
+        return CAPTURE_IMPLICIT;
+    }
+    *status = s->cap ? s->cap->status : CAP_NONE;
+    *stream = s;
+    return OK;
+}
+
+static CUresult cuStreamIsCapturing(void *hs, int *status) {
+    ENTER();
+    Stream *s;
+    LEAVE(capture_status("cuStreamIsCapturing", hs, status, &s));
+}
+
+/* cuStreamGetCaptureInfo: _v2 (11030) without edge data, and the one CUDA 13 names so (v3,
+ * 12030) with it: this stand-in's edges are all default ones (zeroed). */
+static CUresult capture_info(const char *call, void *hs, int *status, uint64_t *id,
+                             void **graph, void *const **deps, const void **edges,
+                             size_t *ndeps) {
+    Stream *s;
+    CUresult r = capture_status(call, hs, status, &s);
+    if (r != OK) return r;
+    if (edges && !deps) return INVALID_VALUE;  /* documented */
+    int active = s->cap && s->cap->status == CAP_ACTIVE;
+    if (id) *id = s->cap ? s->cap->id : 0;
+    if (graph) *graph = active ? s->cap->graph : NULL;
+    if (deps) *deps = active ? (void *const *)s->deps : NULL;
+    if (ndeps) *ndeps = active ? (size_t)s->ndeps : 0;
+    if (edges) {
+        if (active && s->ndeps > s->nedges) {
+            free(s->edges);
+            s->edges = calloc((size_t)s->ndeps, 8);  /* sizeof(CUgraphEdgeData) */
+            s->nedges = s->ndeps;
+        }
+        *edges = active && s->ndeps ? s->edges : NULL;
+    }
+    return OK;
+}
+
+static CUresult cuStreamGetCaptureInfo_v2(void *hs, int *status, uint64_t *id, void **graph,
+                                          void *const **deps, size_t *ndeps) {
+    ENTER();
+    LEAVE(capture_info("cuStreamGetCaptureInfo_v2", hs, status, id, graph, deps, NULL, ndeps));
+}
+
+static CUresult cuStreamGetCaptureInfo(void *hs, int *status, uint64_t *id, void **graph,
+                                       void *const **deps, const void **edges, size_t *ndeps) {
+    ENTER();
+    LEAVE(capture_info("cuStreamGetCaptureInfo", hs, status, id, graph, deps, edges, ndeps));
+}
+
+/* Swaps the calling thread's capture interaction mode (GLOBAL to begin with). */
+static CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    FAIL_IF_ASKED();
+    if (mode == NULL || *mode < MODE_GLOBAL || *mode > MODE_RELAXED) return INVALID_VALUE;
+    int previous = capture_mode;
+    capture_mode = *mode;
+    *mode = previous;
+    return OK;
+}
+
+enum { INSTANTIATE_AUTO_FREE_ON_LAUNCH = 1, INSTANTIATE_UPLOAD = 2,
+       INSTANTIATE_DEVICE_LAUNCH = 4, INSTANTIATE_USE_NODE_PRIORITY = 8 };
+
+/* An executable graph of ``hg`` in its context (cuda-python 13's cuGraphInstantiate). */
+static CUresult cuGraphInstantiateWithFlags(void **out, void *hg, unsigned long long flags) {
+    ENTER();
+    CUresult r;
+    Graph *g = (Graph *)lookup(hg, KIND_GRAPH, "cuGraphInstantiateWithFlags", &r);
+    if (g == NULL) LEAVE(r);
+    /* its nodes are of the context it was captured in: that context must be current */
+    if ((r = need_context("cuGraphInstantiateWithFlags", &g->h)) != OK) LEAVE(r);
+    if (out == NULL) LEAVE(INVALID_VALUE);
+    if (g->capture && g->capture->status != CAP_ENDED) {
+        violation("cuGraphInstantiateWithFlags of a graph still being captured into");
+        LEAVE(INVALID_VALUE);
+    }
+    if (flags & INSTANTIATE_DEVICE_LAUNCH) LEAVE(NOT_SUPPORTED);  /* not modelled */
+    if (flags & ~(unsigned long long)(INSTANTIATE_AUTO_FREE_ON_LAUNCH |
+                                      INSTANTIATE_USE_NODE_PRIORITY)) {
+        /* CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD is cuGraphInstantiateWithParams's only */
+        violation("cuGraphInstantiateWithFlags with flags %#llx: it takes "
+                  "AUTO_FREE_ON_LAUNCH (1), DEVICE_LAUNCH (4) and USE_NODE_PRIORITY (8)", flags);
+        LEAVE(INVALID_VALUE);
+    }
+    if (g->mem_nodes && g->execs > 0) {
+        violation("cuGraphInstantiateWithFlags of a graph with allocation or free nodes that "
+                  "has an executable graph already (at most one at a time)");
+        LEAVE(INVALID_VALUE);
+    }
+    Exec *x = new_object(sizeof *x, KIND_EXEC, g->h.ctx);
+    x->graph = g;
+    x->flags = flags;
+    x->nnodes = g->nnodes;
+    if (g->nnodes) {
+        x->nodes = malloc((size_t)g->nnodes * sizeof *x->nodes);
+        memcpy(x->nodes, g->nodes, (size_t)g->nnodes * sizeof *x->nodes);
+    }
+    g->execs++;
+    *out = x;
+    LEAVE(OK);
+}
+
+/* The graph's nodes as operations of ``s``, each due after its dependencies, the stream's
+ * earlier work and the executable graph's previous launch (lock held). */
+static void launch_nodes(Exec *x, Stream *s) {
+    pthread_once(&engine_once, start_engine);
+    uint64_t n = now_ns(), base = max_u64(max_u64(n, s->tail), x->tail), end = base;
+    uint64_t *due = calloc((size_t)(x->nnodes ? x->nnodes : 1), sizeof *due);
+    for (int i = 0; i < x->nnodes; i++) {
+        Node *node = x->nodes[i];
+        uint64_t start = base;
+        for (int d = 0; d < node->ndeps; d++) start = max_u64(start, due[node->deps[d]->index]);
+        if (node->kind == OP_WAIT && node->event->done < node->event->recs) {
+            start = max_u64(start, node->event->due);  /* the record pending at the launch */
+        }
+        Op *op = calloc(1, sizeof *op);
+        op->kind = node->kind;
+        op->s = s;
+        op->gen = s->h.ctx->gen;
+        op->seq = ++seq_counter;
+        op->due = start + node->ns;
+        op->graph = 1;
+        switch (node->kind) {
+        case OP_KERNEL:  /* the next kernel launched fails, if a test asked */
+            op->fail = fail_next_code;
+            fail_next_code = 0;
+            break;
+        case OP_COPY:
+        case OP_TOUCH:
+        case OP_WRITE32:
+            op->dst = node->dst;
+            op->src = node->src;
+            op->n = node->n;
+            op->bdst = node->bdst;
+            op->bsrc = node->bsrc;
+            op->value = node->value;
+            op->early = node->kind == OP_WRITE32 &&
+                        (node->flags & WRITE_VALUE_NO_MEMORY_BARRIER) && start > n;
+            break;
+        case OP_HOSTFN:
+            op->fn = node->fn;
+            op->data = node->data;
+            break;
+        case OP_ALLOC:  /* allocated again: usable in program order from now */
+            op->block = node->block;
+            op->block->epoch++;
+            op->block->pending = 0;  /* what is pending uses the previous allocation */
+            op->block->graph_live = 1;
+            op->block->free_submitted = 0;
+            op->block->h.dead = 0;
+            break;
+        case OP_FREE:
+            op->block = node->block;
+            op->rec = op->block->epoch;
+            op->block->graph_live = 0;
+            op->block->free_submitted = 1;
+            op->block->h.dead = 1;
+            break;
+        }
+        use_blocks(op);
+        s->submitted++;
+        s->h.ctx->submitted++;
+        due[i] = op->due;
+        end = max_u64(end, op->due);
+        heap_push(op);
+    }
+    free(due);
+    s->tail = max_u64(s->tail, end);  /* the launch completes when all its nodes have */
+    x->tail = end;
+    pthread_cond_signal(&work);
+}
+
+static CUresult cuGraphLaunch(void *hx, void *hs) {
+    ENTER();
+    CUresult r;
+    Exec *x = (Exec *)lookup(hx, KIND_EXEC, "cuGraphLaunch", &r);
+    if (x == NULL) LEAVE(r);
+    Stream *s = stream_of(hs, "cuGraphLaunch", &r);
+    if (s == NULL) LEAVE(r);
+    if ((r = need_context("cuGraphLaunch", &s->h)) != OK) LEAVE(r);
+    if (x->h.ctx != s->h.ctx) {  /* the only error its reference lists: INVALID_VALUE */
+        char a[32], b[32];
+        violation("cuGraphLaunch of an executable graph of %s on a stream of %s",
+                  ctx_name(x->h.ctx, a), ctx_name(s->h.ctx, b));
+        LEAVE(INVALID_VALUE);
+    }
+    if ((r = stream_use("cuGraphLaunch", s)) != OK) LEAVE(r);
+    if (s->cap) {
+        /* the reference does not say a launch is captured: the least forgiving reading
+         * refuses it, with the code the reference gives operations "not permitted when the
+         * stream is capturing" */
+        int newly = invalidate(s->cap);
+        capture_violation("cuGraphLaunch into a capturing stream: "
+                          "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED%s",
+                          invalidated_note(s->cap, newly));
+        LEAVE(CAPTURE_UNSUPPORTED);
+    }
+    for (int i = 0; i < x->nnodes; i++) {
+        Block *b = x->nodes[i]->block;
+        if (x->nodes[i]->kind == OP_ALLOC && b->graph_live) {
+            if (x->flags & INSTANTIATE_AUTO_FREE_ON_LAUNCH) continue;
+            violation("cuGraphLaunch while memory its previous launch allocated is unfreed "
+                      "(instantiated without AUTO_FREE_ON_LAUNCH)");
+            LEAVE(INVALID_VALUE);
+        }
+        /* a free node frees memory the launch allocates first (its graph's), or memory
+         * allocated now: not freed already */
+        if (x->nodes[i]->kind == OP_FREE &&
+            (b->graph_owner ? b->graph_owner != x->graph && !b->graph_live
+                            : b->free_submitted || b->freed)) {
+            violation("cuGraphLaunch of a graph that frees memory already freed");
+            LEAVE(INVALID_VALUE);
+        }
+    }
+    launch_nodes(x, s);
+    LEAVE(OK);
+}
+
+/* Destroys an executable graph; launches in flight complete ("freed asynchronously on
+ * completion": its nodes' operations are queued already). */
+static CUresult cuGraphExecDestroy(void *hx) {
+    ENTER();
+    CUresult r;
+    Exec *x = (Exec *)lookup(hx, KIND_EXEC, "cuGraphExecDestroy", &r);
+    if (x == NULL) LEAVE(r);
+    r = need_context("cuGraphExecDestroy", &x->h);
+    if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    x->h.dead = 1;
+    x->graph->execs--;
+    LEAVE(r);
+}
+
+/* Destroys a graph (no context needed: a graph is no context's object); its executable
+ * graphs keep their nodes. */
+static CUresult cuGraphDestroy(void *hg) {
+    ENTER();
+    CUresult r;
+    Graph *g = (Graph *)lookup(hg, KIND_GRAPH, "cuGraphDestroy", &r);
+    if (g == NULL) LEAVE(r);
+    if (g->capture && g->capture->status != CAP_ENDED) {
+        /* "All operations other than destroy and node removal are permitted on the graph
+         * while the capture sequence is in progress" */
+        violation("cuGraphDestroy of a graph still being captured into");
+        LEAVE(INVALID_VALUE);
+    }
+    g->h.dead = 1;
+    retire_graph_memory(g);
+    LEAVE(OK);
+}
+
+/* A graph's nodes: their count in ``*count`` when ``nodes`` is NULL; else up to ``*count``
+ * of them (the rest NULL), and how many in ``*count``. */
+static CUresult cuGraphGetNodes(void *hg, void **nodes, size_t *count) {
+    ENTER();
+    CUresult r;
+    Graph *g = (Graph *)lookup(hg, KIND_GRAPH, "cuGraphGetNodes", &r);
+    if (g == NULL) LEAVE(r);
+    if (count == NULL) LEAVE(INVALID_VALUE);
+    if (nodes == NULL) {
+        *count = (size_t)g->nnodes;
+        LEAVE(OK);
+    }
+    size_t got = 0;
+    for (size_t i = 0; i < *count; i++) {
+        nodes[i] = i < (size_t)g->nnodes ? g->nodes[i] : NULL;
+        if (i < (size_t)g->nnodes) got++;
+    }
+    *count = got;
     LEAVE(OK);
 }
 
@@ -1726,7 +2797,7 @@ int fake_cuda_hold_primary(int dev, int hold) {
 
 /* A kernel that reads [p, p + n) on a stream when it runs, ``ns`` long: a user's kernel
  * using memory, for tests of when memory may be freed or reused. ``hs`` NULL: the default
- * stream of device ``dev``. */
+ * stream of device ``dev``. On a capturing stream it is a kernel node, as cuLaunchKernel's. */
 int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
     pthread_mutex_lock(&lock);
     CUresult r;
@@ -1739,9 +2810,18 @@ int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
         return INVALID_VALUE;
     }
     if (b->freed || b->free_submitted) violation("a kernel launched on freed device memory");
+    if ((r = stream_use("fake_cuda_touch", s)) != OK) {
+        pthread_mutex_unlock(&lock);
+        return r;
+    }
+    if (s->cap) {  /* a kernel node */
+        add_node(s, OP_TOUCH, ns)->bsrc = b;
+        pthread_mutex_unlock(&lock);
+        return OK;
+    }
     Op *op = submit(s, OP_TOUCH, ns);
     op->bsrc = b;
-    b->pending++;
+    use_blocks(op);
     pthread_mutex_unlock(&lock);
     return OK;
 }
@@ -1796,25 +2876,52 @@ void fake_cuda_host_fn_return_delay(uint64_t ns) {
     pthread_mutex_unlock(&lock);
 }
 
-/* Bring every pending operation due later forward to now, in submission order: a test ends
- * the "kernel that never ends" it launched, so that later tests of the process (which share
- * the primary contexts) do not wait behind it. */
+/* Bring forward to now every pending operation due later but no later than ``limit``, in
+ * submission order, with the streams' tails and the events' completion times. */
 static int by_due(const void *a, const void *b) {
     const Op *x = *(Op *const *)a, *y = *(Op *const *)b;
     return before(x, y) ? -1 : before(y, x) ? 1 : 0;
 }
 
-void fake_cuda_hurry(void) {
-    pthread_mutex_lock(&lock);
-    uint64_t n = now_ns();
-    for (size_t i = 0; i < nheap; i++) if (heap[i]->due > n) heap[i]->due = n;
+static void hurry_until(uint64_t n, uint64_t limit) {
+    for (size_t i = 0; i < nheap; i++) {
+        if (heap[i]->due > n && heap[i]->due <= limit) heap[i]->due = n;
+    }
     qsort(heap, nheap, sizeof *heap, by_due);  /* a sorted array is a heap */
     for (size_t i = 0; i < nobjects; i++) {
         Obj *o = objects[i];
-        if (o->kind == KIND_STREAM && ((Stream *)o)->tail > n) ((Stream *)o)->tail = n;
-        if (o->kind == KIND_EVENT && ((Event *)o)->due > n) ((Event *)o)->due = n;
+        if (o->kind == KIND_STREAM) {
+            Stream *s = (Stream *)o;
+            if (s->tail > n && s->tail <= limit) s->tail = n;
+        }
+        if (o->kind == KIND_EVENT) {
+            Event *e = (Event *)o;
+            if (e->due > n && e->due <= limit) e->due = n;
+        }
+        if (o->kind == KIND_EXEC) {  /* its next launch is ordered after the last */
+            Exec *x = (Exec *)o;
+            if (x->tail > n && x->tail <= limit) x->tail = n;
+        }
     }
     pthread_cond_signal(&work);
+}
+
+/* Bring every pending operation due later forward to now: a test ends the "kernel that never
+ * ends" it launched, so that later tests of the process (which share the primary contexts) do
+ * not wait behind it. */
+void fake_cuda_hurry(void) {
+    pthread_mutex_lock(&lock);
+    hurry_until(now_ns(), UINT64_MAX);
+    pthread_mutex_unlock(&lock);
+}
+
+/* The same for the operations due within ``ns`` from now only: a test ends a long kernel it
+ * launched when it chooses, while what it made later (a host function run late with
+ * fake_cuda_host_fn_delay) stays late. */
+void fake_cuda_hurry_within(uint64_t ns) {
+    pthread_mutex_lock(&lock);
+    uint64_t n = now_ns();
+    hurry_until(n, n + ns);
     pthread_mutex_unlock(&lock);
 }
 
@@ -1822,6 +2929,44 @@ void fake_cuda_hurry(void) {
 int fake_cuda_current_device(void) {
     Ctx *c = current();
     return c ? c->dev : -1;
+}
+
+/* Capture sequences invalidated so far (by a prohibited call, a breach of the capture rules, or
+ * an unjoined end); the count starts again from zero. */
+long fake_cuda_captures_invalidated(void) {
+    pthread_mutex_lock(&lock);
+    long n = captures_invalidated;
+    captures_invalidated = 0;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Nodes of graph launches completed so far (each launch runs each node once); the count
+ * starts again from zero. */
+long fake_cuda_graph_nodes_run(void) {
+    pthread_mutex_lock(&lock);
+    long n = graph_nodes_run;
+    graph_nodes_run = 0;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Capture sequences begun and not ended yet (active or invalidated), in every thread. */
+long fake_cuda_open_captures(void) {
+    pthread_mutex_lock(&lock);
+    long n = open_captures;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+/* Live graphs (``execs`` 0) or executable graphs (1): not destroyed, in a live context. */
+long fake_cuda_graphs_live(int execs) {
+    pthread_mutex_lock(&lock);
+    long n = 0;
+    int kind = execs ? KIND_EXEC : KIND_GRAPH;
+    for (size_t i = 0; i < nobjects; i++) n += objects[i]->kind == kind && is_live(objects[i]);
+    pthread_mutex_unlock(&lock);
+    return n;
 }
 
 /* Whether ``c`` may be left to the exit: the program saw work pending in it. */
@@ -1837,7 +2982,7 @@ __attribute__((destructor)) static void fake_cuda_at_exit(void) {
         locked = pthread_mutex_trylock(&lock) == 0;
         if (!locked) usleep(1000);
     }
-    long live[7] = {0}, total = 0;
+    long live[NKINDS] = {0}, total = 0;
     for (size_t i = 0; i < nobjects; i++) {
         Obj *o = objects[i];
         if (!is_live(o) || o->kind == KIND_FUNCTION || o->ctx->failed_once) continue;
@@ -1858,7 +3003,7 @@ __attribute__((destructor)) static void fake_cuda_at_exit(void) {
     if (fail || getenv("FAKE_CUDA_TRACE")) {
         fprintf(stderr, "fake_cuda: at exit: %ld violation(s), %ld handle(s) leaked at a "
                 "context reset, %ld live handle(s)", violations, leaks, total);
-        for (int k = 0; k < 7; k++) if (live[k]) fprintf(stderr, ", %ld %s", live[k], kind_names[k]);
+        for (int k = 0; k < NKINDS; k++) if (live[k]) fprintf(stderr, ", %ld %s", live[k], kind_names[k]);
         fprintf(stderr, "\n");
         for (long i = violations > 16 ? violations - 16 : 0; i < violations; i++) {
             fprintf(stderr, "fake_cuda: violation: %s\n", vlog[i % 16]);
@@ -1927,6 +3072,18 @@ static const EntryPoint entries[] = {
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer},
     {"cuStreamWriteValue32", 11070, (void *)cuStreamWriteValue32},
+    {"cuMemAllocHost", 3020, (void *)cuMemAllocHost},
+    {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture},
+    {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture},
+    {"cuStreamIsCapturing", 10000, (void *)cuStreamIsCapturing},
+    {"cuStreamGetCaptureInfo", 11030, (void *)cuStreamGetCaptureInfo_v2},
+    {"cuStreamGetCaptureInfo", 12030, (void *)cuStreamGetCaptureInfo},
+    {"cuThreadExchangeStreamCaptureMode", 10010, (void *)cuThreadExchangeStreamCaptureMode},
+    {"cuGraphInstantiateWithFlags", 11040, (void *)cuGraphInstantiateWithFlags},
+    {"cuGraphLaunch", 10000, (void *)cuGraphLaunch},
+    {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
+    {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
+    {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
     {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2},
 };
 

@@ -20,6 +20,19 @@ OK, REASON = _backends.probe("cuda")
 #: the skip reason of tests that need a CUDA device, short: the detail is said once elsewhere
 NO_CUDA = "needs a CUDA device (python -m aiostream info says why)"
 
+#: a module with the one kernel the stand-in runs, ``aiostream_sleep`` (its parameter: the time
+#: to sleep, in nanoseconds); the stand-in reads no more of the image than its entry's name
+SLEEP_PTX = b"""
+.version 7.0
+.target sm_52
+.address_size 64
+
+.visible .entry aiostream_sleep(.param .u64 aiostream_sleep_param_0)
+{
+    ret;
+}
+\0"""
+
 # fake_cuda_live kinds
 STREAMS, EVENTS, CONTEXTS, PINNED, DEVICE_BUFFERS, MODULES = range(6)
 
@@ -38,6 +51,10 @@ def _load() -> Any:
         "fake_cuda_take_violations",
         "fake_cuda_take_leaks",
         "fake_cuda_pending",
+        "fake_cuda_captures_invalidated",
+        "fake_cuda_graph_nodes_run",
+        "fake_cuda_open_captures",
+        "fake_cuda_graphs_live",
     ):
         getattr(lib, name).restype = ctypes.c_long
     lib.fake_cuda_take_violations.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
@@ -56,6 +73,12 @@ def _load() -> Any:
     lib.fake_cuda_event_flags.argtypes = [ctypes.c_void_p]
     lib.fake_cuda_host_fn_delay.argtypes = [ctypes.c_uint64]
     lib.fake_cuda_host_fn_return_delay.argtypes = [ctypes.c_uint64]
+    lib.fake_cuda_hurry_within.argtypes = [ctypes.c_uint64]
+    # stream capture and graphs
+    for name in ("fake_cuda_captures_invalidated", "fake_cuda_graph_nodes_run"):
+        getattr(lib, name).argtypes = []
+    lib.fake_cuda_open_captures.argtypes = []
+    lib.fake_cuda_graphs_live.argtypes = [ctypes.c_int]
     return lib
 
 

@@ -4,7 +4,9 @@ arrays wrapped (``from_dlpack``).
 On virtual devices the memory is exported as host memory, which NumPy reads; on CUDA (a GPU or
 the stand-in driver) the consumer's stream is ordered after the buffer's work on the device,
 and ``from_dlpack`` is tested with stand-in producers that hand over capsules of other device
-buffers (PyTorch, CuPy and JAX themselves run in the GPU suite).
+buffers (PyTorch, CuPy and JAX themselves run in the GPU suite). Every export must be released
+once the test is over: the ``exports`` fixture notes each buffer exported, which the export
+keeps alive until the consumer is done with it.
 """
 
 from __future__ import annotations
@@ -21,11 +23,51 @@ import numpy as np
 import pytest
 
 import aiostream as ais
-from aiostream import _dlpack
 from tests.helpers.stand_in import OK, needs_stand_in, touch
 
 needs_cuda = pytest.mark.cuda
 DEV = "cuda:0"
+
+
+# DLPack's C structures (dlpack.h, version 1.0): what a consumer reads in a capsule
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+READ_ONLY = 1 << 0  # DLPACK_FLAG_BITMASK_READ_ONLY
+INT = 0  # kDLInt
 
 
 def capsule_name(capsule: object) -> str:
@@ -35,29 +77,53 @@ def capsule_name(capsule: object) -> str:
 
 
 def managed(capsule: object) -> Any:
-    """The DLManagedTensorVersioned inside an unused versioned capsule (to spoil it)."""
+    """The DLManagedTensorVersioned inside an unused versioned capsule (to read or spoil it)."""
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    return _dlpack._ManagedVersioned.from_address(get(capsule, b"dltensor_versioned"))
+    return DLManagedTensorVersioned.from_address(get(capsule, b"dltensor_versioned"))
 
 
-def settle() -> None:
-    """Collect, until the exports handed out are all released (a released foreign buffer is
-    freed once its streams' work is seen complete, at the next allocation on CUDA)."""
-    for _ in range(200):
-        gc.collect()
-        if not _dlpack.pending_exports():
-            return
-        for index in range(ais.device_count("cuda") if OK else 0):
-            ais.DeviceBuffer(1, f"cuda:{index}")  # its device frees what may be freed
-        time.sleep(0.005)
+class Exports:
+    """The buffers exported (``__dlpack__``) during a test, as weak references: an export keeps
+    its buffer alive until the consumer is done with it (or until its capsule, never
+    consumed, is collected), so those alive once the test has let go of them are exports
+    still pending."""
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref[ais.DeviceBuffer]] = []
+
+    def pending(self) -> int:
+        """How many of the buffers exported are still alive."""
+        return sum(ref() is not None for ref in self.refs)
+
+    def settle(self) -> None:
+        """Collect, until the exports handed out are all released (a released foreign buffer
+        is freed once its streams' work is seen complete, at the next allocation on CUDA)."""
+        for _ in range(200):
+            gc.collect()
+            if not self.pending():
+                return
+            for index in range(ais.device_count("cuda") if OK else 0):
+                ais.DeviceBuffer(1, f"cuda:{index}")  # its device frees what may be freed
+            time.sleep(0.005)
 
 
 @pytest.fixture(autouse=True)
-def no_export_left() -> Iterator[None]:
-    yield
-    settle()
-    assert _dlpack.pending_exports() == 0, "an exported tensor was never released"
+def exports(monkeypatch: pytest.MonkeyPatch) -> Iterator[Exports]:
+    """Each buffer the test exports is noted; once the test is over, every export must be
+    released."""
+    noted = Exports()
+    export = ais.DeviceBuffer.__dlpack__
+
+    def noting(self: ais.DeviceBuffer, *args: Any, **kwargs: Any) -> Any:
+        capsule = export(self, *args, **kwargs)
+        noted.refs.append(weakref.ref(self))
+        return capsule
+
+    monkeypatch.setattr(ais.DeviceBuffer, "__dlpack__", noting)
+    yield noted
+    noted.settle()
+    assert noted.pending() == 0, "an exported tensor was never released"
 
 
 def filled(values: list[float], device: str, stream: ais.Stream | None = None) -> ais.DeviceBuffer:
@@ -88,7 +154,9 @@ def test_a_virtual_buffer_is_exported_as_host_memory_without_a_copy(
     assert ais.virtual.races() == []
 
 
-def test_the_export_keeps_the_buffer_alive(clock: ais.virtual.VirtualClock) -> None:
+def test_the_export_keeps_the_buffer_alive(
+    clock: ais.virtual.VirtualClock, exports: Exports
+) -> None:
     before = ais.virtual.stats().buffers
     array = np.from_dlpack(filled([7, 8], "virtual:0"))
     clock.advance(1.0)
@@ -97,17 +165,19 @@ def test_the_export_keeps_the_buffer_alive(clock: ais.virtual.VirtualClock) -> N
     assert array.tolist() == [7, 8]
     del array
     gc.collect()
-    assert ais.virtual.stats().buffers == before and _dlpack.pending_exports() == 0
+    assert ais.virtual.stats().buffers == before and exports.pending() == 0
 
 
-def test_a_capsule_never_consumed_releases_the_buffer(clock: ais.virtual.VirtualClock) -> None:
+def test_a_capsule_never_consumed_releases_the_buffer(
+    clock: ais.virtual.VirtualClock, exports: Exports
+) -> None:
     before = ais.virtual.stats().buffers
     capsule = ais.DeviceBuffer(8, "virtual:0").__dlpack__()
     gc.collect()
-    assert ais.virtual.stats().buffers == before + 1 and _dlpack.pending_exports() == 1
+    assert ais.virtual.stats().buffers == before + 1 and exports.pending() == 1
     del capsule
     gc.collect()
-    assert ais.virtual.stats().buffers == before and _dlpack.pending_exports() == 0
+    assert ais.virtual.stats().buffers == before and exports.pending() == 0
 
 
 def test_reading_an_export_while_a_copy_lands_is_a_race(clock: ais.virtual.VirtualClock) -> None:
@@ -131,12 +201,16 @@ def test_versioned_capsules_when_the_consumer_reads_them() -> None:
     assert capsule_name(buf.__dlpack__(max_version=(0, 8))) == "dltensor"
     assert capsule_name(buf.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
     assert capsule_name(buf.__dlpack__(max_version=(2, 3))) == "dltensor_versioned"
-    imported = _dlpack.consume(buf.view(np.int16, (2, 2)).__dlpack__(max_version=(1, 1)))
-    try:
-        assert (imported.shape, imported.dtype, imported.nbytes) == ((2, 2), np.int16, 8)
-        assert imported.device == (1, 0) and not imported.read_only
-    finally:
-        imported.release()
+    capsule = buf.view(np.int16, (2, 2)).__dlpack__(max_version=(1, 1))
+    read = managed(capsule)  # as a consumer reads it
+    tensor = read.dl_tensor
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    dtype = (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)
+    nbytes = shape[0] * shape[1] * tensor.dtype.bits * tensor.dtype.lanes // 8
+    assert (shape, dtype, nbytes) == ((2, 2), (INT, 16, 1), 8)
+    assert (tensor.device.device_type, tensor.device.device_id) == (1, 0)
+    assert not read.flags & READ_ONLY
+    del read, tensor, capsule  # never consumed: its destructor releases the export
 
 
 def test_an_empty_virtual_buffer_is_exported_with_no_address() -> None:
@@ -310,26 +384,29 @@ async def test_cuda_from_dlpack_wraps_without_a_copy_in_stream_order(anyio_backe
 
 
 @needs_cuda
-async def test_cuda_the_wrapped_buffer_keeps_the_producer_alive(anyio_backend: Any) -> None:
+async def test_cuda_the_wrapped_buffer_keeps_the_producer_alive(
+    anyio_backend: Any, exports: Exports
+) -> None:
     source = filled([9, 8], DEV)
     producer = _Producer(source)
     alive = weakref.ref(producer)
     wrapped = ais.from_dlpack(producer)
     del producer, source
     gc.collect()
-    assert alive() is not None and _dlpack.pending_exports() == 1
+    assert alive() is not None and exports.pending() == 1
     out = ais.HostBuffer(8, device=DEV)
     ais.copy_async(out, wrapped)
     await ais.current_stream(DEV).synchronize()
     assert out.numpy(np.float32).tolist() == [9, 8]
     del wrapped
-    settle()
-    assert alive() is None and _dlpack.pending_exports() == 0
+    exports.settle()
+    assert alive() is None and exports.pending() == 0
 
 
 @needs_cuda
 async def test_cuda_the_producer_is_released_only_after_the_work_that_used_it(
     anyio_backend: Any,
+    exports: Exports,
 ) -> None:
     wrapped = ais.from_dlpack(_Producer(filled([3, 4], DEV)))
     s = ais.Stream(DEV)
@@ -338,15 +415,16 @@ async def test_cuda_the_producer_is_released_only_after_the_work_that_used_it(
     del wrapped
     gc.collect()
     ais.DeviceBuffer(1, DEV)  # an allocation frees what may be freed
-    assert _dlpack.pending_exports() == 1  # the copy still needs it
+    assert exports.pending() == 1  # the copy still needs it
     await s.synchronize()
-    settle()
-    assert _dlpack.pending_exports() == 0
+    exports.settle()
+    assert exports.pending() == 0
 
 
 @needs_stand_in
 async def test_cuda_the_producer_is_released_after_the_consumer_stream_s_work(
     anyio_backend: Any,
+    exports: Exports,
 ) -> None:
     """A kernel of another library on the stream given to from_dlpack uses the memory: the
     producer's memory is released only after it, though aiostream never saw that kernel."""
@@ -356,10 +434,10 @@ async def test_cuda_the_producer_is_released_after_the_consumer_stream_s_work(
     del wrapped
     gc.collect()
     ais.DeviceBuffer(1, DEV)  # an allocation frees what may be freed
-    assert _dlpack.pending_exports() == 1  # the kernel still reads it
+    assert exports.pending() == 1  # the kernel still reads it
     await mine.synchronize()
-    settle()
-    assert _dlpack.pending_exports() == 0
+    exports.settle()
+    assert exports.pending() == 0
 
 
 @needs_cuda
@@ -371,7 +449,7 @@ def test_cuda_a_legacy_producer_is_asked_again_without_max_version() -> None:
 
 
 @needs_cuda
-def test_cuda_capsules_from_dlpack_cannot_wrap_are_refused_and_released() -> None:
+def test_cuda_capsules_from_dlpack_cannot_wrap_are_refused_and_released(exports: Exports) -> None:
     def strided(m: Any) -> None:
         m.dl_tensor.strides[0] = 2
 
@@ -391,8 +469,8 @@ def test_cuda_capsules_from_dlpack_cannot_wrap_are_refused_and_released() -> Non
         with pytest.raises(BufferError, match=error):
             ais.from_dlpack(producer)
         del producer
-        settle()
-        assert _dlpack.pending_exports() == 0, spoil.__name__
+        exports.settle()
+        assert exports.pending() == 0, spoil.__name__
     with pytest.raises(TypeError, match="stream must be an aiostream.Stream"):
         ais.from_dlpack(_Producer(filled([1], DEV)), stream=1)  # type: ignore[arg-type]
 

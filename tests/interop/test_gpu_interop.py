@@ -1,7 +1,7 @@
 """On a real GPU: interop with PyTorch, CuPy and cuda.core, events across processes, a kernel
 that traps.
 
-These need an NVIDIA GPU (the stand-in driver of test_fake_driver runs no foreign kernels), and
+These need an NVIDIA GPU (the stand-in driver runs no kernels of other libraries), and
 each library where it is used: every test skips and says why otherwise. The GPU suite
 (``benchmarks/gpu_suite.sh``) runs them; their first run on a GPU is their real test.
 """
@@ -18,16 +18,14 @@ import numpy as np
 import pytest
 
 import aiostream as ais
-from aiostream import _backends
 from tests.helpers.process import run_python
-
-_OK, _REASON = _backends.probe("cuda")
+from tests.helpers.stand_in import OK, REASON
 
 
 def _real_gpu() -> str | None:
     """Why these tests cannot run here, or None on a real GPU."""
-    if not _OK:
-        return f"needs a CUDA device: {_REASON}"
+    if not OK:
+        return f"needs a CUDA device: {REASON}"
     if hasattr(ctypes.CDLL("libcuda.so.1"), "fake_cuda_live"):
         return "needs a real GPU: the stand-in driver runs no kernels of other libraries"
     return None
@@ -65,9 +63,9 @@ async def test_a_torch_stream_and_event_awaited_after_a_torch_kernel(anyio_backe
     done = torch.cuda.Event()
     with torch.cuda.stream(s):
         x = torch.randn(2048, 2048, device="cuda")
-        y = x @ x  # long enough to be pending when the await starts
-        torch.cuda._sleep(50_000_000)
-        done.record(s)
+        y = x @ x
+    ais.delay(0.05, stream=ais.as_stream(s))  # torch's work is pending when the await starts
+    done.record(s)
     await ais.as_event(done).synchronize()
     assert done.query()
     await ais.as_stream(s).synchronize()
@@ -217,7 +215,7 @@ async def main():
 
     async def wait(name, e):
         try:
-            with anyio.fail_after(30):
+            with deadline(30, "every wait to end, with its work or the trap's error"):
                 await e.synchronize()
             results[name] = "ok"
         except ais.CudaError as exc:

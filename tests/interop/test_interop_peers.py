@@ -18,11 +18,14 @@ import time
 import types
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from tests.helpers.cuda import primary_context
+from tests.helpers.deadlines import until
 from tests.helpers.process import ROOT, in_spawned_process, run_python
 from tests.helpers.stand_in import FAKE, hurry, needs_stand_in, take_violations
 
@@ -132,7 +135,14 @@ async def test_cuda_every_peer_event_is_awaited_without_being_owned(anyio_backen
     for name, peer in peers.items():
         wrapped = ais.as_event(peer)
         assert wrapped.event_id == handle and wrapped.device == ais.Device("cuda", 0), name
-        assert wrapped._subject() == f"event {handle}", name  # no record of aiostream's yet
+        ais.delay(3600.0 if FAKE is not None else 0.5, stream=s)  # ends when the test says
+        owner.record(s)  # the peer's event, recorded by its owner (not through the wrapper)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wrapped.synchronize)
+            await until(ais.pending_waits, "the wait on the wrapped event to begin")
+            # named by its handle alone: no record of aiostream's yet
+            assert [w.subject for w in ais.pending_waits()] == [f"event {handle}"], name
+            hurry()  # the owner's record completes now (on a GPU, in its time): so does the wait
         ais.delay(0.05, stream=s)
         wrapped.record(s)  # records the peer's own event
         assert not owner.query(), name
@@ -285,20 +295,27 @@ async def test_a_shared_buffer_opens_on_the_device_named_in_its_current_stream_o
 
 
 def test_a_freed_shared_virtual_buffer_keeps_no_bytes_alive() -> None:
-    """Sharing a buffer keeps it openable only while it lives: once freed, its bytes go."""
+    """Sharing a buffer keeps it openable only while it lives: once freed, its bytes go (the
+    memory Python traced for them is given back)."""
     import gc
+    import tracemalloc
 
-    from aiostream._backends.virtual.model import Memory
-
-    def held(nbytes: int) -> int:
-        return sum(1 for o in gc.get_objects() if type(o) is Memory and len(o.data) == nbytes)
-
-    buf = ais.DeviceBuffer(12_345, interprocess=True)
-    buf.ipc_handle()
-    assert held(12_345) == 1
-    del buf
-    gc.collect()
-    assert held(12_345) == 0
+    nbytes = 8 << 20
+    ours = not tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        buf = ais.DeviceBuffer(nbytes, interprocess=True)
+        buf.ipc_handle()
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - before >= nbytes
+        del buf
+        gc.collect()
+        left = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        if ours:
+            tracemalloc.stop()
+    assert left < 1 << 20, f"{left} bytes still held: the shared buffer's bytes live on"
 
 
 def test_ipc_handles_of_virtual_buffers_are_checked() -> None:
@@ -460,7 +477,7 @@ FAILED_CLOSE_CHILD = """
 import gc, logging, sys
 from cuda.bindings import driver as cu
 import aiostream as ais
-from aiostream import _backends
+from tests.helpers.cuda import primary_context
 from tests.helpers.stand_in import DEVICE_BUFFERS, FAKE
 
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -476,7 +493,7 @@ try:
 finally:
     FAKE.fake_cuda_clear_error()
 print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)  # left open by the failed call
-with _backends.get("cuda")._devices.get(0).pushed:  # closed as a user would
+with primary_context():  # closed as a user would
     print(int(cu.cuIpcCloseMemHandle(cu.CUdeviceptr(address))[0]), flush=True)
 """
 
@@ -516,12 +533,10 @@ def test_cuda_the_stand_in_keeps_the_drivers_ipc_rules() -> None:
     cuMemAlloc's memory only, opened in another process only, with the one flag."""
     from cuda.bindings import driver as cu
 
-    from aiostream import _backends
-
     pooled = ais.DeviceBuffer(16, DEV)
     shared = ais.DeviceBuffer(16, DEV, interprocess=True)
     take_violations()
-    with _backends.get("cuda")._devices.get(0).pushed:
+    with primary_context():
         address = pooled.__cuda_array_interface__["data"][0]
         assert int(cu.cuIpcGetMemHandle(cu.CUdeviceptr(address))[0]) == 1  # INVALID_VALUE
         address = shared.__cuda_array_interface__["data"][0]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -11,7 +12,6 @@ import numpy as np
 import pytest
 
 import aiostream as ais
-from aiostream import profiler
 from aiostream.testing import VirtualTime
 
 pytestmark = pytest.mark.anyio
@@ -28,8 +28,26 @@ pytestmark = pytest.mark.anyio
         ("a.b", "a.b"),
     ],
 )
-def test_task_labels_read_as_their_function(task: str, label: str) -> None:
-    assert profiler.task_label(task) == label
+def test_task_labels_read_as_their_function(
+    virtual_device: ais.Device, tmp_path: Path, task: str, label: str
+) -> None:
+    """A trace's lane of host spans is named for their task (anyio names a task by its
+    function's qualified name): the last two parts, without ``<locals>``. Outside a loop the
+    task is the thread, which here bears the task's name."""
+
+    def step() -> None:
+        with ais.record_function("step"):
+            pass
+
+    with ais.profile() as prof:
+        thread = threading.Thread(target=step, name=task)
+        thread.start()
+        thread.join(10)
+    assert not thread.is_alive(), "the thread's step did not end within 10 s"
+    prof.export_chrome_trace(tmp_path / "t.json")
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    lanes = [e["args"]["name"] for e in events if e["name"] == "thread_name" and e["pid"] == 1]
+    assert lanes == [label]
 
 
 def test_a_stream_carries_its_name() -> None:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from aiostream import _clash
 from aiostream.__main__ import info
-from tests.helpers.process import ROOT
+from tests.helpers.process import ROOT, run_python
+
+
+def _other_metadata(site: Path) -> None:
+    """The other project's metadata, as pip installs it into ``site``."""
+    meta = site / "aiostream-0.6.4.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: aiostream\nVersion: 0.6.4\n")
 
 
 def _mixed_install(site: Path) -> None:
@@ -21,9 +26,7 @@ def _mixed_install(site: Path) -> None:
     shutil.copytree(ROOT / "aiostream", site / "aiostream")
     (site / "aiostream" / "stream").mkdir()
     (site / "aiostream" / "stream" / "__init__.py").write_text("")
-    meta = site / "aiostream-0.6.4.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: aiostream\nVersion: 0.6.4\n")
+    _other_metadata(site)
 
 
 def _import_from(site: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -58,13 +61,19 @@ def test_an_import_error_of_another_cause_is_left_as_it_is(tmp_path: Path) -> No
     assert proc.stderr.strip().splitlines()[-1] == "ImportError: a cause of its own"
 
 
-def test_info_warns_of_the_other_project(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_info_warns_of_the_other_project(tmp_path: Path) -> None:
+    """``python -m aiostream info`` where the other project's metadata is installed beside this
+    one (not yet mixed with it: the import still works)."""
     assert "CONFLICT" not in info()
-    monkeypatch.setattr(_clash, "other_distribution", lambda: "aiostream 0.6.4 (in /x)")
-    text = info()
-    assert "CONFLICT: The distribution aiostream 0.6.4 (in /x) is installed here too" in text
+    site = tmp_path / "site"
+    _other_metadata(site)
+    proc = run_python("-m", "aiostream", "info", PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert f"CONFLICT: The distribution aiostream 0.6.4 (in {site}) is installed here too" in text
     assert "python -m pip uninstall -y aiostream aiostream-cuda" in text
 
 
 def test_this_project_is_not_taken_for_the_other() -> None:
-    assert _clash.other_distribution() is None
+    """This project's own distribution (aiostream-cuda) is no conflict."""
+    assert "CONFLICT" not in info()

@@ -1,4 +1,6 @@
-"""The command line and the examples."""
+"""The command line (``python -m aiostream``: info, the demos, bench, usage and help), and the
+smoke runs of the benchmarks and the examples. How bench judges its goals and draws its
+progress lines is tested inside, in ``tests/internals/api/test_cli_internals.py``."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 import aiostream as ais
 from aiostream.__main__ import main
+from tests.helpers import stand_in
 from tests.helpers.process import run_python
 
 
@@ -221,59 +224,6 @@ def test_bench_prints_one_table_of_ratios_with_the_machine() -> None:
         assert "not run: cuda: " in proc.stdout
 
 
-def _row(ratio: float, goal: str, ours: float = 1.0, unit: str = "") -> dict[str, object]:
-    return {
-        "section": "core", "what": "a measure / its baseline", "loop": "asyncio",
-        "size": "1,000 waits", "ours": ours, "baseline": 1.0, "ratio": ratio, "unit": unit,
-        "goal": goal,
-    }  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("row", "expected"),
-    [
-        (_row(1.5, "<= 1.5"), True),
-        (_row(1.51, "<= 1.5"), False),
-        (_row(0.9, ">= 0.90"), True),
-        (_row(0.89, ">= 0.90"), False),
-        (_row(0.05, "< 0.05"), False),
-        (_row(3.0, "<= 2 or < 2 ms", ours=1.9, unit="ms"), True),  # the absolute alternative
-        (_row(2.5, "<= 2 or < 2 ms", ours=2.0, unit="ms"), False),
-        (_row(1.0, "< 2 KiB", ours=2047.0, unit="B"), True),
-        (_row(9.0, "< 2 KiB", ours=2048.0, unit="B"), False),
-        (_row(9.0, "-"), None),
-    ],
-)
-def test_bench_goals_are_judged(row: dict[str, object], expected: bool | None) -> None:
-    from aiostream._bench import suite
-
-    assert suite.met(row) is expected
-
-
-def test_bench_marks_a_missed_goal_and_exits_1(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from aiostream._bench import suite
-
-    report = {
-        "machine": {
-            "platform": "Linux-x86_64", "cpus": 2, "versions": {"aiostream": "0"}, "gpus": [],
-            "cuda": "unavailable: none",
-        },
-        "quick": True, "seconds": 1.0, "clock": "real time", "skipped": [],
-        "rows": [_row(0.89, ">= 0.90"), _row(1.2, "<= 1.5"), _row(3.0, "-")],
-    }  # fmt: skip
-    monkeypatch.setattr(suite, "run", lambda *args: report)
-    assert main(["bench", "--loops", "asyncio"]) == 1
-    lines = capsys.readouterr().out.splitlines()
-    figures = [line for line in lines if line.startswith("  asyncio ")]
-    assert [row.split()[-1] for row in figures] == ["MISS", "ok", "-"]
-    assert lines[-1] == "1 of 2 goals missed"
-    report["rows"] = report["rows"][1:]  # type: ignore[index]
-    assert main(["bench", "--loops", "asyncio"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "every goal met"
-
-
 @pytest.mark.slow
 def test_bench_json_is_one_object_for_machines() -> None:
     proc = run_python(
@@ -326,7 +276,9 @@ def test_quickstart_example_prints_the_elapsed_time() -> None:
     proc = run_python("examples/quickstart.py")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(" ms")
-    assert 19.5 <= float(proc.stdout.split()[0]) <= 30.0
+    # 20 ms of device work, timed by device events; the host submitting the end event late (a
+    # loaded machine) only adds to it: the bound catches seconds or microseconds reported
+    assert 19.5 <= float(proc.stdout.split()[0]) <= 1000.0
 
 
 @pytest.mark.slow
@@ -362,12 +314,11 @@ def test_scale_benchmark_smoke_run(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["bench_cuda", "bench_torch_loader"])
 def test_gpu_benchmarks_say_why_they_skip_without_a_gpu(script: str) -> None:
-    ok, reason = ais._backends.probe("cuda")
-    if ok:
-        pytest.skip("a CUDA device works here: test_fake_driver.py and the GPU run cover it")
+    if stand_in.OK:
+        pytest.skip("a CUDA device works here: the benchmark runs instead of skipping")
     proc = run_python(f"benchmarks/{script}.py", "--quick")
     assert proc.returncode == 0, proc.stderr
-    assert f"{script}: skipped, no CUDA device here: {reason}" in proc.stdout
+    assert f"{script}: skipped, no CUDA device here: {stand_in.REASON}" in proc.stdout
 
 
 @pytest.mark.slow
@@ -422,33 +373,3 @@ def test_profiler_benchmark_smoke_run() -> None:
     proc = run_python("benchmarks/bench_profiler.py", "--quick")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("ns") >= 6
-
-
-@pytest.mark.parametrize("columns", [40, 60, 80, 200])
-def test_a_live_progress_line_never_wraps(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Redrawn in place, a line must fit the terminal: a wrapped one leaves stale lines."""
-    import os
-
-    from aiostream import _bench, _demo
-
-    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((columns, 24)))
-    seen: list[str] = []
-    _demo.progress_bar(100, seen.append, live=True)(37)
-    bar = _bench.suite.Progress([_bench.suite.Step("core (asyncio)", 1.0, list)] * 3, _Tty())
-    bar.show(1)
-    for text in [*seen, bar.out.written]:
-        assert text.startswith("\r") and text.endswith("\x1b[K")
-        assert len(text) - len("\r\x1b[K") <= columns - 1
-
-
-class _Tty:
-    written = ""
-
-    def isatty(self) -> bool:
-        return True
-
-    def write(self, text: str) -> None:
-        self.written += text
-
-    def flush(self) -> None:
-        pass

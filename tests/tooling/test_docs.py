@@ -2,7 +2,7 @@
 nothing outside the repository.
 
 Each Python block is a whole program (or a whole test file). What a block prints is written
-under the print as ``#> output`` and checked by pytest-examples; ``pytest tests/test_docs.py
+under the print as ``#> output`` and checked by pytest-examples; ``pytest tests/tooling/test_docs.py
 --update-examples`` rewrites those lines after a deliberate change. Blocks that need a GPU (or
 PyTorch) skip, saying so, where there is none.
 """

@@ -40,6 +40,7 @@ def test_the_cuda_benchmark_runs_on_the_stand_in(stand_in_folder: Path) -> None:
     assert set(rows) >= {"asyncio", "trio"}, proc.stdout  # a row per loop
 
 
+@pytest.mark.timeout(660)  # the suite's own limit (600 s) comes first, with its report
 def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(
     stand_in_folder: Path, tmp_path: Path
 ) -> None:

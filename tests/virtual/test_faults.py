@@ -1,4 +1,6 @@
-"""Fault injection on the virtual device, observed by awaiting code (under virtual time)."""
+"""Fault injection on the virtual device: ``fail_next``, ``slow_next`` and ``stall``, observed by
+awaiting code under virtual time, and stalls, which nest, on a manual clock.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from aiostream.virtual import VirtualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -97,6 +100,35 @@ async def test_operations_running_when_stalled_go_on(virtual_time: VirtualTime) 
         await anyio.sleep(1.0)
     await s.synchronize()
     assert [(r.start, r.end) for r in ais.virtual.timeline()] == [(0.0, 1.0), (1.5, 2.5)]
+
+
+def test_stalls_nest(clock: VirtualClock) -> None:
+    a = ais.virtual.stall("h2d")
+    b = ais.virtual.stall("h2d")
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0, engine="h2d", name="copy")
+    a.release()
+    clock.advance(5.0)
+    assert ais.virtual.timeline() == []  # b still holds the engine
+    assert repr(b).endswith("stalled>")
+    b.release()
+    b.release()  # idempotent: it does not release a stall it does not hold
+    clock.advance(1.0)
+    assert [(r.name, r.start, r.end) for r in ais.virtual.timeline()] == [("copy", 5.0, 6.0)]
+
+
+def test_a_released_stall_does_not_release_a_later_one(clock: VirtualClock) -> None:
+    a = ais.virtual.stall("compute")
+    a.release()
+    b = ais.virtual.stall("compute")
+    a.release()
+    s = ais.Stream()
+    ais.virtual.submit(s, 1.0)
+    clock.advance(2.0)
+    assert not s.query()
+    b.release()
+    clock.advance(1.0)
+    assert s.query()
 
 
 @pytest.mark.aiostream(devices=2)

@@ -1,0 +1,490 @@
+"""The CUDA backend at close and at the interpreter's exit: close releases every handle it
+made (the program's too) and no context with work pending, memory still held is left to the
+exit and still reads, every later use raises saying why, a failed release is said once; whole
+programs exit at once, without tracebacks, whatever device work is pending.
+
+The close is a backend of the test's own (``own_backend``) closed as the exit closes the
+shared one; tests of the exit itself run a program of their own in a subprocess, whose
+stand-in driver reports violations and leaks at its exit. Tests that need the stand-in's hooks
+skip on a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+import aiostream as ais
+from tests.helpers.cuda import (
+    CLOSED,
+    DEV,
+    N,
+    close_with_a_failed_release,
+    device_finishes,
+    live,
+    primary_context,
+    program,
+    ptr,
+)
+from tests.helpers.stand_in import FAKE, PINNED, needs_stand_in
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
+
+
+# ----------------------------------------------------------------- close
+
+
+@needs_stand_in
+async def test_close_releases_every_handle_the_backend_made(
+    anyio_backend: object, own_backend: Any
+) -> None:
+    """What runs at exit releases every stream and event (opened from an IPC handle too),
+    even those the program still holds, and the buffers, internal stream, markers, flag memory
+    and module: the driver's counts are back where they were, and a second close does nothing.
+    (A buffer still held at close is freed after markers recorded then, which close never
+    waits for: on a loaded machine it may be left to the exit, so the test drops it first.)"""
+    before = live()
+    s, t = ais.Stream(DEV), ais.Stream(DEV)
+    ipc = ais.Event(DEV, interprocess=True)
+    ipc.record(s)
+    opened = ais.Event.from_ipc_handle(DEV, ipc.ipc_handle())
+    host = ais.HostBuffer(N, device=DEV)
+    with ais.use_stream(s):
+        shared = ais.DeviceBuffer(N, DEV)
+    ais.copy_async(shared, host, stream=t)  # used on two streams: freed on an internal one
+    ais.delay(0.001, stream=s)  # the module of the sleep kernel
+    with anyio.fail_after(5):
+        await s.record_event().synchronize(strategy="thread")  # the watcher and its flags
+        await t.synchronize()
+    del shared, host
+    gc.collect()
+    held = own_backend.held(0)
+    assert held["streams"] == 1 and held["events"] >= 1, held  # the free stream, markers
+    assert live() != before
+    # close leaves a context with work pending (a free, a host function) to the exit: let the
+    # device finish first, as a program's last synchronize would
+    device_finishes()
+    own_backend.close()
+    assert live() == before, (before, live())  # the program still holds s, t, ipc, opened
+    own_backend.close()
+    assert live() == before
+    del s, t, ipc, opened
+    gc.collect()  # their finalizers release nothing twice (the fixture checks the driver)
+    assert live() == before
+
+
+@needs_stand_in
+def test_close_leaves_a_context_with_work_pending_on_a_stream_still_held(
+    own_backend: Any,
+) -> None:
+    """Closed while a kernel runs on a stream the program still holds (aiostream's streams
+    are non-blocking: the legacy default stream, idle, says nothing of them), the backend
+    destroys its handles but leaves its reference to the context to the exit: releasing it
+    could wait for the kernel, or reset the context under it."""
+    s = ais.Stream(DEV)
+    refs = FAKE.fake_cuda_context_refs(0)
+    ais.delay(0.5, stream=s)
+    own_backend.close()
+    assert FAKE.fake_cuda_context_refs(0) == refs  # kept: the shared backend's and this one's
+    # the exit's release, done here: the shared backend's reference keeps the context alive
+    assert FAKE.fake_cuda_hold_primary(0, 0) == 0
+    assert FAKE.fake_cuda_context_refs(0) == refs - 1
+    del s
+
+
+@needs_stand_in
+def test_close_leaves_a_context_with_work_pending_on_a_stream_dropped(own_backend: Any) -> None:
+    """Dropped while a kernel runs, a stream is destroyed at once (the driver lets its work
+    run on) and a marker recorded on it first stands for that work: closed meanwhile, with no
+    wait anywhere (no completion flag in use), the backend still sees the work through that
+    marker and leaves its reference to the context to the exit."""
+    s = ais.Stream(DEV)
+    refs = FAKE.fake_cuda_context_refs(0)
+    ais.delay(0.5, stream=s)
+    del s
+    gc.collect()
+    assert own_backend.held(0)["slots"] == 0, own_backend.held(0)
+    own_backend.close()
+    assert FAKE.fake_cuda_context_refs(0) == refs  # kept: the exit releases it
+    assert FAKE.fake_cuda_hold_primary(0, 0) == 0  # the exit's release, done here
+    assert FAKE.fake_cuda_context_refs(0) == refs - 1
+
+
+def test_a_stream_held_past_the_close_refuses_every_use(own_backend: Any) -> None:
+    """The close at exit destroys the streams and events the program still holds: their
+    later uses raise, saying why, and neither reach the driver nor hand another library a
+    handle that names nothing (or another object the driver made since)."""
+    s = ais.Stream(DEV)
+    event = s.record_event()
+    host = ais.HostBuffer(N, device=DEV)
+    event.synchronize_blocking()
+    del host
+    gc.collect()
+    device_finishes()
+    own_backend.close()
+    uses = (
+        s.query,
+        event.query,
+        lambda: s.record_event(),
+        lambda: ais.delay(0.001, stream=s),
+        s.__cuda_stream__,  # handles for other libraries: destroyed, so none is handed out
+        lambda: event.event_id,
+    )
+    for use in uses:
+        with pytest.raises(ais.AiostreamError) as info:
+            use()
+        assert str(info.value) == CLOSED
+
+
+@needs_stand_in
+def test_memory_still_held_at_close_is_left_to_the_exit_and_still_reads(
+    own_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Closed while the program still holds a pinned buffer (and a view of it), the backend
+    does not free it, and leaves its reference to the context to the exit: the view reads,
+    as an atexit handler registered before aiostream's would read it, and the debug log says
+    so. Dropped after the close, it is still not freed: the process's end frees it."""
+    host = ais.HostBuffer(N, device=DEV)
+    view = host.numpy()
+    address = view.ctypes.data  # the pinned memory's own address
+    view[:] = 5
+    refs, pinned = FAKE.fake_cuda_context_refs(0), FAKE.fake_cuda_live(PINNED)
+    with caplog.at_level("DEBUG", logger="aiostream"):
+        own_backend.close()
+    assert (
+        "cuda:0: 1 buffer(s) still held at close: left to the exit, with the context"
+    ) in caplog.messages
+    assert FAKE.fake_cuda_context_refs(0) == refs and FAKE.fake_cuda_live(PINNED) == pinned
+    assert int(view.sum()) == 5 * N
+    del host, view
+    gc.collect()
+    assert FAKE.fake_cuda_live(PINNED) == pinned
+    # what the exit does, done here (the shared backend's reference keeps the context)
+    with primary_context() as cu:
+        assert cu.cuMemFreeHost(address) == (cu.CUresult.CUDA_SUCCESS,)
+    assert FAKE.fake_cuda_hold_primary(0, 0) == 0
+    assert FAKE.fake_cuda_context_refs(0) == refs - 1
+
+
+# ------------------------------------------------------- failed releases
+
+
+@needs_stand_in
+def test_a_stream_dropped_while_its_context_fails_is_destroyed_and_said_at_close(
+    own_backend: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream dropped is asked whether work is pending on it (to keep a marker of that
+    work for close), in its context; if the context cannot be made current, the stream is
+    destroyed all the same, and close says the failure once, with its call, device and code."""
+    streams = FAKE.fake_cuda_live(0)
+    let_go = [ais.Stream(DEV)]
+    close_with_a_failed_release(own_backend, caplog, "cuCtxPushCurrent", let_go)
+    assert FAKE.fake_cuda_live(0) == streams
+
+
+@needs_stand_in
+@pytest.mark.parametrize(
+    "call",
+    [
+        "cuMemFreeHost",  # a host buffer used by no stream: freed at once
+        "cuMemFreeAsync",  # a buffer used on its allocation stream only: freed there
+        "cuStreamCreateWithPriority",  # the device's free stream, made on its first use
+        "cuStreamWaitEvent",  # the free stream waiting for the buffer's streams
+        "cuModuleUnload",  # the sleep kernel's module, at close
+    ],
+)
+def test_a_failed_free_is_said_once_at_close_and_loses_nothing_else(
+    own_backend: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, call: str
+) -> None:
+    """The frees of memory dropped by the program, and the module unloaded at close: one that
+    fails is said once at close with its call, device and code, as every failed release is
+    (a buffer used on two streams is freed on the device's own free stream, after both)."""
+    from cuda.bindings import driver
+
+    modules: list[Any] = []  # the sleep kernel's module, as the driver gives it to the backend
+    load = driver.cuModuleLoadData
+
+    def loaded(image: Any) -> Any:
+        result = load(image)
+        modules.append(result[1])
+        return result
+
+    monkeypatch.setattr(driver, "cuModuleLoadData", loaded)
+    s, other = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(0.001, stream=s)  # the sleep kernel is loaded (this backend's first delay)
+    (module,) = modules
+    host = ais.HostBuffer(N, device=DEV)
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(N, DEV)
+    if call in ("cuStreamCreateWithPriority", "cuStreamWaitEvent"):
+        ais.copy_async(host, buf, stream=other)  # a second stream uses it
+    s.synchronize_blocking()
+    other.synchronize_blocking()
+    address = host.numpy().ctypes.data if call == "cuMemFreeHost" else ptr(buf)
+    let_go = [host, buf]
+    kept = (host, buf) if call == "cuModuleUnload" else ()  # held at close
+    del host, buf
+    close_with_a_failed_release(own_backend, caplog, call, let_go)
+    del kept
+    with primary_context() as cu:  # what the failed call left, released as a user would
+        if call == "cuModuleUnload":
+            assert cu.cuModuleUnload(module) == (cu.CUresult.CUDA_SUCCESS,)
+        elif call == "cuMemFreeHost":
+            assert cu.cuMemFreeHost(address) == (cu.CUresult.CUDA_SUCCESS,)
+        else:  # stream-ordered memory: freed on a stream
+            freed = cu.cuMemFreeAsync(cu.CUdeviceptr(address), cu.CUstream(0))
+            assert freed == (cu.CUresult.CUDA_SUCCESS,)
+            assert cu.cuCtxSynchronize() == (cu.CUresult.CUDA_SUCCESS,)
+
+
+# ---------------------------------------------- in programs of their own
+
+
+FAULT_AT_EXIT = """
+import ctypes, gc, anyio, aiostream as ais
+lib = ctypes.CDLL("libcuda.so.1")
+s = ais.Stream("cuda:0")
+kept = [ais.HostBuffer(64, device="cuda:0"), ais.Event("cuda:0")]
+with ais.use_stream(s):
+    dev = ais.DeviceBuffer(64, "cuda:0")
+dropped = [ais.Stream("cuda:0"), ais.HostBuffer(64, device="cuda:0")]
+lib.fake_cuda_fail_next_launch(719)
+ais.delay(0.01, stream=s)
+try:
+    s.synchronize_blocking()
+except ais.CudaError as exc:
+    print("failed", exc.name, flush=True)
+del dev, s  # each release fails now: counted, never raised
+dropped.clear()
+gc.collect()
+print("exiting", flush=True)
+"""
+
+
+@needs_stand_in
+def test_a_faulted_program_exits_without_tracebacks() -> None:
+    proc = program(FAULT_AT_EXIT)
+    assert "failed CUDA_ERROR_LAUNCH_FAILED" in proc.stdout and "exiting" in proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()  # at most one line: what could not be released
+    assert len(lines) <= 1, proc.stderr
+    assert not lines or "could not release" in lines[0]
+
+
+AFTER_CLOSE = """
+import atexit, anyio, numpy as np, aiostream as ais
+
+views = []
+
+def report():  # registered before aiostream's first use: it runs after the backend closed
+    print("read", int(np.concatenate(views).sum()), flush=True)
+    for use in (lambda: stream.query(), lambda: stream.__cuda_stream__(),
+                lambda: ais.copy_async(host, dev, stream=stream), lambda: event.event_id,
+                lambda: ais.HostBuffer(8, device="cuda:0"), lambda: ais.Stream("cuda:0")):
+        try:
+            use()
+        except ais.AiostreamError as exc:
+            print("refused:", exc, flush=True)
+
+atexit.register(report)
+
+async def main():
+    global stream, host, dev, event, plain
+    stream = ais.Stream("cuda:0")
+    host = ais.HostBuffer(64, device="cuda:0")
+    dev = ais.DeviceBuffer(64, "cuda:0")
+    host.numpy()[:] = 3
+    ais.copy_async(dev, host, stream=stream)
+    event = stream.record_event()
+    await event.synchronize()
+    plain = ais.HostBuffer(64, device="cuda:0")  # used on no stream: a free would be at once
+    plain.numpy()[:] = 1
+    views.extend([host.numpy(), plain.numpy()])  # pinned memory, read after the close
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+def test_after_the_close_at_exit_views_still_read_and_every_use_says_why() -> None:
+    """The backend closes at exit, before the atexit handlers registered earlier than its
+    first use: they still read the host views of the buffers the program holds (left to the
+    exit with their context, not freed under the views), and every use of a stream, event or
+    buffer raises, naming the close, rather than calling the driver with a handle that names
+    nothing (the stand-in counts that as a violation and fails the process)."""
+    proc = program(AFTER_CLOSE)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "read 256", proc.stdout  # 64 bytes of 3, 64 of 1
+    assert lines[1:] == [f"refused: {CLOSED}"] * 6, proc.stdout
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
+CANCELLED_AT_EXIT = """
+import sys, time, anyio, aiostream as ais
+
+loop, strategy, kernel_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+
+async def main():
+    s = ais.Stream("cuda:0")
+    ais.delay(kernel_s, stream=s)
+    with anyio.move_on_after(0.05):
+        await s.synchronize(strategy=strategy)
+    time.sleep(0.05)  # a thread is blocked on the kernel now
+    print("leaving", flush=True)
+
+anyio.run(main, backend=loop)
+"""
+
+
+@pytest.mark.parametrize(
+    ("loop", "strategy"),
+    [("asyncio", "thread"), ("asyncio", "hybrid"), ("trio", "thread"), ("asyncio", "callback")],
+)
+def test_exit_is_never_held_by_device_work(loop: str, strategy: str) -> None:
+    """A wait cancelled while a long kernel runs: the interpreter exits at once; the context,
+    busy with the kernel, is left to the exit (the stand-in allows its live handles then)."""
+    kernel_s = "60" if FAKE is None else "6"
+    start = time.monotonic()
+    proc = program(CANCELLED_AT_EXIT, loop, strategy, kernel_s, timeout=30)
+    took = time.monotonic() - start
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert took < 5.0, f"exit took {took:.1f} s"
+    assert "violation" not in proc.stderr, proc.stderr
+
+
+DROPPED_AT_EXIT = """
+import gc, anyio, aiostream as ais
+
+async def main():
+    s = ais.Stream("cuda:0")
+    ais.delay(2.0, stream=s)
+    e = s.record_event()  # its mark: a value the device will write into pinned memory
+    with anyio.move_on_after(0.02):
+        await e.synchronize()
+    del s, e  # the stream is destroyed with its work pending
+    gc.collect()
+    print("leaving", flush=True)
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+def test_exit_frees_no_flag_memory_that_a_dropped_streams_work_will_write() -> None:
+    """At exit, flag memory that pending work will still write is left to the process's
+    exit, also when the stream that work runs on is gone (it can no longer be queried)."""
+    proc = program(DROPPED_AT_EXIT)
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert "violation" not in proc.stderr, proc.stderr
+
+
+DROPPED_BUSY_AT_EXIT = """
+import gc, logging, aiostream as ais
+logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+s = ais.Stream("cuda:0")
+ais.delay(2.0, stream=s)
+del s  # destroyed: the driver lets its work run on
+gc.collect()
+print("leaving", flush=True)
+"""
+
+
+@needs_stand_in
+def test_exit_sees_work_pending_on_a_stream_already_destroyed() -> None:
+    """A stream dropped with work pending is destroyed at once; at exit its context is still
+    seen busy and left to the exit, not reset under that work (which could wait for it)."""
+    proc = program(DROPPED_BUSY_AT_EXIT, FAKE_CUDA_TRACE="1")
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert "reset with work pending" not in proc.stderr, proc.stderr
+    assert "at exit: 0 violation(s), 0 handle(s) leaked at a context reset, 0 live" in (
+        proc.stderr
+    ), proc.stderr
+    assert (
+        "aiostream: cuda:0: work that may use its context is pending at close: the context is "
+        "left to the exit\n"
+    ) in proc.stderr, proc.stderr
+
+
+USED_ELSEWHERE_AT_EXIT = """
+import gc, logging, sys, anyio, aiostream as ais
+logging.basicConfig(level=logging.DEBUG, format="%(name)s: %(message)s")
+
+async def main():
+    up = ais.HostBuffer(1 << 16, device="cuda:0")
+    s1 = ais.Stream("cuda:1")
+    with ais.use_stream(s1):
+        dev = ais.DeviceBuffer(1 << 16, "cuda:1")
+    if sys.argv[1] == "copy-pending":
+        ais.delay(2.0, stream=s1)
+        ais.copy_async(dev, up, stream=s1)  # reads cuda:0's pinned memory in 2 s
+    else:  # the copy is over, but the work after it, which the free waits for, is not
+        ais.copy_async(dev, up, stream=s1)
+        await s1.synchronize()
+        ais.delay(2.0, stream=s1)
+    del up, dev, s1
+    gc.collect()
+    print("leaving", flush=True)
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+@pytest.mark.parametrize("case", ["copy-pending", "later-work-pending"])
+def test_exit_keeps_a_context_whose_memory_another_devices_pending_work_uses(case: str) -> None:
+    """Pinned memory of cuda:0 that a copy on cuda:1 reads, dropped while cuda:1 has work
+    pending (the copy, or work after it that the free must wait for): at exit cuda:0's
+    context, idle itself, is left to the exit with that memory, not released (which would
+    free it under the copy); nothing is reset under pending work, nothing leaks."""
+    proc = program(USED_ELSEWHERE_AT_EXIT, case, FAKE_CUDA_DEVICES="2", FAKE_CUDA_TRACE="1")
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert "at exit: 0 violation(s), 0 handle(s) leaked at a context reset, 0 live" in (
+        proc.stderr
+    ), proc.stderr
+    assert "cuda:0 reset" not in proc.stderr, proc.stderr
+    assert (
+        "aiostream: cuda:0: 1 buffer(s) may still be in use by another device's pending work "
+        "at close: they are left to the exit, with the context\n"
+    ) in proc.stderr, proc.stderr
+
+
+HELD_ELSEWHERE = """
+import ctypes, anyio, aiostream as ais
+lib = ctypes.CDLL("libcuda.so.1")
+s = ais.Stream("cuda:0")
+assert lib.fake_cuda_hold_primary(0, 1) == 0  # another library holds the primary context
+
+async def main():
+    ais.delay(0.2, stream=s)
+    with anyio.move_on_after(0.02):
+        await s.synchronize(strategy="callback")
+    print("leaving", flush=True)
+
+anyio.run(main)
+"""
+
+
+@needs_stand_in
+def test_host_functions_pending_at_exit_run_no_python() -> None:
+    """With the context held by another library, aiostream's release does not reset it: a
+    host function still pending then runs after the interpreter has finalized. It is a C
+    function, so that is harmless."""
+    proc = program(HELD_ELSEWHERE)
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert "violation" not in proc.stderr, proc.stderr
+
+
+def test_the_watcher_thread_never_holds_the_exit() -> None:
+    """The watcher is a daemon thread: the interpreter's exit never joins it."""
+    s = ais.Stream(DEV)
+    ais.delay(0.001, stream=s)
+    s.synchronize_blocking()
+    watchers = [t for t in threading.enumerate() if t.name == f"aiostream {DEV} watcher"]
+    assert watchers and all(t.daemon for t in watchers), watchers

@@ -1,0 +1,213 @@
+"""Where each CUDA wait strategy waits, and what it adds to the stream: ``poll`` in the loop
+alone, ``thread`` and ``callback`` with the watcher from the start (``callback`` and blocking
+waits announced by a host function), ``hybrid`` handed to the watcher after the loop's first
+millisecond, with no host function behind later work; once a wait returns, its stream is idle,
+however late the driver runs the host function, and busy again with the next work.
+
+Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver, whose
+count of host functions (and their delays) the tests marked ``needs_stand_in`` use.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+import aiostream as ais
+from tests.helpers.cuda import DEV, N, held, ptr
+from tests.helpers.deadlines import until
+from tests.helpers.protocol import ANNOUNCED, STRATEGIES
+from tests.helpers.stand_in import FAKE, hurry, needs_stand_in, touch
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
+
+
+# --------------------------------------------------------- each strategy
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_each_strategy_waits_where_it_says(anyio_backend: object, strategy: str) -> None:
+    """``poll``: the loop alone reads the mark, and the watcher never sees the wait; ``thread``
+    and ``callback``: the watcher has it from the start, the latter with a host function after
+    the mark; ``hybrid``: the watcher has it, with a host function, after the loop's first
+    millisecond."""
+    s = ais.Stream(DEV)
+    ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)  # it outlasts the checks
+    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+
+    async def wait() -> None:
+        await s.synchronize(strategy=strategy)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await until(ais.pending_waits, "the wait to begin")
+        if strategy != "hybrid":  # (hybrid's first millisecond may be over already)
+            assert held()["watched"] == (strategy != "poll")
+        await anyio.sleep(0.05)
+        assert held()["watched"] == (strategy != "poll")
+        if FAKE is not None:
+            assert FAKE.fake_cuda_host_calls() - calls == (strategy in ANNOUNCED)
+        tg.cancel_scope.cancel()
+    assert held()["watched"] == 0
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_the_default_strategy_is_the_one_set(anyio_backend: object, strategy: str) -> None:
+    """A wait with no ``strategy`` of its own takes the one ``set_wait_strategy`` chose, the
+    capture included: a host function announces it under ``callback`` and nothing else
+    (``hybrid`` adds one only when the loop hands the wait over, after its first
+    millisecond: here the work lasts an hour, which a test then ends)."""
+    ais.set_wait_strategy(strategy)
+    s = ais.Stream(DEV)
+    ais.delay(3600.0, stream=s)
+    calls = FAKE.fake_cuda_host_calls()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.synchronize)
+        await until(
+            lambda: held()["watched"] == (strategy != "poll") and ais.pending_waits(),
+            "the wait to begin, watched by the watcher unless polled",
+        )
+        await anyio.sleep(0.01 if strategy == "hybrid" else 0)
+        assert FAKE.fake_cuda_host_calls() - calls == (strategy in ANNOUNCED)
+        hurry()
+    assert s.query()
+
+
+@needs_stand_in
+def test_a_blocking_wait_is_announced_by_a_host_function() -> None:
+    """``synchronize_blocking()`` waits in its thread for the watcher's word, and the watcher
+    hears of the wait from a host function after its mark (as with ``callback``), not at its
+    next health check, 50 ms later."""
+    s = ais.Stream(DEV)
+    for what in ("stream", "event"):
+        ais.delay(0.005, stream=s)
+        awaited = s if what == "stream" else s.record_event()
+        calls = FAKE.fake_cuda_host_calls()
+        awaited.synchronize_blocking()
+        assert FAKE.fake_cuda_host_calls() - calls == 1, what
+        assert s.query()
+
+
+@needs_stand_in
+def test_synchronize_blocking_waits_through_the_watcher() -> None:
+    python_calls = FAKE.fake_cuda_host_calls_python()
+    s = ais.Stream(DEV)
+    ais.delay(0.05, stream=s)
+    e = s.record_event()
+    start = time.monotonic()
+    e.synchronize_blocking()
+    assert e.query() and 0.04 <= time.monotonic() - start < 2.0
+    assert held()["watched"] == 0
+    assert FAKE.fake_cuda_host_calls_python() == python_calls
+
+
+@needs_stand_in
+@pytest.mark.parametrize("later", ["kernel", "event wait and kernel"])
+async def test_a_handed_over_wait_gets_no_host_function_behind_later_work(
+    anyio_backend: object, later: str
+) -> None:
+    """hybrid's host function comes when the loop hands the wait over; if work of the user's
+    was submitted to the stream since the capture (a kernel; or a wait on an event, then a
+    kernel: each counts), a host function would wait for it too: the watcher polls the mark
+    instead, and the wait ends with the work it captured."""
+    s = ais.Stream(DEV)
+    if later != "kernel":
+        other = ais.Stream(DEV)
+        ais.delay(0.01, stream=other)
+        pending = other.record_event()
+    ais.delay(0.05, stream=s)
+    calls = FAKE.fake_cuda_host_calls()
+    finished: list[float] = []
+
+    async def wait() -> None:
+        await s.synchronize(strategy="hybrid")
+        finished.append(time.monotonic())
+
+    start = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        with anyio.fail_after(0.04):
+            while not ais.pending_waits():  # the capture is made
+                await anyio.sleep(0)
+        if later != "kernel":
+            s.wait_event(pending)
+        ais.delay(0.5, stream=s)  # later work of the user's
+    assert finished and finished[0] - start < 0.3
+    assert FAKE.fake_cuda_host_calls() == calls
+    assert not s.query()  # the later work goes on
+    await s.synchronize()
+
+
+# ----------------------------------------------------- idle once awaited
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", ["hybrid", "callback"])
+async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
+    anyio_backend: object, strategy: str
+) -> None:
+    """The host function that announces a wait is aiostream's, not the user's work: once
+    ``await s.synchronize()`` returns, ``s.query()`` is True even while the driver has not yet
+    run it; and the wait does not wait for it (the watcher's sweeps find the flag)."""
+    s = ais.Stream(DEV)
+    FAKE.fake_cuda_host_fn_delay(round(0.5e9))
+    try:
+        ais.delay(0.01, stream=s)
+        start = time.monotonic()
+        await s.synchronize(strategy=strategy)
+        took = time.monotonic() - start
+        assert s.query()
+        assert took < 0.3, took
+        ais.delay(0.01, stream=s)  # work of the user's after it: busy again
+        assert not s.query()
+    finally:
+        FAKE.fake_cuda_host_fn_delay(0)
+    await s.synchronize()
+    assert s.query()
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "callback", "thread", "poll"])
+async def test_an_awaited_handed_out_stream_is_idle(anyio_backend: object, strategy: str) -> None:
+    """On a stream whose handle was handed out, a wait's host function comes right before its
+    mark: once ``await s.synchronize()`` returns, ``s.query()`` (the driver's answer there) is
+    True, as after ``synchronize_blocking()``: no host function of aiostream's is left queued,
+    after short waits (the loop's first millisecond) and long ones (the watcher's), even where
+    the driver runs host functions late (the stand-in delays them by 20 ms here)."""
+    s = ais.Stream(DEV)
+    s.__cuda_stream__()
+    if FAKE is not None:
+        FAKE.fake_cuda_host_fn_delay(round(0.02e9))
+    try:
+        for i in range(20):
+            ais.delay(0.003 if i % 2 else 0.0002, stream=s)
+            with anyio.fail_after(5):
+                await s.synchronize(strategy=strategy)
+            assert s.query(), i
+    finally:
+        if FAKE is not None:
+            FAKE.fake_cuda_host_fn_delay(0)
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", sorted(ANNOUNCED))
+async def test_an_allocation_after_an_awaited_mark_makes_the_stream_busy_again(
+    anyio_backend: object, strategy: str
+) -> None:
+    """A stream awaited with a host function is idle once the work before its mark is done,
+    the host function still queued or not; work submitted after the mark makes it busy
+    again, a stream-ordered allocation too (here followed by a kernel that reads it)."""
+    s = ais.Stream(DEV)
+    ais.delay(0.02, stream=s)
+    with anyio.fail_after(5):
+        await s.synchronize(strategy=strategy)
+    assert s.query()
+    with ais.use_stream(s):
+        buf = ais.DeviceBuffer(N, DEV)  # cuMemAllocAsync on s
+    touch(s, ptr(buf), N, 0.3)
+    assert not s.query()
+    with anyio.fail_after(5):
+        await s.synchronize(strategy=strategy)
+    assert s.query()

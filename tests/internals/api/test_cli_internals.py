@@ -1,0 +1,93 @@
+"""The CLI's insides (``aiostream._bench``, ``aiostream._demo``): how ``bench`` judges a row
+against its goal and reports a missed one (its run replaced by a report made here), and the
+live progress lines of ``bench`` and ``demo``, which a terminal redraws in place. The commands
+themselves run in ``tests/tooling/test_cli.py``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from aiostream.__main__ import main
+
+
+def _row(ratio: float, goal: str, ours: float = 1.0, unit: str = "") -> dict[str, object]:
+    return {
+        "section": "core", "what": "a measure / its baseline", "loop": "asyncio",
+        "size": "1,000 waits", "ours": ours, "baseline": 1.0, "ratio": ratio, "unit": unit,
+        "goal": goal,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("row", "expected"),
+    [
+        (_row(1.5, "<= 1.5"), True),
+        (_row(1.51, "<= 1.5"), False),
+        (_row(0.9, ">= 0.90"), True),
+        (_row(0.89, ">= 0.90"), False),
+        (_row(0.05, "< 0.05"), False),
+        (_row(3.0, "<= 2 or < 2 ms", ours=1.9, unit="ms"), True),  # the absolute alternative
+        (_row(2.5, "<= 2 or < 2 ms", ours=2.0, unit="ms"), False),
+        (_row(1.0, "< 2 KiB", ours=2047.0, unit="B"), True),
+        (_row(9.0, "< 2 KiB", ours=2048.0, unit="B"), False),
+        (_row(9.0, "-"), None),
+    ],
+)
+def test_bench_goals_are_judged(row: dict[str, object], expected: bool | None) -> None:
+    from aiostream._bench import suite
+
+    assert suite.met(row) is expected
+
+
+def test_bench_marks_a_missed_goal_and_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiostream._bench import suite
+
+    report = {
+        "machine": {
+            "platform": "Linux-x86_64", "cpus": 2, "versions": {"aiostream": "0"}, "gpus": [],
+            "cuda": "unavailable: none",
+        },
+        "quick": True, "seconds": 1.0, "clock": "real time", "skipped": [],
+        "rows": [_row(0.89, ">= 0.90"), _row(1.2, "<= 1.5"), _row(3.0, "-")],
+    }  # fmt: skip
+    monkeypatch.setattr(suite, "run", lambda *args: report)
+    assert main(["bench", "--loops", "asyncio"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    figures = [line for line in lines if line.startswith("  asyncio ")]
+    assert [row.split()[-1] for row in figures] == ["MISS", "ok", "-"]
+    assert lines[-1] == "1 of 2 goals missed"
+    report["rows"] = report["rows"][1:]  # type: ignore[index]
+    assert main(["bench", "--loops", "asyncio"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "every goal met"
+
+
+@pytest.mark.parametrize("columns", [40, 60, 80, 200])
+def test_a_live_progress_line_never_wraps(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redrawn in place, a line must fit the terminal: a wrapped one leaves stale lines."""
+    from aiostream import _bench, _demo
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((columns, 24)))
+    seen: list[str] = []
+    _demo.progress_bar(100, seen.append, live=True)(37)
+    bar = _bench.suite.Progress([_bench.suite.Step("core (asyncio)", 1.0, list)] * 3, _Tty())
+    bar.show(1)
+    for text in [*seen, bar.out.written]:
+        assert text.startswith("\r") and text.endswith("\x1b[K")
+        assert len(text) - len("\r\x1b[K") <= columns - 1
+
+
+class _Tty:
+    written = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> None:
+        self.written += text
+
+    def flush(self) -> None:
+        pass

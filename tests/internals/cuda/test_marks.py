@@ -1,0 +1,218 @@
+"""The CUDA backend's marks, white-box: the values a device writes into completion-flag slots
+(wrapping to one, never zero; a slot cleared as a mark takes it), the chunks of pinned memory
+that hold the slots (taken first-free-first, given back from the end, taken back when full),
+and which records take a mark.
+
+These set the watcher's ``CHUNK`` or read its flags and slots, so they live here.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from typing import Any
+
+import anyio
+import pytest
+
+import aiostream as ais
+from aiostream import _backends
+from tests.helpers.cuda import DEV, device_finishes
+from tests.helpers.deadlines import until
+from tests.helpers.stand_in import FAKE, hurry, needs_stand_in
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
+
+
+# ----------------------------------------------------------- mark values
+
+
+async def test_mark_values_wrap_to_one_never_zero(anyio_backend: object) -> None:
+    """The values marks write count up to 2**32 - 1, the largest a 32-bit write holds, then
+    start again at 1, never 0, the value of fresh flag memory; waits across the wrap end with
+    their work."""
+    from aiostream._backends.cuda.watcher import Mark
+
+    s = ais.Stream(DEV)
+    s.record_event()
+    dev = _backends.get("cuda")._devices.get(0)  # type: ignore[attr-defined]
+    flags = dev.watcher.flags
+    with dev.lock:
+        flags.values = 0xFFFFFFFE
+        marks = [Mark(), Mark()]
+        for mark in marks:
+            flags.take(mark)
+        assert [m.value for m in marks] == [0xFFFFFFFF, 1]
+        for mark in marks:
+            flags.free(mark)
+        flags.values = 0xFFFFFFFE
+    for _ in range(3):
+        ais.delay(0.001, stream=s)
+        e = s.record_event()
+        with anyio.fail_after(5):
+            await e.synchronize(strategy="poll")
+        assert e.query()
+    assert 1 <= flags.values < 0xFFFFFFFE
+
+
+async def test_a_value_left_in_a_free_slot_is_not_read_as_its_next_mark(
+    anyio_backend: object,
+) -> None:
+    """Mark values repeat once they wrap (every 2**32 - 1 marks, about an hour at a million
+    marks a second), and a free slot still holds the last value written to it: a slot is
+    cleared as a mark takes it, so a value left there from a cycle before never reads as the
+    new mark's, whose wait would end before its work."""
+    s = ais.Stream(DEV)
+    await s.record_event().synchronize()  # the device's flag memory exists
+    ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)  # work that does not end soon
+    dev = _backends.get("cuda")._devices.get(0)  # type: ignore[attr-defined]
+    flags = dev.watcher.flags
+    with dev.lock:
+        coming = flags.values % 0xFFFFFFFF + 1  # the value the next mark takes
+        for chunk in flags.chunks:
+            for j in chunk.free:
+                chunk.flags[j] = coming  # as if written there 2**32 - 1 marks ago
+    e = s.record_event()
+    for strategy in ("poll", "thread", "callback"):
+        with anyio.move_on_after(0.02) as scope:
+            await e.synchronize(strategy=strategy)
+        assert scope.cancelled_caught, strategy  # still waiting: the work has not ended
+    assert not e.query()
+    hurry()
+    with anyio.fail_after(5):
+        await e.synchronize()
+
+
+# ----------------------------------------------------------- flag memory
+
+
+@needs_stand_in
+async def test_flag_memory_shrinks_only_from_its_last_chunk_and_only_once_that_is_idle(
+    anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Completion flags live in chunks of pinned memory, taken first-free-first: a chunk is
+    given back to the driver only from the end, once nothing uses it (the device may still
+    write a slot of any chunk in use), and every chunk but the first goes when all are idle.
+    Chunks of four slots here, so that a few waits span several."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "CHUNK", 4)  # this backend has no chunk yet
+    pinned = FAKE.fake_cuda_live(3)
+    quick, slow = ais.Stream(DEV), ais.Stream(DEV)
+    ais.delay(0.05, stream=quick)
+    first = [quick.record_event() for _ in range(4)]  # the first chunk's four slots
+    ais.delay(3600.0, stream=slow)
+    last = [slow.record_event() for _ in range(4)]  # the second chunk's
+    try:
+        with anyio.fail_after(5):
+            for e in first:
+                await e.synchronize()
+        del first
+        gc.collect()
+        held = own_backend.held(0)  # after a sweep: the first chunk is idle, the last is not
+        assert (held["chunks"], held["slots"]) == (2, 4), held
+        assert FAKE.fake_cuda_live(3) == pinned + 2
+    finally:
+        hurry()
+    with anyio.fail_after(5):
+        for e in last:
+            await e.synchronize()
+            assert e.query()
+    del last
+    gc.collect()
+    held = own_backend.held(0)
+    assert (held["chunks"], held["slots"]) == (1, 0), held
+    assert FAKE.fake_cuda_live(3) == pinned + 1  # the second chunk went back to the driver
+
+
+@needs_stand_in
+async def test_a_full_chunk_of_flags_takes_back_its_landed_slots_before_growing(
+    anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When every slot is taken, a new mark first frees the slots whose values have landed
+    (held by events no one has asked since) and takes one of those: flag memory grows only
+    when the slots are all still pending. Chunks of four slots here."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "CHUNK", 4)  # this backend has no chunk yet
+    s = ais.Stream(DEV)
+    ais.delay(0.001, stream=s)
+    events = [s.record_event() for _ in range(4)]  # the chunk's four slots
+    device_finishes()  # their values land; nothing of aiostream's looks
+    ais.delay(3600.0, stream=s)  # the fifth mark's value does not land during the test
+    try:
+        fifth = s.record_event()
+        held = own_backend.held(0)
+        assert (held["chunks"], held["slots"]) == (1, 1), held
+    finally:
+        hurry()
+    with anyio.fail_after(5):
+        for e in [*events, fifth]:
+            await e.synchronize()  # the events whose slots were taken back are complete
+            assert e.query()
+
+
+@needs_stand_in
+async def test_a_new_backend_announces_callback_waits_with_a_host_function(
+    anyio_backend: object, own_backend: Any
+) -> None:
+    """Each backend looks up the driver's ``cuLaunchHostFunc`` (``cuGetProcAddress``) when it
+    first uses a device: a callback wait on it is announced by one host function, not left to
+    polling; and the flags of its first wait are one chunk of pinned, portable, device-mapped
+    memory of four bytes a slot."""
+    from cuda.bindings import driver
+
+    from aiostream._backends.cuda.watcher import CHUNK
+
+    allocations = []
+    alloc = driver.cuMemHostAlloc
+
+    def spy(nbytes: int, flags: int) -> Any:
+        allocations.append((nbytes, flags))
+        return alloc(nbytes, flags)
+
+    s = ais.Stream(DEV)
+    ais.delay(3600.0, stream=s)
+    calls = FAKE.fake_cuda_host_calls()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(driver, "cuMemHostAlloc", spy)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
+                await until(lambda: own_backend.held(0)["watched"], "the watcher to have the wait")
+                assert FAKE.fake_cuda_host_calls() - calls == 1
+                tg.cancel_scope.cancel()
+        finally:
+            hurry()
+    assert allocations == [(4 * CHUNK, 0x1 | 0x2)]  # PORTABLE | DEVICEMAP
+    device_finishes()  # the cancelled wait's mark lands before the close
+
+
+# --------------------------------------------- which records take a mark
+
+
+def test_a_record_of_an_event_handed_out_takes_no_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits on an event whose handle is out query the event itself (others may record it
+    unseen), so its records take no mark; an event of aiostream's own still takes one at each
+    record where the device writes values."""
+    from aiostream._backends.cuda.watcher import Watcher
+
+    marked = []
+    mark = Watcher.mark
+
+    def spy(self: Watcher, *args: Any) -> Any:
+        marked.append(args)
+        return mark(self, *args)
+
+    s = ais.Stream(DEV)
+    handed = s.record_event()
+    assert handed.event_id  # handed out now
+    memops = _backends.get("cuda")._devices.get(0).watcher.memops  # type: ignore[attr-defined]
+    monkeypatch.setattr(Watcher, "mark", spy)
+    handed.record(s)
+    handed.record(s)
+    assert marked == []
+    own = s.record_event()
+    assert len(marked) == memops
+    own.synchronize_blocking()
+    assert handed.query()

@@ -1,0 +1,402 @@
+"""The CUDA watcher's thread, white-box: its semaphore and ``sem_post`` as the host function,
+the times it sleeps, when a new wait posts it, sweeps made off its thread, waits announced
+ahead of their mark, slots left draining while it sleeps, and words that say nothing.
+
+These read or tune the watcher's insides (``aiostream._backends.cuda.watcher``: ``HEALTH_S``,
+``DRAIN_S``, its ``Semaphores``, ``_timeout``, ``_sweep``), so they live here; what users see of
+waits is tested in ``tests/cuda/``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import gc
+import sys
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+import aiostream as ais
+from aiostream import _backends
+from tests.helpers.cuda import DEV, device_finishes, held
+from tests.helpers.deadlines import deadline, until
+from tests.helpers.process import run_python
+from tests.helpers.stand_in import FAKE, hurry, needs_stand_in
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
+
+
+# --------------------------------------------------------- the semaphore
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX semaphores of glibc")
+def test_the_watcher_sleeps_on_a_semaphore_that_sem_post_wakes() -> None:
+    """The host function that announces a wait is libc's ``sem_post``, handed to the driver
+    by its address; the watcher's thread sleeps in ``sem_timedwait`` until it is posted."""
+    from aiostream._backends.cuda.watcher import Semaphores
+
+    sems = Semaphores()
+    libc = ctypes.CDLL(None)
+    assert sems.post_address == ctypes.cast(libc.sem_post, ctypes.c_void_p).value != 0
+    sem = sems.new()
+    assert not sems.wait(sem, 0.01)  # nothing posted: the time limit
+    sems.post(sem)
+    sems.post(sem)
+    assert sems.wait(sem, 0.01)
+    assert sems.wait(sem, None)
+    assert not sems.wait(sem, 0.0)
+
+
+def test_a_semaphore_that_cannot_be_made_says_why() -> None:
+    """The watcher's semaphore lives in memory from libc's malloc (size_t sizes): when there
+    is none, the OSError carries the C library's errno."""
+    import errno
+
+    from aiostream._backends.cuda import watcher
+
+    if watcher.semaphores is None:
+        pytest.skip("no POSIX semaphores here: the watcher polls")
+    sems = watcher.Semaphores()
+    sems.SIZE = (1 << 62) + 64  # more than any machine has (64 bytes, if cut to 32 bits)
+    with pytest.raises(OSError) as info:
+        sems.new()
+    assert info.value.errno == errno.ENOMEM and info.value.strerror == "sem_init failed"
+    sems.SIZE = watcher.Semaphores.SIZE
+    sem = sems.new()
+    assert not sems.wait(sem, 0.001)  # not posted: the timeout ends it
+    sems.post(sem)
+    assert sems.wait(sem, 1.0)  # posted: returns at once
+    # the host function the driver calls is sem_post itself, at that address
+    assert sems.post_address
+    ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(sems.post_address)(sem)
+    assert sems.wait(sem, 1.0)
+
+
+NO_SEMAPHORES = """
+import sys
+
+import anyio
+
+import aiostream as ais
+from aiostream._backends.cuda import watcher
+
+watcher.semaphores = None  # as where libc has none: no host function, nothing to post
+
+
+async def main() -> None:
+    s = ais.Stream("cuda:0")
+    for strategy in ("hybrid", "thread", "poll", "callback"):
+        ais.delay(0.01, stream=s)
+        e = s.record_event()
+        with anyio.fail_after(10):
+            await e.synchronize(strategy=strategy)
+        assert e.query()
+        await anyio.sleep(0.02)  # the watcher, with nothing to watch, sleeps and looks again
+    print("waited", flush=True)
+
+
+loop = sys.argv[1]
+options = {"use_uvloop": True} if loop == "uvloop" else {}
+anyio.run(main, backend="trio" if loop == "trio" else "asyncio", backend_options=options)
+"""
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_without_posix_semaphores_the_watcher_polls_and_every_wait_ends(loop: str) -> None:
+    """Where libc has no POSIX semaphores, no host function announces a wait and nothing
+    posts the watcher: its thread sleeps its polling intervals (and, with nothing to watch,
+    its longest one) and looks again, and a wait of every strategy still ends with its work.
+    In a program of its own, which has no semaphores from the start."""
+    proc = run_python("-c", NO_SEMAPHORES, loop, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "waited\n"
+
+
+@needs_stand_in
+def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A new wait posts the watcher's semaphore only if the thread sleeps past when the wait
+    needs a look: a second wait, once the thread sleeps toward its next health check
+    (``HEALTH_S``) for the first, does not."""
+    from aiostream._backends.cuda import watcher
+
+    if watcher.semaphores is None:
+        pytest.skip("no POSIX semaphores here: the watcher polls")
+    backend = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    thread = backend._devices[0].watcher
+    ais.delay(3600.0, stream=s)
+    first, second = s.record_event(), s.record_event()
+    posts: list[int] = []
+    post = watcher.semaphores.post
+    monkeypatch.setattr(watcher.semaphores, "post", lambda sem: (posts.append(sem), post(sem)))
+    targets = []
+    try:
+        targets.append(backend.event_capture(first._handle, True))
+        targets[0].watch(lambda: None)
+        assert not targets[0].polled
+        deadline = time.monotonic() + 5
+        # until the thread, woken for the first wait, sleeps again toward its next look
+        while not (now := time.monotonic()) < thread.sleeping_until <= now + watcher.HEALTH_S:
+            assert time.monotonic() < deadline, "waited 5 s in vain for the thread to sleep"
+            time.sleep(0.001)
+        posts.clear()
+        targets.append(backend.event_capture(second._handle, True))
+        targets[1].watch(lambda: None)
+        assert not targets[1].polled and not posts, posts
+    finally:
+        for target in targets:
+            target.release()
+        hurry()
+    s.synchronize_blocking()
+
+
+# ------------------------------------------------- its sleeps and sweeps
+
+
+@pytest.mark.parametrize("strategy", ["thread", "callback"])
+async def test_the_watcher_polls_from_50us_backing_off_to_2ms(
+    anyio_backend: object, strategy: str
+) -> None:
+    """While a wait no host function announces is watched, the watcher sleeps 50 us after
+    progress, then a quarter of the quiet time, at most 2 ms; with only announced waits, it
+    sleeps until the next health check (50 ms)."""
+    watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
+    hurry()  # waits earlier tests left watched (cancelled ones linger) end and are dropped
+    await until(lambda: not held()["watched"], "the waits earlier tests left watched to be dropped")
+    s = ais.Stream(DEV)
+    ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)
+
+    async def wait() -> None:
+        await s.synchronize(strategy=strategy)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await until(lambda: held()["watched"], "the watcher to have the wait")
+        with watcher.lock:
+            since = watcher.progress_at
+            if strategy == "callback":  # past a chase: a post (an earlier test's host
+                since = max(since, watcher.chase_until)  # function, late) starts one
+            sleeps = [watcher._timeout(since + quiet) for quiet in (0.0, 0.004, 1.0, 60.0)]
+        tg.cancel_scope.cancel()
+    if strategy == "thread":
+        assert sleeps == pytest.approx([50e-6, 1e-3, 2e-3, 2e-3], rel=1e-6)
+    else:
+        assert sleeps == [0.05] * 4
+
+
+@pytest.mark.parametrize("strategy", sorted(ais._waiting.WAKE))
+async def test_host_functions_wake_the_watcher(
+    anyio_backend: object, strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback (or handed-over hybrid) wait is announced by its host function, which wakes
+    the watcher: with the watcher's own 50 ms sweeps pushed out of reach, each wait still
+    resumes once its work is done, not at the next sweep."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "HEALTH_S", 3600.0)  # its sweeps while waits are watched
+    backend: Any = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    for _ in range(5):
+        ais.delay(3600.0 if FAKE is not None else 0.05, stream=s)  # ends when the test says
+        finished: list[bool] = []
+
+        async def wait(finished: list[bool] = finished) -> None:
+            await s.synchronize(strategy=strategy)
+            finished.append(True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await until(
+                lambda finished=finished: backend.held(0)["watched"] or finished,
+                "the watcher to have the wait (hybrid: after 1 ms)",
+                seconds=10,
+            )
+            hurry()  # the work ends now (on a GPU, in its time)
+            await until(
+                lambda finished=finished: finished,
+                "the wait to end once its work did (left to the sweep, it would take an hour)",
+                seconds=10,
+            )
+        assert s.query()
+    if FAKE is not None:
+        assert FAKE.fake_cuda_host_calls() - calls == 5
+
+
+def _asleep_for_long(thread: Any, seen: list[float]) -> bool:
+    """Whether the watcher thread sleeps on a timer of 10 s or more with no post pending in its
+    semaphore, seen so in three looks in a row (it takes a post between its look at the clock
+    and its sleep)."""
+    value = ctypes.c_int()
+    libc = watcher_module().semaphores.libc
+    libc.sem_getvalue(ctypes.c_void_p(thread.sem), ctypes.byref(value))
+    asleep = value.value == 0 and 10 < thread.sleeping_until - time.monotonic() < 1e9
+    seen[:] = seen + [1] if asleep else []
+    return len(seen) >= 3
+
+
+def watcher_module() -> Any:
+    from aiostream._backends.cuda import watcher
+
+    return watcher
+
+
+@needs_stand_in
+async def test_waits_a_sweep_off_the_thread_finds_complete_are_called_back_by_the_thread(
+    anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep made off the watcher's thread (for a full chunk of flags, or a count of what is
+    held) may find watched waits complete: it leaves their callbacks to the thread and wakes
+    it, and the waits end then, not at the thread's next look. Here the thread would look
+    again only after 30 s, and the host function that announces the wait runs 30 s late."""
+    from aiostream._backends.cuda import watcher
+
+    monkeypatch.setattr(watcher, "HEALTH_S", 30.0)
+    FAKE.fake_cuda_host_fn_delay(round(30e9))
+    done = []
+
+    async def wait(s: ais.Stream) -> None:
+        await s.synchronize(strategy="callback")
+        done.append(time.monotonic())
+
+    try:
+        s = ais.Stream(DEV)
+        # a kernel that ends when the test says: the watcher has the wait before its mark lands
+        # (a short one may end first on a busy machine, and the wait then takes the fast path)
+        ais.delay(30, stream=s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, s)
+            await until(lambda: own_backend.held(0)["watched"], "the watcher to have the wait")
+            # the thread asleep on its 30 s timer, no wake-up of it pending (on a busy machine
+            # it may take the post that watching the wait sent only now: it would then find
+            # the mark landed on its own)
+            thread = own_backend._devices.get(0).watcher
+            await until(
+                functools.partial(_asleep_for_long, thread, []),
+                "the watcher thread asleep on its 30 s timer, no post pending",
+            )
+            # the kernel ends and the mark lands, and no one looks; the host function, due 30 s
+            # after the kernel, stays late
+            FAKE.fake_cuda_hurry_within(round(45e9))
+            await until(
+                lambda: FAKE.fake_cuda_pending() <= 1,
+                "the stand-in to complete the kernel and the mark, all but the late host function",
+            )
+            assert not done
+            own_backend.held(0)  # a sweep off the thread
+            await until(lambda: done, "the wait to end, called back by the thread the sweep woke")
+    finally:
+        FAKE.fake_cuda_host_fn_delay(0)
+        hurry()
+    device_finishes()  # the late host function runs before the close
+
+
+@needs_stand_in
+async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mark(
+    anyio_backend: object,
+) -> None:
+    """On a stream handed out, a wait's host function comes right before its mark, which lands
+    only after the host function returns: the watcher counts such waits while it watches them
+    (it then polls for the mark after each post), each one, and none once they are gone."""
+    watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
+    s = ais.Stream(DEV)
+    s.__cuda_stream__()
+    ais.delay(3600.0, stream=s)
+    before = watcher.ahead
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
+            await until(
+                lambda: watcher.ahead >= before + 2,
+                "the watcher to count both waits announced ahead of their mark",
+            )
+            await anyio.sleep(0.01)
+            assert watcher.ahead == before + 2
+            tg.cancel_scope.cancel()
+    finally:
+        hurry()
+    assert watcher.ahead == before
+
+
+async def test_a_slot_left_draining_while_the_watcher_sleeps_is_freed_once_it_lands(
+    anyio_backend: object, own_backend: Any
+) -> None:
+    """An event dropped before its work ends leaves its mark's slot draining. The watcher,
+    asleep until posted (nothing watched, no slot in use when it went to sleep), is posted,
+    and looks every ``DRAIN_S`` until the value lands: the slot is then free, though nothing
+    else wakes it. The first slot of a backend's flag memory is slot 0 (a slot freed is the
+    next taken), so this holds for it."""
+    from aiostream._backends.cuda.watcher import DRAIN_S
+
+    watcher = own_backend._devices.get(0).watcher
+    s = ais.Stream(DEV)
+    ais.delay(0.01, stream=s)
+    await s.record_event().synchronize(strategy="thread")  # the watcher runs; slot 0 is free
+    gc.collect()
+    assert watcher.thread is not None
+    if not watcher.memops:
+        pytest.skip("this device writes no values (its marks are marker events): no slots")
+
+    def used() -> int:
+        with watcher.lock:  # read only: held() would sweep the flags itself
+            return int(watcher.flags.used())
+
+    with deadline(5, "the watcher to sleep for good, no slot in use"):
+        while used() or watcher.sleeping_until != float("inf"):
+            await anyio.sleep(0.001)
+        await anyio.sleep(0.05)
+        assert watcher.sleeping_until == float("inf")
+    t = ais.Stream(DEV)  # waited on by nobody: a record on it launches no host function
+    ais.delay(3600.0 if FAKE is not None else 0.2, stream=t)
+    e = t.record_event()  # held by the record only: nothing watched, nothing posted
+    assert watcher.sleeping_until == float("inf")
+    slot = e._handle.mark.slot
+    assert slot == 0 and used() == 1
+    del e
+    gc.collect()  # the record's hold goes before the value landed: the slot drains
+    assert used() == 1
+    hurry()  # the kernel ends now (on a GPU, in its time)
+    with anyio.fail_after(4 * DRAIN_S + (0.0 if FAKE is not None else 0.2)):
+        while used():
+            await anyio.sleep(0.005)
+
+
+# ------------------------------------------------ words that say nothing
+
+
+@pytest.mark.parametrize("way", ["thread", "callback", "blocking"])
+async def test_a_wait_told_to_look_too_early_waits_on(
+    anyio_backend: object, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watcher tells every watched wait to look when the device may have failed; a wait
+    that then finds its work neither done nor failed is watched again: it neither returns
+    early nor hangs. (Here the watcher's first sweep with a wait tells every wait at once.)"""
+    from aiostream._backends.cuda.watcher import Watcher
+
+    sweep = Watcher._sweep
+    told: list[int] = []
+
+    def too_early(self: Watcher) -> list[Any]:
+        due = sweep(self)
+        if not told and self.watched:
+            told.append(len(self.watched))
+            for target in list(self.watched):
+                self._fire(target, due)  # noqa: SLF001 (what the failure path does)
+        return due
+
+    monkeypatch.setattr(Watcher, "_sweep", too_early)
+    s = ais.Stream(DEV)
+    ais.delay(0.3, stream=s)
+    with anyio.fail_after(10):
+        if way == "blocking":
+            await anyio.to_thread.run_sync(s.synchronize_blocking)
+        else:
+            await s.synchronize(strategy=way)
+    assert told == [1]
+    assert s.query()  # it waited for the kernel

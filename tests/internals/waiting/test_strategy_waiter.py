@@ -1,0 +1,322 @@
+"""The strategy waiter, for backends that cannot say when work will complete (CUDA), driven
+by a fake backend in Python: each strategy's control flow (README, "Waiting") on every loop,
+without a driver.
+
+The fake backend's waits finish when the test says so, from another thread, and it tells the
+waiter (``watch``) from a thread of its own, as the CUDA backend's watcher does. The virtual
+backend cannot stand in: it knows when its work completes, and its waits take the timed
+waiter whatever the strategy. tests/cuda/ runs the strategies against the stand-in driver and
+on GPUs; these tests call ``aiostream._waiting.wait`` with the fake backend, read the waiter's
+registry, and freeze or patch the waiter's clock and sweep.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from aiostream import _waiting
+
+pytestmark = pytest.mark.anyio
+
+
+def the_waiter() -> _waiting._Waiter:
+    (waiter,) = _waiting._waiters.get().values()
+    return waiter
+
+
+class _Work:
+    def __init__(self, lane: str, seq: int, wake: bool = True) -> None:
+        self.lane, self.seq, self.wake = lane, seq, wake
+        self.complete = threading.Event()
+        self.checks = 0
+        self.released = False
+        self.watched: Any = None
+
+    def done(self) -> bool:
+        self.checks += 1
+        return self.complete.is_set()
+
+    def watch(self, callback: Any) -> None:
+        self.watched = callback
+
+        def tell() -> None:
+            self.complete.wait()
+            if not self.released:
+                callback()
+
+        threading.Thread(target=tell, daemon=True).start()
+
+    def release(self) -> None:
+        self.released = True
+
+
+class _ManualBackend:
+    kind = "manual"
+    completion_times = False
+
+    def wake_hint(self, index: int) -> float | None:
+        return None
+
+    def subscribe(self, index: int, callback: object) -> object:
+        return lambda: None
+
+
+def _complete_later(work: _Work, seconds: float) -> None:
+    threading.Timer(seconds, work.complete.set).start()
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    start = anyio.current_time()
+    _complete_later(work, 0.03)
+    with anyio.fail_after(5):
+        await _waiting.wait(backend, 0, work, "work", strategy=strategy)  # type: ignore[arg-type]
+    assert work.complete.is_set() and work.released
+    # Only poll leaves the backend out; only hybrid and poll have the loop check meanwhile.
+    assert (work.watched is None) == (strategy == "poll")
+    if strategy == "poll":
+        # every turn for 100 us (up to 1 ms on uvloop, whose clock counts milliseconds: a
+        # hundred turns or so), then half the age, up to 2 ms: about 10 looks to reach the
+        # cap, then one per 2 ms. A poll that spun every turn would look thousands of times
+        # in 30 ms; one that never looked again would never see the work done (the fail_after
+        # above). At least the look that found it pending and the one that found it done: a
+        # loop the machine's load holds up may make no other in 30 ms. (The exact schedule:
+        # test_poll_backs_off_to_half_the_age_then_to_2_ms.)
+        assert 2 <= work.checks <= 300 + (anyio.current_time() - start) / 0.002, work.checks
+    elif strategy in ("thread", "callback"):
+        assert work.checks == 1  # once, when the backend said it completed
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "poll"])
+async def test_polling_never_holds_the_loop(anyio_backend: object, strategy: str) -> None:
+    """While the loop polls a wait, other tasks run on every turn: a poll is one look per turn,
+    never a spin within one. The other task completes the work on its 20th turn: a sweep
+    that spun would never let it get there (a thread then completes the work, after 30 s)."""
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    rescue = threading.Timer(30, work.complete.set)
+    rescue.start()
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while not work.complete.is_set():
+            turns += 1
+            if turns == 20:
+                work.complete.set()
+            await anyio.lowlevel.checkpoint()
+
+    try:
+        with anyio.fail_after(45):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other)
+                await _waiting.wait(backend, 0, work, "work", strategy=strategy)  # type: ignore[arg-type]
+    finally:
+        rescue.cancel()
+        rescue.join()
+    assert turns >= 20, turns  # a spinning sweep would have allowed one or two
+    assert work.checks >= 2
+
+
+class _Told:
+    """A wait the backend tells of only when the test calls ``told`` (a watcher's sweep)."""
+
+    def __init__(self, seq: int) -> None:
+        self.lane, self.seq = "s", seq
+        self.complete = False
+        self.callback: Any = None
+
+    def done(self) -> bool:
+        return self.complete
+
+    def watch(self, callback: Any) -> None:
+        self.callback = callback
+
+    def release(self) -> None:
+        self.callback = None
+
+
+async def test_completions_told_from_another_thread_wake_the_loop_once(
+    anyio_backend: object,
+) -> None:
+    """1,000 waits told complete at once from another thread (a watcher's sweep): one
+    wake-up crosses to the loop, not one per wait (each is a write to the loop's self-pipe on
+    asyncio, a run_sync_soon on trio)."""
+    backend = _ManualBackend()
+    targets = [_Told(i) for i in range(1000)]
+    sent: list[object] = []
+
+    async def wait(t: _Told) -> None:
+        await _waiting.wait(backend, 0, t, "work", strategy="thread")  # type: ignore[arg-type]
+
+    def sweep() -> None:
+        callbacks = [t.callback for t in targets]
+        for t in targets:
+            t.complete = True
+        for callback in callbacks:
+            callback()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for t in targets:
+                tg.start_soon(wait, t)
+            await anyio.wait_all_tasks_blocked()
+            waiter = the_waiter()
+            send = waiter._call_soon_threadsafe
+            waiter._call_soon_threadsafe = lambda fn: (sent.append(fn), send(fn))[1]
+            watcher = threading.Thread(target=sweep)
+            watcher.start()
+            watcher.join()
+    assert all(t.callback is None for t in targets)  # every wait finished and released
+    assert len(sent) == 1, len(sent)
+
+
+class _FrozenLoopTime:
+    """The waiter's view of the loop clock, moved only by the test: a machine under load can
+    take longer than hybrid's window between two loop turns, a frozen clock cannot."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def loop_time(monkeypatch: pytest.MonkeyPatch) -> _FrozenLoopTime:
+    frozen = _FrozenLoopTime()
+    monkeypatch.setattr(_waiting, "_loop_time", frozen)
+    return frozen
+
+
+async def test_hybrid_catches_short_waits_on_the_loop(
+    anyio_backend: object, loop_time: _FrozenLoopTime
+) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    work.watch = lambda callback: None  # type: ignore[method-assign]  # the backend never tells
+
+    async def finish_soon() -> None:
+        await anyio.lowlevel.checkpoint()
+        loop_time.now += _waiting.HYBRID_HANDOFF_S / 2  # within the window
+        work.complete.set()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(finish_soon)
+            await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+    assert work.checks >= 2  # polled while pending, then seen complete by the loop
+
+
+async def test_hybrid_leaves_a_wait_past_its_window_to_the_backend(
+    anyio_backend: object, loop_time: _FrozenLoopTime
+) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+
+    async def outlast_the_window() -> None:
+        await anyio.lowlevel.checkpoint()
+        loop_time.now += 2 * _waiting.HYBRID_HANDOFF_S  # the window has passed, work pending
+        await anyio.sleep(0.02)
+        checks = work.checks
+        await anyio.sleep(0.02)
+        assert work.checks == checks  # the loop has stopped checking
+        work.complete.set()  # and the backend's word finishes it
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(outlast_the_window)
+            await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+    assert work.released
+
+
+async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:
+    """Each wait starts while the previous one's waiter may still be closing."""
+    backend = _ManualBackend()
+    for i in range(30):
+        work = _Work("s", i)
+        _complete_later(work, 0.001)
+        with anyio.fail_after(5):
+            await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
+
+
+async def test_a_cancelled_wait_is_forgotten_at_once(anyio_backend: object) -> None:
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    with anyio.move_on_after(0.02) as scope:
+        await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
+    assert scope.cancelled_caught and work.released
+    await anyio.sleep(0.01)
+    assert _waiting._waiters.get() == {}  # the waiter exited
+    work.complete.set()
+
+
+async def test_waits_on_different_lanes_do_not_queue_behind_each_other(
+    anyio_backend: object,
+) -> None:
+    backend = _ManualBackend()
+    slow, fast = _Work("a", 0), _Work("b", 0)
+    order: list[str] = []
+
+    async def wait(work: _Work, name: str) -> None:
+        await _waiting.wait(backend, 0, work, name, strategy="thread")  # type: ignore[arg-type]
+        order.append(name)
+
+    _complete_later(fast, 0.01)
+    _complete_later(slow, 0.1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, slow, "slow")
+            tg.start_soon(wait, fast, "fast")
+    assert order == ["fast", "slow"]
+
+
+async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
+    anyio_backend: object, loop_time: _FrozenLoopTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll strategy's schedule, read from the sleeps the waiter asks for on a frozen
+    loop clock: every turn for the first 100 us, then half the wait's age, up to 2 ms."""
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+    asked: list[tuple[float, float | None]] = []  # (loop time, sleep asked for)
+    sweep = _waiting._StrategyWaiter._sweep
+
+    def recorded(self: _waiting._StrategyWaiter) -> float | None:
+        delay = sweep(self)
+        asked.append((loop_time.now, delay))
+        return delay
+
+    monkeypatch.setattr(_waiting._StrategyWaiter, "_sweep", recorded)
+    since = loop_time.now
+
+    async def asked_at(age: float) -> set[float | None]:
+        """Move the clock to ``age`` past the wait's start; the sleeps asked for there."""
+        loop_time.now = since + age
+        while sum(1 for t, _ in asked if t == loop_time.now) < 3:
+            await anyio.sleep(0.0005)
+        return {round(d, 12) if d is not None else None for t, d in asked if t == loop_time.now}
+
+    async def drive() -> None:
+        while not asked:
+            await anyio.lowlevel.checkpoint()
+        assert await asked_at(0.0) == {0.0}  # spinning: every turn
+        assert await asked_at(50e-6) == {0.0}  # still within the first 100 us
+        assert await asked_at(0.001) == {0.0005}  # half the age
+        assert await asked_at(0.003) == {0.0015}
+        assert await asked_at(1.0) == {0.002}  # the cap, however old the wait
+        assert await asked_at(100.0) == {0.002}
+        work.complete.set()
+        loop_time.now += 1.0  # the next look finds it done
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drive)
+            await _waiting.wait(backend, 0, work, "work", strategy="poll")  # type: ignore[arg-type]
+    assert work.watched is None  # the loop alone looked

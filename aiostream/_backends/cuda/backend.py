@@ -123,6 +123,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return stream.id
 
     def stream_query(self, stream: Stream) -> bool:
+        self._waits.check_not_capturing(stream)
         with self._devices[stream.index].pushed:
             (err,) = self._cu.cuStreamQuery(stream.ptr)
         if self._drv.ready(err, stream.index, "cuStreamQuery"):

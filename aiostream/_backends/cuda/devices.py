@@ -64,7 +64,8 @@ def sleep_ptx() -> bytes:
 
 class Pushed:
     """``with dev.pushed:`` the device's context is current on this thread, then the
-    thread's own again (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``). Reentrant. Once the
+    thread's own again (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``), and the thread's capture
+    interaction mode RELAXED, then its own again (:meth:`Driver.relax`). Reentrant. Once the
     backend has released the device's handles (``closed``), it refuses: a handle the program
     still holds names nothing, or another object the driver made since."""
 
@@ -80,12 +81,15 @@ class Pushed:
     def __enter__(self) -> None:
         if self.closed:
             raise AiostreamError(CLOSED)
+        self.drv.relax()  # no call of ours breaks a capture another thread has under way
         (err,) = self.cu.cuCtxPushCurrent(self.ctx)
         if err != SUCCESS:
+            self.drv.restore()
             raise self.drv.error(err, self.index, "cuCtxPushCurrent")
 
     def __exit__(self, *exc: object) -> None:
         self.cu.cuCtxPopCurrent()
+        self.drv.restore()
 
 
 class Device:

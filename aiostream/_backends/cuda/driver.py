@@ -4,11 +4,12 @@ becomes an :class:`aiostream.CudaError`."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
-from ..._errors import BackendUnavailableError, CudaError
+from ..._errors import AiostreamError, BackendUnavailableError, CudaError
 
-__all__ = ["NOT_READY", "NOT_SUPPORTED", "SUCCESS", "Driver", "load_driver"]
+__all__ = ["CAPTURE_CODES", "NOT_READY", "NOT_SUPPORTED", "SUCCESS", "Driver", "load_driver"]
 
 logger = logging.getLogger("aiostream")
 
@@ -29,6 +30,14 @@ MEMHOSTALLOC_PORTABLE = 0x1
 ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115
 #: the flags of the internal events that waits block on: a blocked thread sleeps in the driver
 MARKER_FLAGS = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING
+#: CU_STREAM_CAPTURE_MODE_RELAXED: the capture interaction mode of aiostream's driver calls
+CAPTURE_MODE_RELAXED = 2
+#: the results that say a call met a stream capture (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+#: to CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD): never a device failure
+CAPTURE_CODES = frozenset(range(900, 909))
+
+#: per thread: how many relax() calls are open, and the capture mode to give back at the last
+_here = threading.local()
 
 
 def load_driver() -> Any:
@@ -83,12 +92,42 @@ class Driver:
     """The bindings module (``cu``), the checks every call's result goes through, and the
     count of handles that could not be released."""
 
-    __slots__ = ("cu", "first_unreleased", "unreleased")
+    __slots__ = ("cu", "first_unreleased", "relaxed", "unreleased")
 
     def __init__(self, cu: Any) -> None:
         self.cu = cu
         self.unreleased = 0
         self.first_unreleased = ""
+        self.relaxed = cu.CUstreamCaptureMode(CAPTURE_MODE_RELAXED)
+
+    # Stream capture. While a thread has a capture under way in CU_STREAM_CAPTURE_MODE_GLOBAL
+    # (torch.cuda.graph's default), every other thread whose own mode is GLOBAL (every thread
+    # begins so) is prohibited from "potentially unsafe" calls (queries, synchronizations,
+    # allocations, ...): such a call fails and invalidates that capture. aiostream's calls
+    # never touch another library's capture, so they run RELAXED: on a caller's thread from
+    # the first relax() to the matching restore(), its own mode given back then; on
+    # aiostream's own threads for good (own_thread()).
+
+    def relax(self) -> None:
+        """Make this thread's capture interaction mode RELAXED, until the matching
+        :meth:`restore` (nested calls nest)."""
+        depth = getattr(_here, "depth", 0)
+        if depth == 0:
+            err, before = self.cu.cuThreadExchangeStreamCaptureMode(self.relaxed)
+            if err != SUCCESS:
+                raise self.error(err, None, "cuThreadExchangeStreamCaptureMode")
+            _here.before = before
+        _here.depth = depth + 1
+
+    def restore(self) -> None:
+        """Close the latest :meth:`relax`; the last one gives the thread its mode back."""
+        _here.depth -= 1
+        if _here.depth == 0:
+            self.cu.cuThreadExchangeStreamCaptureMode(_here.before)
+
+    def own_thread(self) -> None:
+        """A thread of aiostream's own runs every call RELAXED, for good."""
+        self.relax()
 
     def error(self, err: Any, index: int | None, call: str) -> CudaError:
         code = int(err)
@@ -104,11 +143,18 @@ class Driver:
 
     def ready(self, err: Any, index: int, call: str) -> bool:
         """A query's answer: True (``CUDA_SUCCESS``), False (``CUDA_ERROR_NOT_READY``), or
-        raise the error (the work failed: sticky)."""
+        raise the error (the work failed: sticky), or, for a stream capture's codes, an
+        :class:`AiostreamError` that is no device failure."""
         if err == SUCCESS:
             return True
         if err == NOT_READY:
             return False
+        if int(err) in CAPTURE_CODES:  # the object met a stream capture; the device is fine
+            raise AiostreamError(
+                f"{self.error(err, index, call)}: the event or stream is part of a CUDA graph "
+                "capture (recorded or submitted while its stream was capturing), not work "
+                "that completes; await what was recorded outside the capture"
+            )
         raise self.error(err, index, call)
 
     def released(self, result: tuple[Any, ...], index: int, call: str) -> bool:

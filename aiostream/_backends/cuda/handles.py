@@ -61,6 +61,7 @@ class Event:
         "__weakref__",
         "alive",
         "at",
+        "captured",
         "id",
         "index",
         "mark",
@@ -86,6 +87,9 @@ class Event:
         self.seq = 0  # its place among the captures of that stream
         #: the mark right after its last record (see Waits.record), which it holds
         self.mark: Any = None
+        #: its last record went into a stream capture (another library's, on a stream whose
+        #: handle aiostream handed out): a node of a graph, which never completes as work
+        self.captured = False
 
 
 class Memory:

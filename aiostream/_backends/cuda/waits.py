@@ -30,13 +30,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..._errors import NotReadyError
+from ..._errors import AiostreamError, NotReadyError
 from .devices import Devices
 from .driver import NOT_READY, SUCCESS, Driver
 from .handles import Event, Stream
 from .watcher import Mark, Target
 
 __all__ = ["Target", "Waits"]
+
+#: cuStreamIsCapturing's answers: CU_STREAM_CAPTURE_STATUS_NONE, and the legacy stream's
+#: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (a blocking stream of its context is capturing)
+_NOT_CAPTURING = 0
+_IMPLICIT = 906
+
+
+def _capturing(stream: object) -> AiostreamError:
+    return AiostreamError(
+        f"stream {stream} is capturing a CUDA graph (a capture another library began on the "
+        "handle aiostream handed out): its work is being recorded as a graph, not run, so it "
+        "cannot be awaited, synchronized or queried until the capture ends; await an event "
+        "recorded before the capture began, or the stream once the capture has ended"
+    )
+
+
+def _captured(event: object) -> AiostreamError:
+    return AiostreamError(
+        f"event {event} was last recorded on a stream that was capturing a CUDA graph: it is "
+        "a node of that graph, not work that completes, and cannot be awaited, synchronized, "
+        "queried or timed; record it again outside the capture, or await an event recorded "
+        "after the graph's launch"
+    )
 
 
 class Waits:
@@ -47,8 +70,26 @@ class Waits:
         self.drv = drv
         self.devices = devices
 
+    def check_not_capturing(self, stream: Stream) -> None:
+        """Raise if another library has a stream capture under way on ``stream`` (asked of the
+        driver only for a stream whose handle is out: no one else can capture a private one),
+        before any call of aiostream's could add to the capture or break it."""
+        if not stream.private and self.is_capturing(stream):
+            raise _capturing(f"cuda:{stream.index} {stream.id:#x}")
+
+    def is_capturing(self, stream: Stream) -> bool:
+        """``cuStreamIsCapturing``: a capture is under way on ``stream`` (or invalidated and
+        not yet ended), or, for the legacy stream, on a blocking stream of its context."""
+        with self.devices[stream.index].pushed:
+            err, status = self.drv.cu.cuStreamIsCapturing(stream.ptr)
+        if int(err) == _IMPLICIT:
+            return True
+        # another error (a failed device's, sticky) is raised by the call that follows
+        return int(err) == SUCCESS and int(status) != _NOT_CAPTURING
+
     def stream_capture(self, stream: Stream, wake: bool) -> Target:
         dev = self.devices[stream.index]
+        self.check_not_capturing(stream)
         target = Target(dev.watcher, ("stream", stream.key), next(stream.seq))
         with dev.lock:
             # on a stream handed out, others may submit unseen: announced now or never
@@ -84,6 +125,8 @@ class Waits:
         private stream (it completes on the device only once the driver's thread has returned
         from that function), whether the user's work before that mark has. Not for an event
         whose handle was handed out: others may have recorded it since, unseen."""
+        if event.captured:
+            raise _captured(f"cuda:{event.index} {event.id:#x}")
         watcher = self.devices[event.index].watcher
         if watcher.query(event.ptr):
             return True
@@ -101,6 +144,9 @@ class Waits:
 
     def elapsed_ms(self, start: Event, end: Event) -> float:
         """Milliseconds from ``start`` to ``end`` (``cuEventElapsedTime``)."""
+        for event in (start, end):
+            if event.captured:
+                raise _captured(f"cuda:{event.index} {event.id:#x}")
         cu, dev = self.drv.cu, self.devices[start.index]
         with dev.pushed:
             err, ms = cu.cuEventElapsedTime(start.ptr, end.ptr)
@@ -127,14 +173,18 @@ class Waits:
         where it stands on the stream."""
         dev = self.devices[stream.index]
         with dev.lock:
+            # a record into another library's capture is a node of its graph: aiostream adds
+            # nothing of its own there (its mark would be a node too, rewritten at each launch)
+            captured = not stream.private and self.is_capturing(stream)
             with dev.pushed:
                 result = self.drv.cu.cuEventRecord(event.ptr, stream.ptr)
             self.drv.check(result, event.index, "cuEventRecord")
             old = event.mark
             event.mark = None
+            event.captured = captured
             event.stream, event.at, event.seq = stream, stream.ops, next(stream.seq)
             try:
-                if dev.watcher.memops and event.private:  # see event_capture
+                if dev.watcher.memops and event.private and not captured:  # see event_capture
                     event.mark = dev.watcher.mark(stream.ptr, False)
             finally:
                 if old is not None:
@@ -152,6 +202,8 @@ class Waits:
                 event.mark = None  # pragma: no mutate
 
     def event_capture(self, event: Event, wake: bool) -> Target:
+        if event.captured:
+            raise _captured(f"cuda:{event.index} {event.id:#x}")
         dev = self.devices[event.index]
         watcher = dev.watcher
         with dev.lock:

@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._errors import AiostreamError, CudaError
-from .driver import NOT_READY, NOT_SUPPORTED, SUCCESS, Driver
+from ..._errors import AiostreamError, CudaError, DeviceError
+from .driver import CAPTURE_CODES, NOT_READY, NOT_SUPPORTED, SUCCESS, Driver
 
 __all__ = [
     "LaunchHostFunc",
@@ -480,7 +480,9 @@ class Watcher:
                             "cuEventCreate",
                         )
                     (err,) = self.drv.cu.cuEventQuery(self.health)
-                failed = err != SUCCESS and err != NOT_READY
+                # a stream capture's codes say nothing of the device (another library's
+                # capture met): it has not failed
+                failed = err not in (SUCCESS, NOT_READY) and int(err) not in CAPTURE_CODES
                 self.failed = self.drv.error(err, self.index, "cuEventQuery") if failed else None
             if self.failed is not None:
                 raise self.failed
@@ -566,6 +568,7 @@ class Watcher:
         return timeout
 
     def _run(self) -> None:
+        self.drv.own_thread()  # its queries never break another thread's capture
         while True:
             with self.lock:
                 if self.closed:
@@ -603,8 +606,10 @@ class Watcher:
             try:
                 if target.done():
                     self._fire(target, due)
-            except AiostreamError:
+            except DeviceError:
                 failed = True
+            except AiostreamError:  # its own (a captured event's): its wait raises it
+                self._fire(target, due)
         now = time.monotonic()
         if self.watched and now - self.checked_at >= HEALTH_S:
             try:

@@ -222,6 +222,8 @@ async def test_exiting_waits_for_a_transform_still_running_in_a_thread(
             assert release.is_set() and finished == [0, 1]
     assert release.is_set() and finished == [0, 1]  # the exit waited for it to return
     timer.join()
+    del loader, batch  # its worker thread, idle now, lets go of it back in its pool
+    await until_released("the loader's worker thread to let go of its stream")
     quiet()
 
 

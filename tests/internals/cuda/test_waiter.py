@@ -57,7 +57,7 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     FAKE.fake_cuda_host_fn_return_delay(round(0.008e9))
     try:
         for _ in range(5):
-            start = time.monotonic()  # before the work: 9 ms at least, however late we run
+            start = time.monotonic()  # before the work: 1 ms at least, however late we run
             ais.delay(0.001, stream=s)
             with anyio.fail_after(5):
                 await s.synchronize(strategy=strategy)
@@ -66,7 +66,10 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     finally:
         FAKE.fake_cuda_host_fn_return_delay(0)
     took.sort()
-    assert 0.009 <= took[0] and took[2] < 0.035, took  # the health check: 50 ms and more
+    # Not before the kernel's 1 ms; and mostly well before the health check's 50 ms. A wait
+    # may end before the 8 ms return: once the host function has begun (its post seen), the
+    # stream's own work is complete (Waits.idle), which a loaded machine's late look finds.
+    assert 0.001 <= took[0] and took[2] < 0.035, took
 
 
 @pytest.mark.parametrize("strategy", ["hybrid", "callback"])

@@ -13,6 +13,7 @@ try:
     from ._errors import (
         AiostreamError,
         BackendUnavailableError,
+        CaptureError,
         CudaError,
         DeviceError,
         NotReadyError,
@@ -22,6 +23,7 @@ try:
     from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
     from .device import Device, device, device_count, is_available
     from .event import Event
+    from .graph import Graph
     from .interop import as_event, as_stream
     from .loader import Batch, DataLoader, LoaderStats
     from .profiler import Profiler, Span, Summary, profile, record_function
@@ -41,6 +43,7 @@ __all__ = [
     "AiostreamError",
     "BackendUnavailableError",
     "Batch",
+    "CaptureError",
     "CudaError",
     "DataLoader",
     "Device",
@@ -48,6 +51,7 @@ __all__ = [
     "DeviceError",
     "Event",
     "ExternalStream",
+    "Graph",
     "HostBuffer",
     "LoaderStats",
     "NotReadyError",

@@ -7,6 +7,7 @@ from typing import Any
 __all__ = [
     "AiostreamError",
     "BackendUnavailableError",
+    "CaptureError",
     "CudaError",
     "DeviceError",
     "NotReadyError",
@@ -89,10 +90,107 @@ class StaleHandleError(AiostreamError):
     """The object belongs to a backend that was replaced (``aiostream.virtual.reset()``)."""
 
 
+class CaptureError(AiostreamError):
+    """What a stream capture does not allow, refused before it reached the driver: awaiting,
+    synchronizing or querying a capturing stream or an event recorded in a capture, a wait
+    that crosses the capture's boundary, memory allocated on the capturing thread, a capture
+    that ends with forked work not joined back. The capture (another library's too) goes on
+    unharmed, unless the message says it ended. The same error, word for word, on every
+    backend: a test on a virtual device fails where a GPU would."""
+
+
+# ---------------------------------------------------------------------- stream capture
+# The messages of what a capture refuses, shared by the backends so that they say the same.
+
+
+def capturing_stream(stream: str) -> CaptureError:
+    return CaptureError(
+        f"{stream} is capturing a graph: its work is recorded, not run, until the capture "
+        "ends, so it cannot be awaited, synchronized or queried now; await an event recorded "
+        "before the capture began, or the stream once the capture has ended"
+    )
+
+
+def captured_event(event: str) -> CaptureError:
+    return CaptureError(
+        f"{event} was recorded on a stream that was capturing a graph: it marks a point of "
+        "the graph, not work that runs, so it cannot be awaited, synchronized, queried or "
+        "timed; await the event Graph.replay() returns, or record this one again outside "
+        "the capture"
+    )
+
+
+def isolated_wait(stream: str) -> CaptureError:
+    return CaptureError(
+        f"{stream} is capturing a graph and cannot wait for an event recorded outside the "
+        "capture (the driver refuses it and breaks the capture): make the stream wait before "
+        "the capture begins, or record the event inside it"
+    )
+
+
+def merged_wait(stream: str) -> CaptureError:
+    return CaptureError(
+        f"{stream} cannot wait for an event recorded in another graph capture than its own: "
+        "one graph cannot depend on another's capture; wait for an event of the same capture"
+    )
+
+
+def already_capturing(stream: str) -> CaptureError:
+    return CaptureError(
+        f"{stream} is already capturing a graph: end that capture before beginning another on it"
+    )
+
+
+def default_stream_capture(device: str) -> CaptureError:
+    return CaptureError(
+        f"the default stream of {device} cannot be captured (CUDA refuses its legacy default "
+        "stream): capture a stream of your own (Graph.capture() with no stream makes one)"
+    )
+
+
+def replay_on_capturing(stream: str) -> CaptureError:
+    return CaptureError(
+        f"{stream} is capturing a graph: replay a graph on a stream outside any capture"
+    )
+
+
+def not_capturing(stream: str) -> CaptureError:
+    return CaptureError(
+        f"{stream} has no capture of its own under way to end: end a capture on the stream "
+        "it began on"
+    )
+
+
+def unjoined(stream: str) -> CaptureError:
+    return CaptureError(
+        f"the capture of {stream} ended with work forked to other streams and not joined "
+        "back, so no graph was made: before the capture ends, make the capturing stream "
+        "wait for each stream it forked to (capturing.wait_stream(other))"
+    )
+
+
+def capture_allocation(mode: str) -> CaptureError:
+    return CaptureError(
+        f"memory cannot be allocated on the thread of a graph capture in {mode!r} mode while "
+        "the capture is under way (the driver prohibits it, and would break the capture): "
+        "allocate buffers before the capture begins, or capture with "
+        "capture_error_mode='relaxed'"
+    )
+
+
+def pageable_copy(stream: str) -> CaptureError:
+    return CaptureError(
+        f"a copy between pageable host memory and the device cannot be captured on {stream} "
+        "(the driver runs it synchronously): use a pinned HostBuffer (pinned=True, the "
+        "default)"
+    )
+
+
 # Tracebacks and reprs name them as users import them: aiostream.DeviceError, not
 # aiostream._errors.DeviceError (pickling still finds them: aiostream exports each one).
 for _error in (
     AiostreamError,
+    CaptureError,
     DeviceError,
     CudaError,
     BackendUnavailableError,

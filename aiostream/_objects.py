@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from . import _diagnostics, _hooks, _waiting
+from . import _captures, _diagnostics, _hooks, _waiting
 from ._errors import StaleHandleError
 
 if TYPE_CHECKING:
@@ -29,11 +29,13 @@ __all__ = [
     "Awaitable",
     "DeviceObject",
     "backend",
+    "capturing",
     "check_same_backend",
     "handle",
     "note_submission",
     "submit",
     "unowned",
+    "when_done",
 ]
 
 D = TypeVar("D", bound="DeviceObject")
@@ -182,8 +184,31 @@ def submit(stream: DeviceObject, what: str, fn: Callable[..., None], *args: Any)
     if _hooks.observer is None:  # the common case: no context manager at all
         fn(stream._handle, *args)  # noqa: SLF001
         return
+    device = stream._device  # noqa: SLF001
+    if _captures.under_way((device.type, device.index)) and capturing(stream):
+        fn(stream._handle, *args)  # noqa: SLF001 - a node of a graph: nothing to time now
+        return
     with _hooks.device_range(what, stream):
         fn(stream._handle, *args)  # noqa: SLF001
+
+
+def when_done(obj: Awaitable, callback: Callable[[], None]) -> None:
+    """Call ``callback`` once, from any thread, when the work ``obj`` captures now has
+    completed or failed, or its backend closed (at once if it has); nothing stays held for
+    it after."""
+    target = obj._capture(False)  # noqa: SLF001
+
+    def fire() -> None:
+        target.release()  # backends call a watch's callback with none of their locks' lists
+        callback()
+
+    target.watch(fire)
+
+
+def capturing(stream: DeviceObject) -> bool:
+    """Whether ``stream`` is part of a graph capture under way."""
+    probe = getattr(stream._backend, "stream_capturing", None)  # noqa: SLF001
+    return bool(probe is not None and probe(stream._handle))  # noqa: SLF001
 
 
 def note_submission(stream: DeviceObject) -> _diagnostics.Origin | None:

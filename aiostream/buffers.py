@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _backends, _check, _dlpack, _objects
-from ._backends.base import Interop
+from . import _backends, _captures, _check, _dlpack, _objects
+from ._backends.base import Graphs, Interop
 from ._dlpack import DLDeviceType
+from ._errors import pageable_copy
 from .device import Device
 from .device import device as _resolve_device
 from .event import Event
@@ -96,6 +97,7 @@ class HostBuffer(_objects.DeviceObject):
         self._pinned = pinned
         dev = _resolve_device(device)
         backend = _backends.get(dev.type)
+        _captures.check_allocation(None)
         handle = backend.host_alloc(dev.index, self._nbytes, pinned=pinned)
         self._bind(dev, backend, handle, backend.host_free)
 
@@ -175,6 +177,7 @@ class DeviceBuffer(_objects.DeviceObject):
         dev = _resolve_device(device)
         backend = _backends.get(dev.type)
         stream = current_stream(dev)
+        _captures.check_allocation(_capturing(stream))
         self._stream: Stream | None = stream
         alloc = backend.device_alloc_interprocess if interprocess else backend.device_alloc
         handle = alloc(dev.index, self._nbytes, _objects.handle(stream))
@@ -559,6 +562,20 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
         )
     _objects.check_same_backend(stream, dst)
     _objects.check_same_backend(stream, src)
+    capturing = _capturing(stream)
+    if capturing is not None:  # a node of a graph: the buffers live as long as it may run
+        host = dst if isinstance(dst, HostBuffer) else src
+        if isinstance(host, HostBuffer) and not host.pinned:
+            raise pageable_copy(capturing)
+        _captures.keep((stream.device.type, stream.device.index), dst, src)
     copy = _objects.backend(stream).copy
     dst_h, src_h = _objects.handle(dst), _objects.handle(src)
     _objects.submit(stream, f"copy {kind}", copy, dst_h, src_h, dst.nbytes, kind)
+
+
+def _capturing(stream: Stream) -> str | None:
+    """What messages call ``stream`` if it is capturing a graph, else None."""
+    backend = _objects.backend(stream)
+    if isinstance(backend, Graphs) and backend.stream_capturing(_objects.handle(stream)):
+        return f"stream {stream.stream_id} on {stream.device}"
+    return None

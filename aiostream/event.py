@@ -41,7 +41,7 @@ class Event(_objects.Awaitable):
         Wraps ``cuEventCreate``, ``cuEventRecord`` and ``cuEventQuery`` on CUDA.
     """
 
-    __slots__ = ("_blocking", "_interprocess", "_recorded_on", "_timing")
+    __slots__ = ("_blocking", "_interprocess", "_label", "_recorded_on", "_timing")
 
     _what = "event"
 
@@ -65,6 +65,7 @@ class Event(_objects.Awaitable):
         # the device-side event is created at the first record (_create), as PyTorch does
         self._bind(dev, _backends.get(dev.type), None, None)
         self._recorded_on: int | None = None  # the stream of its last record, for listings
+        self._label: str | None = None  # what listings call it (a graph's replay), if not that
 
     def _create(self) -> Any:
         handle = self._backend.event_create(
@@ -142,7 +143,10 @@ class Event(_objects.Awaitable):
 
     def _subject(self) -> str:
         on = self._recorded_on
-        return f"event {self._id()}" + ("" if on is None else f" on stream {on}")
+        what = (
+            f"event {self._id()}" if self._label is None else f"{self._label} (event {self._id()})"
+        )
+        return what + ("" if on is None else f" on stream {on}")
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between this event and ``end_event``, both complete and timed.
@@ -235,4 +239,5 @@ def foreign_event(device: Device, backend: AnyBackend, handle: Any) -> Event:
     flags = True, False, False  # timing, blocking, interprocess
     event._timing, event._blocking, event._interprocess = flags  # noqa: SLF001 (this module's)
     event._recorded_on = None  # noqa: SLF001
+    event._label = None  # noqa: SLF001
     return event

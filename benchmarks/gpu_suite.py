@@ -27,7 +27,13 @@ and each step's raw output as ``OUTDIR/<step>.txt``. The steps:
    kernel pending, a faulted kernel with no traceback at exit, a cross-device copy, and the
    DataLoader feeding PyTorch kernels under ``set_sync_debug_mode("error")`` and PyTorch's
    CUDA stream sanitizer.
-9. ``interop-pipeline``: ``gpu_suite.py --pipeline``, buffers handed over with DLPack and
+9. ``graphs``: ``benchmarks/gpu_graphs.py``: ``torch.cuda.graph`` (global mode) capturing on
+   a second thread beside 100 pending aiostream waits, for each wait strategy; an aiostream
+   graph replayed 1,000 times; two streams' kernels with and without 1,000 waits pending by
+   host functions.
+10. ``bench-graph``: ``benchmarks/bench_graph.py --device cuda:0``, a replay against the same
+    operations submitted one by one (1 to 1,000 nodes), and an await of a replay.
+11. ``interop-pipeline``: ``gpu_suite.py --pipeline``, buffers handed over with DLPack and
    events, PyTorch -> aiostream -> CuPy (and JAX where installed), each on its own stream,
    under ``torch.cuda.set_sync_debug_mode("error")`` (no host synchronization by PyTorch),
    the data checked at the end, on asyncio, uvloop and trio; then the same hand-off between
@@ -105,6 +111,10 @@ def steps(quick: bool) -> list[Step]:
     server = [py, "benchmarks/bench_server.py", "--device", "cuda:0", *bounds]
     out.append(Step("bench-server", server, 300))
     out.append(Step("contract", [py, "benchmarks/gpu_contract.py"], 540))
+    out.append(Step("graphs", [py, "benchmarks/gpu_graphs.py"], 240))
+    out.append(
+        Step("bench-graph", [py, "benchmarks/bench_graph.py", "--device", "cuda:0", *q], 240)
+    )
     out.append(Step("interop-pipeline", [py, "benchmarks/gpu_suite.py", "--pipeline"], 300))
     return out
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 __all__ = [
     "AnyBackend",
     "Backend",
+    "Graphs",
     "Interop",
     "Timeline",
     "TimelineRecord",
@@ -213,6 +214,33 @@ class Interop(Protocol[S, E_co]):
         """Device memory allocated elsewhere (a DLPack producer's), not owned: ``release()``
         runs in place of a free, once the work of every stream that used it has completed
         (it must not raise)."""
+
+
+@runtime_checkable
+class Graphs(Protocol):
+    """Capability: stream capture and graphs (CUDA's ``cuStreamBeginCapture`` ...
+    ``cuGraphLaunch``; the simulator's by the same rules). What a capture does not allow
+    raises :class:`aiostream.CaptureError` with the same words on every backend."""
+
+    def capture_begin(self, stream: Any, mode: str) -> None:
+        """Begin capturing ``stream``'s work (``mode``: ``"global"``, ``"thread_local"`` or
+        ``"relaxed"``)."""
+
+    def capture_end(self, stream: Any) -> Any:
+        """End the capture begun on ``stream``; its streams leave it, whatever the outcome.
+        The graph, ready to launch, or raise if no graph could be made."""
+
+    def stream_capturing(self, stream: Any) -> bool:
+        """Whether ``stream`` is part of a capture under way."""
+
+    def graph_nodes(self, graph: Any) -> int:
+        """How many operations the graph holds."""
+
+    def graph_launch(self, stream: Any, graph: Any) -> None:
+        """Enqueue the whole graph on ``stream``: later work on it waits for every node."""
+
+    def graph_destroy(self, graph: Any) -> None:
+        """Release the graph; launches in flight complete. Never raises."""
 
 
 class TimelineRecord(Protocol):

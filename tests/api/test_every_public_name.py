@@ -151,6 +151,13 @@ def _timed_event() -> ais.Event:
     return event
 
 
+def _captured_graph() -> ais.Graph:
+    graph = ais.Graph("virtual:0", name="fuzzed")
+    with graph.capture() as s:
+        ais.delay(0.001, stream=s)
+    return graph
+
+
 def _stale(make: Callable[[], Any]) -> Callable[[], Any]:
     """``make``, then the virtual backend replaced: the object is stale (StaleHandleError)."""
 
@@ -302,6 +309,7 @@ def _summary() -> ais.Summary:
 #: Class -> {variant: factory}: the objects whose members are fuzzed, made fresh per call.
 FACTORIES: dict[type, dict[str, Callable[[], Any]]] = {
     ais.AiostreamError: {"": lambda: ais.AiostreamError("plain")},
+    ais.CaptureError: {"": lambda: ais.CaptureError("a capture refused it")},
     ais.BackendUnavailableError: {"": lambda: ais.BackendUnavailableError("cuda", "no driver")},
     ais.Batch: {"": _batch},
     ais.CudaError: {
@@ -321,6 +329,11 @@ FACTORIES: dict[type, dict[str, Callable[[], Any]]] = {
         "": lambda: ais.Event("virtual:0"),
         "recorded, timed": _timed_event,
         "stale": _stale(_timed_event),
+    },
+    ais.Graph: {
+        "": lambda: ais.Graph("virtual:0"),
+        "captured": _captured_graph,
+        "stale": _stale(_captured_graph),
     },
     ais.HostBuffer: {
         "": lambda: ais.HostBuffer(16, device="virtual:0"),

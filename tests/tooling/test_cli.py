@@ -373,3 +373,14 @@ def test_profiler_benchmark_smoke_run() -> None:
     proc = run_python("benchmarks/bench_profiler.py", "--quick")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("ns") >= 6
+
+
+@pytest.mark.slow
+def test_graph_benchmark_smoke_run() -> None:
+    """bench_graph.py runs end to end (its figures are not judged here)."""
+    proc = run_python("benchmarks/bench_graph.py", "--quick", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [r["nodes"] for r in report["rows"]] == [1, 10, 100, 1000]
+    assert all(r["replay_us"] > 0 and r["one_by_one_us"] > 0 for r in report["rows"])
+    assert len(report["goals"]) == 2

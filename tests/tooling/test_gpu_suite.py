@@ -54,7 +54,7 @@ def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(
     assert "- device: the stand-in driver of tests/fake_cuda" in report
     for step in (
         *("info", "cuda-tests", "bench-cuda", "demo-asyncio", "demo-trio"),
-        *("bench-server", "contract"),
+        *("bench-server", "contract", "graphs", "bench-graph"),
     ):
         assert re.search(rf"^\| {step} \| passed \|", report, re.MULTILINE), report
         assert (tmp_path / f"{step}.txt").exists()
@@ -77,7 +77,7 @@ def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Pa
     assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
     assert (
         len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report, re.MULTILINE))
-        == 10
+        == 12
     ), report
 
 

@@ -10,18 +10,17 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from ... import _hooks
-from ..base import Backend, Interop
+from ..base import Backend, Graphs, Interop
 from .devices import Devices, handed_out
 from .driver import (
     EVENT_BLOCKING_SYNC,
     EVENT_DISABLE_TIMING,
     EVENT_INTERPROCESS,
-    INVALID_VALUE,
     STREAM_NON_BLOCKING,
-    SUCCESS,
     Driver,
     load_driver,
 )
+from .graphs import Capturing, GraphMethods
 from .handles import Event, Memory, Stream
 from .memory import Memories
 from .sharing import Sharing
@@ -33,7 +32,9 @@ __all__ = ["CudaBackend"]
 _DLPACK_CUDA = 2  # DLPack's kDLCUDA
 
 
-class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]):
+class CudaBackend(
+    GraphMethods, Backend[Stream, Event, Memory, Target], Interop[Stream, Event], Graphs
+):
     """The CUDA driver behind ``cuda:N`` devices."""
 
     kind: ClassVar[str] = "cuda"
@@ -47,6 +48,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         self._waits = Waits(drv, self._devices)
         self._memory = Memories(drv, self._devices)
         self._sharing = Sharing(drv, self._devices, self._memory)
+        self._graphs = Capturing(drv, self._devices, self._memory.release)
         atexit.register(self.close)
         _hooks.enable_nvtx()  # record_function's ranges reach Nsight Systems too
 
@@ -131,6 +133,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return self._waits.idle(stream)
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
+        self._graphs.check_wait(stream, event)
         with self._devices[stream.index].pushed:
             result = self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0)
         self._drv.check(result, stream.index, "cuStreamWaitEvent")
@@ -190,30 +193,10 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return self._waits.elapsed_ms(start, end)
 
     def event_ipc_handle(self, event: Event) -> bytes:
-        event.private = False  # the process that opens it may record it
-        with self._devices[event.index].pushed:
-            result = self._cu.cuIpcGetEventHandle(event.ptr)
-        handle = self._drv.check(result, event.index, "cuIpcGetEventHandle")
-        return ctypes.string_at(handle.getPtr(), 64)
+        return self._sharing.event_ipc_handle(event)
 
     def event_from_ipc_handle(self, index: int, data: bytes) -> Event:
-        cu = self._cu
-        handle = cu.CUipcEventHandle()
-        ctypes.memmove(handle.getPtr(), data, 64)
-        dev = self._devices.get(index)
-        with self._devices.lock, dev.pushed:
-            err, ptr = cu.cuIpcOpenEventHandle(handle)
-            if err == INVALID_VALUE:
-                raise ValueError(
-                    "the driver cannot open this event IPC handle (CUDA_ERROR_INVALID_VALUE): "
-                    "pass the 64 bytes that Event.ipc_handle() returned in another process"
-                ) from self._drv.error(err, index, "cuIpcOpenEventHandle")
-            if err != SUCCESS:
-                raise self._drv.error(err, index, "cuIpcOpenEventHandle")
-            event = Event(ptr, index, owned=True)
-            event.private = False  # the exporting process records it too
-            dev.events.add(event)
-        return event
+        return self._sharing.event_from_ipc_handle(index, data)
 
     # ------------------------------------------------------------------ device work
 

@@ -295,6 +295,10 @@ class Device:
                 for handle, what in self.internal.items():
                     if what == "stream":
                         drv.released(cu.cuStreamDestroy(handle), self.index, "cuStreamDestroy")
+                    elif what == "graph":
+                        drv.released(
+                            cu.cuGraphExecDestroy(handle), self.index, "cuGraphExecDestroy"
+                        )
                     else:
                         drv.released(cu.cuEventDestroy(handle), self.index, "cuEventDestroy")
                 if self.module is not None:

@@ -157,6 +157,13 @@ class Driver:
             )
         raise self.error(err, index, call)
 
+    def failure(self, err: Any, index: int, call: str) -> CudaError | None:
+        """The device's failure that a query's result tells, or None: complete, not ready, or
+        a stream capture's code (another library's capture met), which says nothing of it."""
+        if err == SUCCESS or err == NOT_READY or int(err) in CAPTURE_CODES:
+            return None
+        return self.error(err, index, call)
+
     def released(self, result: tuple[Any, ...], index: int, call: str) -> bool:
         """For release calls, which never raise (they run in finalizers, on any thread): count
         what could not be released; :meth:`report` says it once, at close."""

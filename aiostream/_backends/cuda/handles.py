@@ -17,6 +17,7 @@ class Stream:
     __slots__ = (
         "__weakref__",
         "alive",
+        "capture",
         "doomed",
         "holds",
         "id",
@@ -54,6 +55,8 @@ class Stream:
         #: (mark, ops): the last thing on this private stream is the host function that
         #: announces ``mark``, added when ``ops`` was this (see Waits.idle)
         self.woke: tuple[Any, int] | None = None
+        #: the aiostream capture it is part of (graphs.Capture), or None
+        self.capture: Any = None
 
 
 class Event:
@@ -87,9 +90,10 @@ class Event:
         self.seq = 0  # its place among the captures of that stream
         #: the mark right after its last record (see Waits.record), which it holds
         self.mark: Any = None
-        #: its last record went into a stream capture (another library's, on a stream whose
-        #: handle aiostream handed out): a node of a graph, which never completes as work
-        self.captured = False
+        #: the capture its last record went into (graphs.Capture, or graphs.FOREIGN for another
+        #: library's on a stream whose handle was handed out): a point of a graph, which
+        #: never completes as work; None if it was recorded outside any capture
+        self.captured: Any = None
 
 
 class Memory:

@@ -139,6 +139,10 @@ class Memories:
                 if dev.over(marker):  # the host has seen it complete: every stream may use it
                     mem.alloc_marker = None
                     dev.give_back(marker)
+                elif stream.capture is not None:
+                    # a wait on a record outside the capture would cross its boundary: each
+                    # launch of the graph waits for the allocation instead
+                    stream.capture.allocs.append(mem)
                 else:
                     with dev.pushed:
                         self.drv.check(
@@ -195,7 +199,12 @@ class Memories:
 
     def release(self, dev: Device, mem: Memory) -> None:
         """Free ``mem``, which ``retire`` has marked released, after the work of every stream
-        that used it (lock held; never raises: it runs in finalizers)."""
+        that used it (lock held; never raises: it runs in finalizers). Where one of them is
+        capturing (no mark can be recorded there), once that capture has ended."""
+        for stream in mem.streams.values():
+            if stream.capture is not None:
+                stream.capture.frees.append(mem)
+                return
         marks: list[tuple[Device, object]] = []
         try:
             streams = [s for s in mem.streams.values() if s.alive]

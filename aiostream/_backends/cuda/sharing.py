@@ -11,6 +11,8 @@
   processes only; ``cuIpcOpenMemHandle`` in the other process, whose stream waits for the
   exporter's interprocess event and then holds the memory as its allocation stream (another
   stream's first use waits for a marker after it); freeing it is ``cuIpcCloseMemHandle``.
+- Events of another process: ``cuIpcGetEventHandle`` here, ``cuIpcOpenEventHandle`` there;
+  either side may record them, so neither is private.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from ..._errors import CudaError
 from .devices import Devices
 from .driver import INVALID_VALUE, SUCCESS, Driver
-from .handles import Memory, Stream
+from .handles import Event, Memory, Stream
 from .memory import Memories
 
 __all__ = ["Sharing"]
@@ -161,3 +163,33 @@ class Sharing:
             self.drv.released(
                 cu.cuIpcCloseMemHandle(cu.CUdeviceptr(mem.ptr)), mem.index, "cuIpcCloseMemHandle"
             )
+
+    # ------------------------------------------------------------------ events
+
+    def event_ipc_handle(self, event: Event) -> bytes:
+        """The event's 64-byte IPC handle (``cuIpcGetEventHandle``); it is handed out."""
+        event.private = False  # the process that opens it may record it
+        with self.devices[event.index].pushed:
+            result = self.drv.cu.cuIpcGetEventHandle(event.ptr)
+        handle = self.drv.check(result, event.index, "cuIpcGetEventHandle")
+        return ctypes.string_at(handle.getPtr(), 64)
+
+    def event_from_ipc_handle(self, index: int, data: bytes) -> Event:
+        """An event of another process, opened from its handle; owned (destroyed here)."""
+        cu = self.drv.cu
+        handle = cu.CUipcEventHandle()
+        ctypes.memmove(handle.getPtr(), data, 64)
+        dev = self.devices.get(index)
+        with self.devices.lock, dev.pushed:
+            err, ptr = cu.cuIpcOpenEventHandle(handle)
+            if err == INVALID_VALUE:
+                raise ValueError(
+                    "the driver cannot open this event IPC handle (CUDA_ERROR_INVALID_VALUE): "
+                    "pass the 64 bytes that Event.ipc_handle() returned in another process"
+                ) from self.drv.error(err, index, "cuIpcOpenEventHandle")
+            if err != SUCCESS:
+                raise self.drv.error(err, index, "cuIpcOpenEventHandle")
+            event = Event(ptr, index, owned=True)
+            event.private = False  # the exporting process records it too
+            dev.events.add(event)
+        return event

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..._errors import AiostreamError, NotReadyError
+from ..._errors import NotReadyError, captured_event, capturing_stream
 from .devices import Devices
 from .driver import NOT_READY, SUCCESS, Driver
+from .graphs import FOREIGN, describe_event, describe_stream
 from .handles import Event, Stream
 from .watcher import Mark, Target
 
@@ -44,24 +45,6 @@ _NOT_CAPTURING = 0
 _IMPLICIT = 906
 
 
-def _capturing(stream: object) -> AiostreamError:
-    return AiostreamError(
-        f"stream {stream} is capturing a CUDA graph (a capture another library began on the "
-        "handle aiostream handed out): its work is being recorded as a graph, not run, so it "
-        "cannot be awaited, synchronized or queried until the capture ends; await an event "
-        "recorded before the capture began, or the stream once the capture has ended"
-    )
-
-
-def _captured(event: object) -> AiostreamError:
-    return AiostreamError(
-        f"event {event} was last recorded on a stream that was capturing a CUDA graph: it is "
-        "a node of that graph, not work that completes, and cannot be awaited, synchronized, "
-        "queried or timed; record it again outside the capture, or await an event recorded "
-        "after the graph's launch"
-    )
-
-
 class Waits:
     """Captures of streams and events, and marks at event records, for every device of one
     backend."""
@@ -70,12 +53,21 @@ class Waits:
         self.drv = drv
         self.devices = devices
 
-    def check_not_capturing(self, stream: Stream) -> None:
-        """Raise if another library has a stream capture under way on ``stream`` (asked of the
-        driver only for a stream whose handle is out: no one else can capture a private one),
-        before any call of aiostream's could add to the capture or break it."""
+    def capture_of(self, stream: Stream) -> object:
+        """The capture ``stream`` is part of: aiostream's (``graphs.Capture``), another
+        library's (``graphs.FOREIGN``: the driver is asked, only for a stream whose handle is
+        out, since no one else can capture a private one), or None."""
+        if stream.capture is not None:
+            return stream.capture
         if not stream.private and self.is_capturing(stream):
-            raise _capturing(f"cuda:{stream.index} {stream.id:#x}")
+            return FOREIGN
+        return None
+
+    def check_not_capturing(self, stream: Stream) -> None:
+        """Raise if ``stream`` is capturing, before any call of aiostream's could add to the
+        capture or break it."""
+        if self.capture_of(stream) is not None:
+            raise capturing_stream(describe_stream(stream))
 
     def is_capturing(self, stream: Stream) -> bool:
         """``cuStreamIsCapturing``: a capture is under way on ``stream`` (or invalidated and
@@ -125,8 +117,8 @@ class Waits:
         private stream (it completes on the device only once the driver's thread has returned
         from that function), whether the user's work before that mark has. Not for an event
         whose handle was handed out: others may have recorded it since, unseen."""
-        if event.captured:
-            raise _captured(f"cuda:{event.index} {event.id:#x}")
+        if event.captured is not None:
+            raise captured_event(describe_event(event))
         watcher = self.devices[event.index].watcher
         if watcher.query(event.ptr):
             return True
@@ -145,8 +137,8 @@ class Waits:
     def elapsed_ms(self, start: Event, end: Event) -> float:
         """Milliseconds from ``start`` to ``end`` (``cuEventElapsedTime``)."""
         for event in (start, end):
-            if event.captured:
-                raise _captured(f"cuda:{event.index} {event.id:#x}")
+            if event.captured is not None:
+                raise captured_event(describe_event(event))
         cu, dev = self.drv.cu, self.devices[start.index]
         with dev.pushed:
             err, ms = cu.cuEventElapsedTime(start.ptr, end.ptr)
@@ -175,7 +167,7 @@ class Waits:
         with dev.lock:
             # a record into another library's capture is a node of its graph: aiostream adds
             # nothing of its own there (its mark would be a node too, rewritten at each launch)
-            captured = not stream.private and self.is_capturing(stream)
+            captured = self.capture_of(stream)
             with dev.pushed:
                 result = self.drv.cu.cuEventRecord(event.ptr, stream.ptr)
             self.drv.check(result, event.index, "cuEventRecord")
@@ -183,8 +175,10 @@ class Waits:
             event.mark = None
             event.captured = captured
             event.stream, event.at, event.seq = stream, stream.ops, next(stream.seq)
+            if stream.capture is not None:
+                stream.capture.recorded(event, stream)
             try:
-                if dev.watcher.memops and event.private and not captured:  # see event_capture
+                if dev.watcher.memops and event.private and captured is None:  # event_capture
                     event.mark = dev.watcher.mark(stream.ptr, False)
             finally:
                 if old is not None:
@@ -202,8 +196,8 @@ class Waits:
                 event.mark = None  # pragma: no mutate
 
     def event_capture(self, event: Event, wake: bool) -> Target:
-        if event.captured:
-            raise _captured(f"cuda:{event.index} {event.id:#x}")
+        if event.captured is not None:
+            raise captured_event(describe_event(event))
         dev = self.devices[event.index]
         watcher = dev.watcher
         with dev.lock:

@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from ..._errors import AiostreamError, CudaError, DeviceError
-from .driver import CAPTURE_CODES, NOT_READY, NOT_SUPPORTED, SUCCESS, Driver
+from .driver import NOT_SUPPORTED, SUCCESS, Driver
 
 __all__ = [
     "LaunchHostFunc",
@@ -474,16 +474,10 @@ class Watcher:
                 self.checked_at = now
                 with self.dev.pushed:
                     if self.health is None:
-                        self.health = self.drv.check(
-                            self.drv.cu.cuEventCreate(EVENT_DISABLE_TIMING),
-                            self.index,
-                            "cuEventCreate",
-                        )
+                        created = self.drv.cu.cuEventCreate(EVENT_DISABLE_TIMING)
+                        self.health = self.drv.check(created, self.index, "cuEventCreate")
                     (err,) = self.drv.cu.cuEventQuery(self.health)
-                # a stream capture's codes say nothing of the device (another library's
-                # capture met): it has not failed
-                failed = err not in (SUCCESS, NOT_READY) and int(err) not in CAPTURE_CODES
-                self.failed = self.drv.error(err, self.index, "cuEventQuery") if failed else None
+                self.failed = self.drv.failure(err, self.index, "cuEventQuery")
             if self.failed is not None:
                 raise self.failed
 

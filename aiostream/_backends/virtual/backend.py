@@ -10,9 +10,8 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from ..._errors import NotReadyError
-from ..base import Backend, Timeline
-from . import inspect
-from .clock import seconds_to_ns
+from ..base import Backend, Graphs, Timeline
+from . import graphs, inspect
 from .ipc import IpcTable
 from .memory import POISON, Memories
 from .model import (
@@ -20,7 +19,6 @@ from .model import (
     PRIORITY_RANGE,
     Event,
     EventState,
-    Fault,
     Item,
     Memory,
     OpRecord,
@@ -31,6 +29,7 @@ from .model import (
 from .options import VirtualOptions
 from .sharing import Sharing
 from .simulation import Simulation, Target
+from .work import Work
 
 __all__ = ["POISON", "Isolation", "Target", "VirtualBackend"]
 
@@ -58,7 +57,7 @@ class Isolation:
         self.races += backend.races()
 
 
-class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
+class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Timeline, Graphs):
     """The simulated device runtime behind ``virtual:N`` devices."""
 
     kind: ClassVar[str] = "virtual"
@@ -120,6 +119,7 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
         last = stream.last
         if (
             (last is None or last.state == DONE)
+            and stream.capture is None
             and not stream.waits
             and stream.device.failure is None
             and not sim.closed
@@ -128,6 +128,7 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
             return True
         with sim.lock:
             sim.check_device(stream.device)
+            graphs.check_awaitable_stream(stream)
             sim.now_locked()
             sim.check_device(stream.device)
             return (last is None or last.state == DONE) and all(
@@ -137,12 +138,18 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
         with self._sim.lock:
             self._sim.check_device(stream.device)
+            graphs.check_wait(stream, event)
+            captured = event.state.captured
+            if captured is not None:  # a point of a capture: the stream joins it there
+                captured[0].join(stream, captured[1])
+                return
             self._sim.sched.wait_event(stream, event.state.item)
 
     def stream_capture(self, stream: Stream, wake: bool) -> Target:
         sim = self._sim
         with sim.lock:
             sim.check_device(stream.device)
+            graphs.check_awaitable_stream(stream)
             last = stream.last
             if last is not None and not stream.waits:
                 # Work on a stream completes in order: its last item stands for all of it,
@@ -175,11 +182,16 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
     def event_record(self, event: Event, stream: Stream) -> None:
         with self._sim.lock:
             self._sim.check_device(stream.device)
+            if stream.capture is not None:
+                stream.capture.record(event, stream)
+                return
+            event.state.captured = None
             # equivalent mutant (unmarked): the duration 0 -> 1 or None: a marker's duration is
             # never read
             event.state.item = self._sim.submit_locked(stream, 0, None, None, None, "record")
 
     def event_query(self, event: Event) -> bool:
+        graphs.check_awaitable_event(event)
         item = event.state.item
         if item is None:
             with self._sim.lock:
@@ -193,6 +205,7 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
         sim = self._sim
         with sim.lock:
             sim.check_device(event.device)
+            graphs.check_awaitable_event(event)
             item = event.state.item
             if item is None:  # never recorded: complete
                 now = sim.now_locked()
@@ -206,6 +219,8 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
     def event_elapsed_ms(self, start: Event, end: Event) -> float:
         with self._sim.lock:
             self._sim.check_device(end.device)
+            graphs.check_awaitable_event(start)
+            graphs.check_awaitable_event(end)
             self._sim.now_locked()
             self._sim.check_device(end.device)
             a, b = start.state.item, end.state.item
@@ -229,52 +244,6 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
             event = Event(self._sim.devices[index], self._ipc.open(index, data), True)
             self._live_events.add(event)
             return event
-
-    # ------------------------------------------------------------------ work and controls
-
-    def delay(self, stream: Stream, seconds: float) -> None:
-        self.submit(stream, seconds_to_ns(seconds, "seconds"), "compute", None, None, "delay")
-
-    def submit(
-        self,
-        stream: Stream,
-        duration_ns: int,
-        engine: str,
-        fn: Callable[[], object] | None,
-        error: str | None,
-        name: str,
-    ) -> None:
-        sim = self._sim
-        with sim.lock:
-            sim.check_device(stream.device)
-            sim.submit_locked(stream, duration_ns, engine, fn, error, name)
-
-    def inject(
-        self,
-        index: int,
-        stream: Stream | None,
-        engine: str | None,
-        count: int,
-        *,
-        message: str | None = None,
-        factor: float | None = None,
-    ) -> None:
-        """Make the next ``count`` operations on ``stream``/``engine`` fail or run slower."""
-        with self._sim.lock:
-            device = self._sim.devices[index]
-            self._sim.check_device(device)
-            device.faults.append(Fault(stream, engine, count, message, factor))
-
-    def stall(self, index: int, engine: str, stalled: bool) -> None:
-        """Hold (or release) one stall of the engine: it starts no operation while any is
-        held; running ones go on."""
-        sim = self._sim
-        with sim.lock:
-            sim.check_open()
-            sim.now_locked()
-            sim.sched.set_stalled(sim.devices[index].engines[engine], stalled)
-            sim.now_locked()
-        sim.listeners()
 
     # ------------------------------------------------------------------ memory and copies
 
@@ -305,9 +274,6 @@ class VirtualBackend(Sharing, Backend[Stream, Event, Memory, Target], Timeline):
 
     def device_ptr(self, mem: Memory) -> int:
         raise AttributeError("virtual device memory has no device address")
-
-    def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
-        self._memory.copy(stream, dst, src, nbytes, kind)
 
     # ------------------------------------------------------------------ waiting
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._check import MAX_SECONDS
 from ..._errors import DeviceError
-from .model import DONE, RUNNING, Device, Memory, Race, Stream
+from .model import DONE, RUNNING, Device, Item, Memory, Op, Race, Stream
 from .simulation import Simulation
 
 __all__ = ["POISON", "Memories"]
@@ -173,8 +173,8 @@ class Memories:
 
     # ------------------------------------------------------------------ copies
 
-    def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
-        engine = _COPY_ENGINES[kind]
+    def check_copy(self, nbytes: int, kind: str) -> float:
+        """The seconds a copy takes; raise if a device clock cannot hold them."""
         seconds = self.latency + nbytes / self.bandwidth[kind]
         if seconds > MAX_SECONDS:
             raise ValueError(
@@ -182,6 +182,11 @@ class Memories:
                 f"{seconds:g} s, past the {MAX_SECONDS:g} s a device clock holds; raise the "
                 "bandwidth (aiostream.virtual.reset(bandwidth=..., d2d_bandwidth=...))"
             )
+        return seconds
+
+    def copy_op(self, dst: Memory, src: Memory, nbytes: int, kind: str) -> Op:
+        """A copy, to submit (here, or at each launch of a graph that captured it)."""
+        seconds = self.check_copy(nbytes, kind)
 
         # Both run on whichever thread advances the simulation, usually the host's own: in
         # place (a fill and a memcpy), never building a temporary of the copy's size, whose
@@ -192,17 +197,13 @@ class Memories:
         def land() -> None:  # data moves when the copy completes
             memoryview(dst.data)[:nbytes] = memoryview(src.data)[:nbytes]
 
-        def settle() -> None:  # completed or aborted: no longer in flight
-            dst.writers.pop(item, None)
-
-        sim = self.sim
-        with sim.lock:
-            sim.check_device(stream.device)
-            item = sim.submit_locked(
-                stream, round(seconds * 1e9), engine, land, None, f"copy {kind}"
-            )
+        def attach(item: Item) -> None:  # in flight from its submission (lock held)
             if item.state == DONE:  # zero-length and already landed
                 return
+
+            def settle() -> None:  # completed or aborted: no longer in flight
+                dst.writers.pop(item, None)
+
             dst.writers[item] = None
             item.on_start = begin
             if item.state == RUNNING:  # it started at once, before the hook was set
@@ -211,3 +212,15 @@ class Memories:
                 item.watchers = [settle]
             else:
                 item.watchers.append(settle)
+
+        duration = round(seconds * 1e9)
+        return Op(duration, _COPY_ENGINES[kind], land, None, f"copy {kind}", attach)
+
+    def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
+        op = self.copy_op(dst, src, nbytes, kind)
+        sim = self.sim
+        with sim.lock:
+            sim.check_device(stream.device)
+            item = sim.submit_locked(stream, op.duration, op.engine, op.fn, op.error, op.name)
+            assert op.attach is not None
+            op.attach(item)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..._errors import DeviceError
 
@@ -27,6 +28,7 @@ __all__ = [
     "Fault",
     "Item",
     "Memory",
+    "Op",
     "OpRecord",
     "Race",
     "Stream",
@@ -158,7 +160,9 @@ class Fault:
         self.factor = factor
 
     def matches(self, stream: Stream, engine: str) -> bool:
-        return (self.stream is None or self.stream is stream) and (
+        # by id: a graph's replay runs a captured stream's nodes on a stream of its own with
+        # the replay stream's id (the origin's) or the captured stream's (a fork's)
+        return (self.stream is None or self.stream.id == stream.id) and (
             self.engine is None or self.engine == engine
         )
 
@@ -192,7 +196,7 @@ class Device:
 
 
 class Stream:
-    __slots__ = ("device", "id", "last", "priority", "waits")
+    __slots__ = ("capture", "device", "id", "last", "priority", "waits")
 
     def __init__(self, device: Device, sid: int, priority: int):
         self.device = device
@@ -200,6 +204,8 @@ class Stream:
         self.priority = priority
         self.last: Item | None = None  # the last item submitted
         self.waits: list[Item] = []  # event captures the next item waits for
+        #: the graph capture it is part of (graphs.Capture), or None
+        self.capture: Any = None
 
 
 class Item:
@@ -276,15 +282,30 @@ class Item:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Op:
+    """An operation to submit: what the scheduler needs, and ``attach(item)``, the bookkeeping
+    its item needs once submitted (a copy's: the bytes it writes are in flight)."""
+
+    duration: int
+    engine: str
+    fn: Callable[[], object] | None
+    error: str | None
+    name: str
+    attach: Callable[[Item], None] | None = None
+
+
 class EventState:
     """What a recorded event captured; shared by every handle opened on one event (IPC)."""
 
-    __slots__ = ("__weakref__", "id", "item", "timing")
+    __slots__ = ("__weakref__", "captured", "id", "item", "timing")
 
     def __init__(self, eid: int, timing: bool) -> None:
         self.id = eid
         self.timing = timing
         self.item: Item | None = None
+        #: (capture, point) when last recorded on a capturing stream (see graphs.py)
+        self.captured: tuple[Any, tuple[int, ...]] | None = None
 
 
 class Event:

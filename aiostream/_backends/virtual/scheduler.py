@@ -32,10 +32,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from ..._check import MAX_SECONDS
-from .model import DONE, PENDING, RUNNING, Device, Engine, Failure, Item, OpRecord, Stream
+from .model import DONE, PENDING, RUNNING, Device, Engine, Failure, Item, Op, OpRecord, Stream
 
 __all__ = ["TIMELINE_LIMIT", "Scheduler"]
 
@@ -50,7 +50,89 @@ TIMELINE_LIMIT = 100_000
 _Entry = tuple[int, int, int, int, str, str, int, int, "str | None"]
 
 
-class Scheduler:
+class _Starts:
+    """How engines start what is ready: a part of :class:`Scheduler`, whose state it uses."""
+
+    running: list[tuple[int, int, int, int, int, Item]]
+    _dirty: list[Engine]
+
+    def _reopen(self, engine: Engine, t: int) -> None:
+        """Decide again the starts made on ``engine`` at instant ``t``, with what is ready now.
+
+        While the best operation waiting for the engine goes before the worst one started at
+        ``t``, they trade places: the result is the best ``slots`` of both, as if everything
+        had been there when the instant's first decision was made. A stalled engine keeps
+        what it started.
+        """
+        if engine.provisional_t != t or engine.stalled:
+            return
+        started, ready = engine.provisional, engine.ready
+        while started and ready:
+            worst = started[0][-1]
+            if worst.state != RUNNING:  # aborted since
+                heapq.heappop(started)
+                continue
+            if ready[0] >= worst.key():
+                break
+            best = heapq.heappop(ready)[-1]
+            heapq.heappop(started)
+            worst.state = PENDING
+            worst.start = worst.end = -1
+            # equivalent mutant (unmarked): += 2: any increase makes the item's old completion
+            # entries stale
+            worst.token += 1  # its completion entry is stale now
+            engine.busy -= 1
+            heapq.heappush(ready, worst.key())
+            self._start(best, engine, t)
+
+    def set_stalled(self, engine: Engine, stalled: bool) -> None:
+        """Hold one more stall on ``engine`` (or release one): it starts no operation while
+        any is held; running ones go on."""
+        engine.stalled += 1 if stalled else -1
+        assert engine.stalled >= 0, "a stall released twice"
+        self._mark(engine)
+
+    def _mark(self, engine: Engine) -> None:
+        if not engine.dirty:
+            engine.dirty = True
+            self._dirty.append(engine)
+
+    def _dispatch(self, t: int) -> None:
+        """Start, at ``t``, what the engines marked dirty can start."""
+        dirty, self._dirty = self._dirty, []
+        for engine in dirty:
+            engine.dirty = False
+            self._start_ready(engine, t)
+
+    def _start_ready(self, engine: Engine, t: int) -> None:
+        """Fill the free slots of ``engine`` from its ready queue, best first."""
+        if engine.stalled:
+            return
+        ready = engine.ready
+        while ready and engine.busy < engine.slots:
+            item = heapq.heappop(ready)[-1]
+            if item.state == PENDING:  # else aborted while it waited
+                self._start(item, engine, t)
+
+    def _start(self, item: Item, engine: Engine, t: int) -> None:
+        engine.busy += 1
+        item.state = RUNNING
+        item.start = t
+        item.end = end = t + item.duration
+        item.token += 1
+        heapq.heappush(
+            self.running, (end, item.device.index, item.stream.id, item.seq, item.token, item)
+        )
+        if item.duration > 0:  # provisional while the clock stays at t (see _reopen)
+            if engine.provisional_t != t:
+                engine.provisional_t = t
+                engine.provisional = []
+            heapq.heappush(engine.provisional, _reversed_key(item))
+        if item.on_start is not None:
+            item.on_start()
+
+
+class Scheduler(_Starts):
     """Moves the items of a set of devices through their states, in time order."""
 
     def __init__(self, devices: list[Device], t: int) -> None:
@@ -144,87 +226,63 @@ class Scheduler:
             self._reopen(eng, t)
         return item
 
-    def _reopen(self, engine: Engine, t: int) -> None:
-        """Decide again the starts made on ``engine`` at instant ``t``, with what is ready now.
+    def submit_graph(
+        self,
+        nodes: Sequence[tuple[int, tuple[int, ...], Op]],
+        streams: Sequence[Stream],
+        after: Sequence[Item | None],
+    ) -> None:
+        """Submit a graph's nodes at instant ``t``, in one pass: node ``(member, deps, op)``
+        on ``streams[member]``, after the nodes ``deps`` (indices of earlier nodes), or after
+        ``after`` when it has none; each stream's ``last`` is then its last node. The starts
+        are decided once all are there (as :meth:`submit` decides them again at one instant).
 
-        While the best operation waiting for the engine goes before the worst one started at
-        ``t``, they trade places: the result is the best ``slots`` of both, as if everything
-        had been there when the instant's first decision was made. A stalled engine keeps
-        what it started.
+        Call :meth:`advance` to the present first. The devices must not have failed.
         """
-        if engine.provisional_t != t or engine.stalled:
-            return
-        started, ready = engine.provisional, engine.ready
-        while started and ready:
-            worst = started[0][-1]
-            if worst.state != RUNNING:  # aborted since
-                heapq.heappop(started)
-                continue
-            if ready[0] >= worst.key():
-                break
-            best = heapq.heappop(ready)[-1]
-            heapq.heappop(started)
-            worst.state = PENDING
-            worst.start = worst.end = -1
-            # equivalent mutant (unmarked): += 2: any increase makes the item's old completion
-            # entries stale
-            worst.token += 1  # its completion entry is stale now
-            engine.busy -= 1
-            heapq.heappush(ready, worst.key())
-            self._start(best, engine, t)
+        t = self.t
+        items: list[Item] = []
+        append = items.append
+        roots = [d for d in after if d is not None and d.state != DONE]
+        engines: dict[int, Engine] = {}
+        seq = self._seq
+        device = streams[0].device
+        live, faults, by_name = device.live, device.faults, device.engines
+        for member, deps, op in nodes:
+            stream = streams[member]
+            eng = by_name[op.engine]
+            duration, error = op.duration, op.error
+            if faults:
+                duration, error = _apply_faults(device, stream, op.engine, duration, error)
+            item = Item(next(seq), stream, t, duration, eng, op.fn, error, op.name)
+            live[item] = None
+            left = 0
+            for dep in map(items.__getitem__, deps) if deps else roots:
+                if dep.state != DONE:
+                    left += 1
+                    if dep.dependents is None:
+                        dep.dependents = [item]
+                    else:
+                        dep.dependents.append(item)
+            if left:
+                item.deps_left = left
+            else:
+                heapq.heappush(eng.ready, item.key())
+                engines[id(eng)] = eng
+            stream.last = item
+            append(item)
+            if op.attach is not None:
+                op.attach(item)
+        self.pending_ops += len(items)
+        for eng in engines.values():
+            self._start_ready(eng, t)
+            self._reopen(eng, t)
 
     def wait_event(self, stream: Stream, item: Item | None) -> None:
         """Make the next item on ``stream`` wait for ``item`` (an event's record)."""
         if item is not None and item.state != DONE:
             stream.waits.append(item)
 
-    def set_stalled(self, engine: Engine, stalled: bool) -> None:
-        """Hold one more stall on ``engine`` (or release one): it starts no operation while
-        any is held; running ones go on."""
-        engine.stalled += 1 if stalled else -1
-        assert engine.stalled >= 0, "a stall released twice"
-        self._mark(engine)
-
     # ------------------------------------------------------------------ the core
-
-    def _mark(self, engine: Engine) -> None:
-        if not engine.dirty:
-            engine.dirty = True
-            self._dirty.append(engine)
-
-    def _dispatch(self, t: int) -> None:
-        """Start, at ``t``, what the engines marked dirty can start."""
-        dirty, self._dirty = self._dirty, []
-        for engine in dirty:
-            engine.dirty = False
-            self._start_ready(engine, t)
-
-    def _start_ready(self, engine: Engine, t: int) -> None:
-        """Fill the free slots of ``engine`` from its ready queue, best first."""
-        if engine.stalled:
-            return
-        ready = engine.ready
-        while ready and engine.busy < engine.slots:
-            item = heapq.heappop(ready)[-1]
-            if item.state == PENDING:  # else aborted while it waited
-                self._start(item, engine, t)
-
-    def _start(self, item: Item, engine: Engine, t: int) -> None:
-        engine.busy += 1
-        item.state = RUNNING
-        item.start = t
-        item.end = end = t + item.duration
-        item.token += 1
-        heapq.heappush(
-            self.running, (end, item.device.index, item.stream.id, item.seq, item.token, item)
-        )
-        if item.duration > 0:  # provisional while the clock stays at t (see _reopen)
-            if engine.provisional_t != t:
-                engine.provisional_t = t
-                engine.provisional = []
-            heapq.heappush(engine.provisional, _reversed_key(item))
-        if item.on_start is not None:
-            item.on_start()
 
     def _finish(self, item: Item) -> None:
         """A running operation reached its end."""

@@ -166,16 +166,23 @@ class Simulation:
         sleep."""
         self.now_locked()
         item = self.sched.submit(stream, duration, engine, fn, error, name)
-        # A waiter sleeps until the completion it was told of (``wake_hint``), or until
-        # notified: work that ends sooner notifies, also when it was told that nothing runs
-        # (_NEVER; a stalled engine may hold everything, while new work runs on another).
-        # A manual clock notifies at each advance instead.
-        if engine is not None and self.manual is None:
+        if engine is not None:
+            self.submitted_locked()
+        return item
+
+    def submitted_locked(self) -> None:
+        """Operations were submitted: wake the waiters if one ends sooner than they sleep.
+
+        A waiter sleeps until the completion it was told of (``wake_hint``), or until
+        notified: work that ends sooner notifies, also when it was told that nothing runs
+        (_NEVER; a stalled engine may hold everything, while new work runs on another). A
+        manual clock notifies at each advance instead.
+        """
+        if self.manual is None:
             end = self.sched.next_end()
             if end is not None and end < self._hinted:
                 self._hinted = end
                 self.listeners()
-        return item
 
     # ------------------------------------------------------------------ waits
 

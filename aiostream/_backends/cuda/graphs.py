@@ -1,0 +1,280 @@
+"""Stream capture and graphs on CUDA: ``cuStreamBeginCapture`` ... ``cuGraphLaunch``.
+
+aiostream checks, before the driver is asked, what the driver would refuse by breaking the
+capture (so that the capture survives the refusal, and the words are those of the virtual
+device): a capture of the legacy stream or of a stream capturing already, a wait that crosses
+the capture's boundary (:meth:`Graphs.check_wait`), awaiting or querying what is captured
+(``waits.py``). Streams that wait for an event recorded in an aiostream capture join it, as
+the driver makes them (a fork); the driver says at the end whether they were joined back.
+
+Nothing of aiostream's own goes into a capture: no completion mark is recorded on a capturing
+stream, and memory whose users include a capturing stream is freed once the capture ended
+(``Capture.frees``), when a mark can be recorded on it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..._errors import (
+    CaptureError,
+    already_capturing,
+    default_stream_capture,
+    isolated_wait,
+    merged_wait,
+    not_capturing,
+    replay_on_capturing,
+    unjoined,
+)
+from .devices import Device, Devices
+from .driver import SUCCESS, Driver
+from .handles import Event, Memory, Stream, StreamKey
+
+if TYPE_CHECKING:
+    from .waits import Waits
+
+__all__ = [
+    "FOREIGN",
+    "Capture",
+    "Capturing",
+    "Graph",
+    "GraphMethods",
+    "describe_event",
+    "describe_stream",
+]
+
+_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}  # CUstreamCaptureMode
+_INVALIDATED = 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+_UNJOINED = 904  # CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+
+#: what an event recorded in another library's capture is captured in (aiostream knows no more)
+FOREIGN = object()
+
+
+def describe_stream(stream: Stream) -> str:
+    return f"stream {stream.id} on cuda:{stream.index}"
+
+
+def describe_event(event: Event) -> str:
+    return f"event {event.id} on cuda:{event.index}"
+
+
+class Capture:
+    """An aiostream capture under way: its streams (the origin first), the memory whose free
+    waits for its end, and what each stream has waited for of the others' work.
+
+    Joins are followed as vector clocks over the streams' ``ops`` (their count of work
+    submitted): an event recorded on a member notes the member's count and what the member
+    had seen of the others then; a member that waits for it sees as much. A forked stream is
+    joined back once the origin has seen all its work since it joined (``joined``), which is
+    what the driver requires of ``cuStreamEndCapture``.
+    """
+
+    __slots__ = ("allocs", "base", "frees", "known", "members", "mode", "points")
+
+    def __init__(self, origin: Stream, mode: str) -> None:
+        self.mode = mode
+        self.members = [origin]
+        self.frees: list[Memory] = []
+        #: memory the capture uses whose stream-ordered allocation may not have completed:
+        #: each launch waits for it (a wait inside the capture would cross its boundary)
+        self.allocs: list[Memory] = []
+        #: per member: the ops count of each stream whose work up to it the member waited for
+        self.known: dict[StreamKey, dict[StreamKey, int]] = {origin.key: {}}
+        #: per member: its ops count when it joined (nothing of it before is the capture's)
+        self.base: dict[StreamKey, int] = {origin.key: origin.ops}
+        #: per captured event (by id): what waiting for it makes a stream see
+        self.points: dict[int, dict[StreamKey, int]] = {}
+
+    @property
+    def origin(self) -> Stream:
+        return self.members[0]
+
+    def recorded(self, event: Event, stream: Stream) -> None:
+        self.points[event.id] = {**self.known[stream.key], stream.key: stream.ops}
+
+    def waits(self, stream: Stream, event: Event) -> None:
+        """``stream`` waits for ``event``, recorded in this capture (it joins, if outside)."""
+        point = self.points.get(event.id, {})
+        if stream.key not in self.known:  # a fork: the stream joins the capture
+            stream.capture = self
+            self.members.append(stream)
+            self.known[stream.key] = {}
+            self.base[stream.key] = stream.ops + 1  # after this wait, its next work is ours
+        seen = self.known[stream.key]
+        for key, ops in point.items():
+            if ops > seen.get(key, -1):
+                seen[key] = ops
+
+    def unjoined(self) -> list[Stream]:
+        """The forked streams whose work since they joined the origin has not waited for."""
+        seen = self.known[self.origin.key]
+        return [m for m in self.members[1:] if m.ops > max(seen.get(m.key, -1), self.base[m.key])]
+
+
+class Graph:
+    """An executable graph (``CUgraphExec``) and what it holds."""
+
+    __slots__ = ("allocs", "exec", "index", "nodes")
+
+    def __init__(self, exe: Any, index: int, nodes: int, allocs: list[Memory]) -> None:
+        self.exec = exe
+        self.index = index
+        self.nodes = nodes
+        self.allocs = allocs
+
+
+class Capturing:
+    """Captures begun, ended and checked, and graphs launched and released, on every device
+    of one backend."""
+
+    def __init__(
+        self, drv: Driver, devices: Devices, free: Callable[[Device, Memory], None]
+    ) -> None:
+        self.drv = drv
+        self.devices = devices
+        self.free = free  # frees memory (Memories.release's rule), once no capture holds it
+
+    def begin(self, stream: Stream, mode: str, capturing: bool) -> None:
+        """Begin a capture on ``stream`` (``capturing``: another library captures it)."""
+        if stream.id == 0:
+            raise default_stream_capture(f"cuda:{stream.index}")
+        if stream.capture is not None or capturing:
+            raise already_capturing(describe_stream(stream))
+        dev = self.devices[stream.index]
+        cu = self.drv.cu
+        with dev.lock:
+            with dev.pushed:
+                result = cu.cuStreamBeginCapture(stream.ptr, cu.CUstreamCaptureMode(_MODES[mode]))
+            self.drv.check(result, stream.index, "cuStreamBeginCapture")
+            stream.capture = Capture(stream, mode)
+
+    def end(self, stream: Stream) -> Graph:
+        """End the capture begun on ``stream``; its streams leave it whatever the outcome, and
+        the memory freed meanwhile is freed now. The executable graph, or raise."""
+        capture = stream.capture
+        if capture is None or capture.origin is not stream:
+            raise not_capturing(describe_stream(stream))
+        dev = self.devices[stream.index]
+        cu = self.drv.cu
+        with dev.lock:
+            forked = capture.unjoined()
+            try:
+                markers = [dev.record_marker(m) for m in forked]
+                try:  # joined here, so that the driver ends the capture cleanly: no graph
+                    with dev.pushed:
+                        for marker in markers:
+                            self.drv.check(
+                                cu.cuStreamWaitEvent(stream.ptr, marker, 0),
+                                stream.index,
+                                "cuStreamWaitEvent",
+                            )
+                finally:
+                    for marker in markers:  # recorded again before any query: not captured
+                        dev.give_back(marker)
+                with dev.pushed:
+                    err, graph = cu.cuStreamEndCapture(stream.ptr)
+            finally:
+                for member in capture.members:
+                    member.capture = None
+                for mem in capture.frees:
+                    self.free(dev, mem)
+            code = int(err)
+            if forked and code == SUCCESS:
+                dev.release(cu.cuGraphDestroy, graph)
+            if forked or code == _UNJOINED:
+                raise unjoined(describe_stream(stream))
+            if code == _INVALIDATED:
+                raise CaptureError(
+                    f"the capture of {describe_stream(stream)} was broken by a call the driver "
+                    "prohibits during a capture (another library's, or one made outside "
+                    "aiostream), so no graph was made: make that call before or after the "
+                    "capture"
+                )
+            self.drv.check((err, graph), stream.index, "cuStreamEndCapture")
+            try:
+                with dev.pushed:
+                    err, _, count = cu.cuGraphGetNodes(graph)
+                    self.drv.check((err, None), stream.index, "cuGraphGetNodes")
+                    exe = self.drv.check(
+                        cu.cuGraphInstantiate(graph, 0), stream.index, "cuGraphInstantiate"
+                    )
+            finally:
+                dev.release(cu.cuGraphDestroy, graph)  # the executable graph keeps its nodes
+            dev.internal[exe] = "graph"
+        return Graph(exe, stream.index, int(count), capture.allocs)
+
+    def launch(self, stream: Stream, graph: Graph, capturing: bool) -> None:
+        if stream.index != graph.index:
+            raise ValueError(
+                f"a graph captured on cuda:{graph.index} cannot be replayed on "
+                f"{describe_stream(stream)}: replay it on a stream of its own device"
+            )
+        if stream.capture is not None or capturing:
+            raise replay_on_capturing(describe_stream(stream))
+        dev = self.devices[stream.index]
+        cu = self.drv.cu
+        with dev.lock:
+            for mem in graph.allocs:  # ordered after their allocations, as a use would be
+                marker = mem.alloc_marker
+                if marker is not None and not dev.over(marker):
+                    with dev.pushed:
+                        result = cu.cuStreamWaitEvent(stream.ptr, marker, 0)
+                    self.drv.check(result, stream.index, "cuStreamWaitEvent")
+            graph.allocs = [m for m in graph.allocs if m.alloc_marker is not None]
+        with dev.pushed:
+            result = cu.cuGraphLaunch(graph.exec, stream.ptr)
+        self.drv.check(result, stream.index, "cuGraphLaunch")
+        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+
+    def destroy(self, graph: Graph) -> None:
+        """Release the executable graph (launches in flight complete); never raises."""
+        dev = self.devices.by_index.get(graph.index)
+        if dev is None:
+            return
+        with dev.lock:
+            if dev.internal.pop(graph.exec, None) is None:
+                return  # released already (at close)
+            dev.release(self.drv.cu.cuGraphExecDestroy, graph.exec)
+
+    @staticmethod
+    def check_wait(stream: Stream, event: Event) -> None:
+        """Raise if ``stream`` may not wait for ``event``, before the driver breaks the
+        capture; a stream outside any capture that waits for an event of an aiostream capture
+        joins it (the driver makes it a member)."""
+        captured = event.captured
+        capture = stream.capture
+        if capture is not None:
+            if captured is None:
+                raise isolated_wait(describe_stream(stream))
+            if captured is not capture:
+                raise merged_wait(describe_stream(stream))
+        if isinstance(captured, Capture):
+            captured.waits(stream, event)
+
+
+class GraphMethods:
+    """The graphs part of :class:`.backend.CudaBackend` (a mixin over its captures and its
+    waits, which say whether another library captures a stream aiostream handed out)."""
+
+    _graphs: Capturing
+    _waits: Waits
+
+    def capture_begin(self, stream: Stream, mode: str) -> None:
+        self._graphs.begin(stream, mode, self._waits.capture_of(stream) is not None)
+
+    def capture_end(self, stream: Stream) -> Graph:
+        return self._graphs.end(stream)
+
+    def stream_capturing(self, stream: Stream) -> bool:
+        return self._waits.capture_of(stream) is not None
+
+    def graph_nodes(self, graph: Graph) -> int:
+        return graph.nodes
+
+    def graph_launch(self, stream: Stream, graph: Graph) -> None:
+        self._graphs.launch(stream, graph, self._waits.capture_of(stream) is not None)
+
+    def graph_destroy(self, graph: Graph) -> None:
+        self._graphs.destroy(graph)

@@ -1,0 +1,325 @@
+"""Graphs: device work captured once from a stream, replayed as a whole, as
+``torch.cuda.CUDAGraph`` with ``torch.cuda.graph``."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from . import _backends, _captures, _objects
+from ._backends.base import Graphs
+from ._errors import AiostreamError, CaptureError
+from .device import Device
+from .device import device as _resolve_device
+from .event import Event
+from .profiler import record_function
+from .stream import Stream, current_stream, use_stream
+
+__all__ = ["CAPTURE_MODES", "Graph"]
+
+#: ``capture_error_mode``'s values, as ``torch.cuda.graph`` names CUDA's capture modes
+CAPTURE_MODES = ("thread_local", "global", "relaxed")
+
+_names = iter(range(1, 1 << 62))
+_names_lock = threading.Lock()
+
+
+class Graph:
+    """Device work captured once from a stream, and replayed as a whole.
+
+    ``with g.capture() as s:`` records the work submitted to ``s`` inside the block into the
+    graph instead of running it (``s`` is also the current stream there, so work submitted
+    with no stream goes to it). Work on other streams joins the capture when they wait for an
+    event recorded on ``s`` (a fork), and must be joined back (``s.wait_stream(other)``)
+    before the block ends. ``g.replay()`` then enqueues the whole graph on a stream, at the
+    cost of one submission, and returns an Event recorded after it: ``await g.replay()`` waits
+    for that replay. Replays may be made any number of times, from any task.
+
+    What a capture does not allow raises :class:`aiostream.CaptureError` on every backend, the
+    virtual devices' included, with the same words: awaiting, synchronizing or querying a
+    capturing stream or an event recorded in the capture, a wait on an event recorded outside
+    it, a fork not joined back, memory allocated on the capturing thread (unless
+    ``capture_error_mode="relaxed"``) or on a capturing stream, a copy into pageable host
+    memory. A capture left by an exception is ended and discarded; the stream is usable after.
+
+    The buffers the captured copies use stay alive as long as the graph can run: until it is
+    closed (or collected) and its last replays have completed.
+
+    Args:
+        device: where the graph's work runs; None for the default device.
+        name: what the graph is, shown in profiles (its replays are spans named
+            ``replay <name>``) and in pending-wait listings; a number by default.
+
+    Example:
+        >>> import anyio, aiostream as ais
+        >>> async def main():
+        ...     g = ais.Graph("virtual:0", name="step")
+        ...     with g.capture() as s:
+        ...         ais.delay(0.001, stream=s)
+        ...     for _ in range(3):
+        ...         await g.replay()
+        ...     return g.nodes
+        >>> anyio.run(main)
+        1
+
+    Note:
+        Wraps ``cuStreamBeginCapture``, ``cuStreamEndCapture``, ``cuGraphInstantiate`` and
+        ``cuGraphLaunch`` on CUDA.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_backend",
+        "_device",
+        "_finalizer",
+        "_handle",
+        "_last",
+        "_name",
+        "_nodes",
+        "_replays",
+        "_state",
+    )
+
+    def __init__(self, device: Device | str | None = None, *, name: str | None = None) -> None:
+        if name is not None and type(name) is not str:
+            raise TypeError(f"name must be a str or None, got {name!r}")
+        dev = _resolve_device(device)
+        backend = _backends.get(dev.type)
+        if not isinstance(backend, Graphs):
+            raise AiostreamError(f"the {dev.type!r} backend has no graphs")
+        if name is None:
+            with _names_lock:
+                name = str(next(_names))
+        self._device = dev
+        self._backend: Any = backend
+        self._name = name
+        self._handle: Any = None
+        self._nodes = 0
+        self._replays = 0
+        self._state = "new"  # capturing, ready, failed, closed
+        #: the last replay's event on each stream, and the buffers kept for the replays
+        self._last: dict[int, Event] = {}
+        self._finalizer: weakref.finalize[..., Any] | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def device(self) -> Device:
+        """The device the graph's work runs on."""
+        return self._device
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def nodes(self) -> int:
+        """How many operations the graph holds (0 until it is captured)."""
+        return self._nodes
+
+    @property
+    def replays(self) -> int:
+        """How many times it was replayed."""
+        return self._replays
+
+    # ------------------------------------------------------------------ capture
+
+    @contextlib.contextmanager
+    def capture(
+        self, stream: Stream | None = None, *, capture_error_mode: str = "thread_local"
+    ) -> Iterator[Stream]:
+        """Capture the work submitted to ``stream`` inside the block into this graph.
+
+        Args:
+            stream: the stream to capture; None for a new stream of the graph's device (a
+                device's default stream cannot be captured).
+            capture_error_mode: CUDA's capture interaction mode: ``"thread_local"`` (the
+                default: only this thread is held to the capture's rules, so other threads
+                and libraries go on unaffected), ``"global"`` (``torch.cuda.graph``'s
+                default: other threads in global mode are held to them too) or
+                ``"relaxed"`` (no thread is).
+
+        Yields:
+            The capturing stream, current inside the block.
+
+        Raises:
+            CaptureError: the graph was captured already, the stream is capturing, or the
+                capture could not make a graph (the block's work broke a rule).
+        """
+        if type(capture_error_mode) is not str:
+            raise TypeError(f"capture_error_mode must be a str, got {capture_error_mode!r}")
+        if capture_error_mode not in CAPTURE_MODES:
+            raise ValueError(
+                f"capture_error_mode must be one of {', '.join(map(repr, CAPTURE_MODES))}, "
+                f"got {capture_error_mode!r}"
+            )
+        if self._state != "new":
+            raise CaptureError(
+                f"graph {self._name!r} was captured already ({self._state}): a graph is "
+                "captured once; make a new Graph to capture again"
+            )
+        if stream is None:
+            stream = Stream(self._device, name=f"graph {self._name} capture")
+        elif not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+        elif stream.device != self._device:
+            raise ValueError(
+                f"graph {self._name!r} is on {self._device}, but the stream is on "
+                f"{stream.device}: capture a stream of the graph's device"
+            )
+        if _objects.backend(stream) is not self._backend:
+            _objects.check_same_backend(
+                stream, _objects.unowned(Stream, self._device, self._backend, None)
+            )
+        backend, handle = self._backend, _objects.handle(stream)
+        where = (self._device.type, self._device.index)
+        kept = _captures.begin(where, capture_error_mode)
+        try:
+            backend.capture_begin(handle, capture_error_mode)
+        except BaseException:
+            _captures.end(where, capture_error_mode, kept)
+            raise
+        self._state = "capturing"
+        graph: Any = None
+        try:
+            with record_function(f"capture {self._name}"), use_stream(stream):
+                yield stream
+        except BaseException:
+            self._state = "failed"
+            with contextlib.suppress(AiostreamError):  # ended and discarded: what broke is told
+                backend.graph_destroy(backend.capture_end(handle))
+            raise
+        else:
+            try:
+                graph = backend.capture_end(handle)
+            except BaseException:
+                self._state = "failed"
+                raise
+        finally:
+            _captures.end(where, capture_error_mode, kept)
+        self._handle = graph
+        self._nodes = backend.graph_nodes(graph)
+        self._state = "ready"
+        self._finalizer = weakref.finalize(self, _retire, backend, graph, kept, self._last)
+        self._finalizer.atexit = False  # the backend's close at exit releases what it must
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self, stream: Stream | None = None) -> Event:
+        """Enqueue the whole graph on ``stream`` (the current stream of the graph's device
+        when None): later work on it waits for every node. Returns an Event recorded right
+        after the replay: ``await g.replay()`` waits for this replay only.
+
+        Raises:
+            AiostreamError: the graph was never captured, its capture failed, or it was
+                closed (``CaptureError`` while its capture is under way); nothing is enqueued.
+            ValueError: ``stream`` is on another device.
+            StaleHandleError: the graph's virtual backend was reset since its capture.
+
+        Note:
+            Wraps ``cuGraphLaunch`` on CUDA.
+        """
+        if self._state != "ready":
+            raise self._not_ready()
+        if stream is None:
+            stream = current_stream(self._device)
+        elif not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+        if stream.device != self._device:
+            raise ValueError(
+                f"graph {self._name!r} was captured on {self._device} and cannot be replayed "
+                f"on a stream of {stream.device}: replay it on a stream of its own device"
+            )
+        backend = self._backend
+        if _objects.backend(stream) is not backend:
+            _objects.check_same_backend(
+                stream, _objects.unowned(Stream, self._device, backend, None)
+            )
+        name = f"replay {self._name}"
+        with record_function(name, stream=stream, graph=self._name, nodes=self._nodes):
+            _objects.submit(stream, name, backend.graph_launch, self._handle)
+        self._replays += 1
+        event = Event(self._device)
+        event.record(stream)
+        event._label = f"replay {self._replays} of graph {self._name!r}"  # noqa: SLF001
+        self._last[stream.stream_id] = event
+        return event
+
+    def _not_ready(self) -> AiostreamError:
+        name = repr(self._name)
+        if self._state == "new":
+            return AiostreamError(
+                f"graph {name} has not been captured: capture work into it first "
+                "(with g.capture() as s: ...)"
+            )
+        if self._state == "capturing":
+            return CaptureError(
+                f"graph {name} is being captured: leave its capture's with block before "
+                "replaying it"
+            )
+        if self._state == "failed":
+            return AiostreamError(
+                f"the capture of graph {name} failed (its error was raised then), so there is "
+                "nothing to replay: make a new Graph and capture again"
+            )
+        return AiostreamError(f"graph {name} was closed: it can no longer be replayed")
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Release the graph (idempotent). Replays in flight complete; the buffers its copies
+        use are let go once they have."""
+        if self._finalizer is not None:
+            self._finalizer()
+        if self._state != "failed":
+            self._state = "closed"
+
+    def __enter__(self) -> Graph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"<aiostream.Graph {self._name!r} device={self._device} state={self._state} "
+            f"nodes={self._nodes} replays={self._replays}>"
+        )
+
+
+def _retire(backend: Any, graph: Any, kept: list[object], last: dict[int, Event]) -> None:
+    """Release ``graph``; let go of what its copies use once its last replays completed."""
+    backend.graph_destroy(graph)
+    pending = [e for e in last.values() if not _done(e)]
+    last.clear()
+    if not pending:
+        kept.clear()
+        return
+    left = [len(pending)]
+    lock = threading.Lock()
+
+    def one_done() -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        _held.pop(id(kept), None)
+        kept.clear()
+
+    _held[id(kept)] = kept  # alive until the replays complete
+    for event in pending:
+        _objects.when_done(event, one_done)
+
+
+def _done(event: Event) -> bool:
+    try:
+        return event.query()
+    except AiostreamError:  # failed, or its backend closed: it runs no more
+        return True
+
+
+#: what retired graphs keep alive until their last replays complete
+_held: dict[int, list[object]] = {}

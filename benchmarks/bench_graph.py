@@ -1,0 +1,154 @@
+"""What a graph's replay costs against submitting the same operations one by one, and what
+awaiting a replay costs against awaiting a plain event.
+
+For graphs of 1, 10, 100 and 1,000 kernel nodes (``ais.delay``), in one run with interleaved
+rounds (the best round of each kept, as noise only adds):
+
+- submit: the host CPU of one ``g.replay()`` (which returns its Event) against submitting the
+  same n kernels one by one and recording an Event after them. On a virtual device the clock is
+  a manual one that does not move while this is timed, so only the submission is counted,
+  never the simulated work. Goal at 100 nodes: at most 0.2x.
+- await: the wall time of ``await g.replay()`` less that of ``g.replay()`` alone, against
+  ``await e`` of a plain event of complete work. Goal: at most 1x (no more than a plain
+  await).
+
+Usage: python benchmarks/bench_graph.py [--device virtual:0|cuda:0] [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from typing import Any
+
+import anyio
+
+import aiostream as ais
+
+SIZES = (1, 10, 100, 1000)
+GOAL_SUBMIT = 0.2  # at 100 nodes
+GOAL_AWAIT = 1.0
+
+
+def best(fn: Any, reps: int, rounds: int) -> float:
+    """The best of ``rounds`` rounds of ``reps`` calls of ``fn``: CPU seconds per call."""
+    out = []
+    for _ in range(rounds):
+        t = time.process_time()
+        for _ in range(reps):
+            fn()
+        out.append((time.process_time() - t) / reps)
+    return min(out)
+
+
+def submit_costs(device: str, n: int, rounds: int) -> tuple[float, float]:
+    """(one by one, replay): CPU seconds per submission of n kernels."""
+    if device.startswith("virtual"):
+        ais.virtual.reset(clock=ais.virtual.VirtualClock())  # nothing completes meanwhile
+    s, r = ais.Stream(device), ais.Stream(device)
+    g = ais.Graph(device, name=f"{n} nodes")
+    with g.capture() as cs:
+        for _ in range(n):
+            ais.delay(0.0, stream=cs)
+    reps = max(3, 2000 // n)
+
+    def one_by_one() -> None:
+        for _ in range(n):
+            ais.delay(0.0, stream=s)
+        s.record_event()
+
+    def replay() -> None:
+        g.replay(r)
+
+    ones, replays = [], []
+    for _ in range(rounds):  # interleaved: both see the same machine
+        ones.append(best(one_by_one, reps, 1))
+        replays.append(best(replay, reps, 1))
+    g.close()
+    if device.startswith("virtual"):
+        ais.virtual.reset()
+    return min(ones), min(replays)
+
+
+async def await_costs(device: str, rounds: int) -> tuple[float, float]:
+    """(plain, replay): wall seconds of an await of complete work, the replay's own
+    submission taken out."""
+    g = ais.Graph(device)
+    with g.capture() as cs:
+        ais.delay(0.0, stream=cs)
+    s = ais.Stream(device)
+    plain_t, replay_t = [], []
+    for _ in range(rounds):
+        for _ in range(3):  # warm
+            await g.replay(s)
+        reps = 200
+        t = time.perf_counter()
+        for _ in range(reps):
+            e = s.record_event()
+            await e
+        plain_t.append((time.perf_counter() - t) / reps)
+        t = time.perf_counter()
+        for _ in range(reps):
+            g.replay(s)
+        submit = (time.perf_counter() - t) / reps
+        await s
+        t = time.perf_counter()
+        for _ in range(reps):
+            await g.replay(s)
+        replay_t.append((time.perf_counter() - t) / reps - submit)
+    g.close()
+    return min(plain_t), max(min(replay_t), 0.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="virtual:0")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    rounds = 2 if args.quick else 7
+    rows = []
+    for n in SIZES:
+        one, rep = submit_costs(args.device, n, rounds)
+        rows.append(
+            {"nodes": n, "one_by_one_us": one * 1e6, "replay_us": rep * 1e6, "ratio": rep / one}
+        )
+    plain, replay = anyio.run(await_costs, args.device, rounds)
+    at_100 = next(r for r in rows if r["nodes"] == 100)["ratio"]
+    report = {
+        "device": args.device,
+        "python": platform.python_version(),
+        "rows": rows,
+        "await_plain_us": plain * 1e6,
+        "await_replay_us": replay * 1e6,
+        "await_ratio": replay / plain,
+        "goals": {
+            f"replay of 100 nodes <= {GOAL_SUBMIT}x one by one": at_100 <= GOAL_SUBMIT,
+            f"await of a replay <= {GOAL_AWAIT}x a plain await": replay / plain <= GOAL_AWAIT,
+        },
+    }
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(
+        f"aiostream {ais.__version__}, Python {platform.python_version()}, "
+        f"{platform.machine()}, {args.device}; best of {rounds} interleaved rounds\n"
+    )
+    print(f"{'nodes':>6} {'one by one':>12} {'replay':>10} {'ratio':>7}   (goal at 100: <= 0.2)")
+    for r in rows:
+        print(
+            f"{r['nodes']:>6} {r['one_by_one_us']:>9.1f} us {r['replay_us']:>7.1f} us "
+            f"{r['ratio']:>7.3f}"
+        )
+    print(
+        f"\nawait of complete work: plain event {plain * 1e6:.1f} us, a replay's event "
+        f"{replay * 1e6:.1f} us (its submission taken out): {replay / plain:.2f}x (goal <= 1)"
+    )
+    for goal, met in report["goals"].items():
+        print(f"goal {'met' if met else 'MISSED'}: {goal}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""aiostream's graphs on CUDA, as the stand-in driver sees them: the graph holds the user's
+work only and each launch runs it; aiostream's own capture in global mode breaks no wait of
+another thread; memory freed during a capture waits for its end; executable graphs are
+released at close and at the graph's; graphs stay on their device. The rules every backend
+keeps are in ``tests/api/test_graphs.py``."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Any
+
+import anyio
+import pytest
+
+import aiostream as ais
+from tests.helpers.capture import ForeignCapture
+from tests.helpers.cuda import DEV, N, two_devices
+from tests.helpers.deadlines import until
+from tests.helpers.stand_in import FAKE, needs_stand_in
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
+
+DEVICE_MEMORY = 4  # the stand-in's kind of live handle for device memory (fake_cuda_live)
+
+
+@needs_stand_in
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+async def test_each_launch_runs_the_users_nodes_and_nothing_of_aiostreams(
+    anyio_backend: object, strategy: str
+) -> None:
+    """Three captured operations, replayed and awaited four times with each wait strategy:
+    twelve nodes run, no more (no mark, flag write or host function of aiostream's went into
+    the graph), and only the executable graph lives on until the graph is closed."""
+    ais.set_wait_strategy(strategy)
+    FAKE.fake_cuda_graph_nodes_run()
+    src, dst = ais.HostBuffer(N, device=DEV), ais.HostBuffer(N, device=DEV)
+    buf = ais.DeviceBuffer(N, DEV)
+    g = ais.Graph(DEV)
+    with g.capture() as s:
+        ais.copy_async(buf, src, stream=s)
+        ais.delay(0.005, stream=s)
+        ais.copy_async(dst, buf, stream=s)
+        s.record_event()  # a captured event: an edge, no node, no mark
+    assert g.nodes == 3
+    assert (FAKE.fake_cuda_graphs_live(0), FAKE.fake_cuda_graphs_live(1)) == (0, 1)
+    r = ais.Stream(DEV)
+    for fill in range(1, 5):
+        src.numpy()[:] = fill
+        await g.replay(r)
+        assert (dst.numpy() == fill).all()
+    assert FAKE.fake_cuda_graph_nodes_run() == 12
+    g.close()
+    assert FAKE.fake_cuda_graphs_live(1) == 0
+    assert FAKE.fake_cuda_captures_invalidated() == 0
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+async def test_aiostreams_own_global_capture_breaks_no_wait_of_another_thread(
+    anyio_backend: object, strategy: str
+) -> None:
+    """While this thread captures in global mode (as torch.cuda.graph does), a thread of the
+    program's that waits, queries and allocates through aiostream breaks nothing: its calls
+    are relaxed, and so are the watcher's."""
+    ais.set_wait_strategy(strategy)
+    errors: list[BaseException] = []
+    started, finish = threading.Event(), threading.Event()
+
+    def other_thread() -> None:
+        try:
+            t = ais.Stream(DEV)
+            started.set()
+            while not finish.is_set():
+                ais.delay(0.002, stream=t)
+                e = t.record_event()
+                e.synchronize_blocking()
+                t.query()
+                del_me = ais.DeviceBuffer(N, DEV)
+                del del_me
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    try:
+        assert started.wait(30)
+        g = ais.Graph(DEV)
+        with g.capture(capture_error_mode="global") as s:
+            for _ in range(10):
+                ais.delay(0.001, stream=s)
+                await anyio.sleep(0.005)  # the other thread works meanwhile
+        await g.replay()
+    finally:
+        finish.set()
+        worker.join(30)
+    assert errors == [] and g.nodes == 10
+
+
+@needs_stand_in
+async def test_memory_freed_during_a_capture_is_freed_after_it(anyio_backend: object) -> None:
+    """A buffer used on the capturing stream before the capture, dropped during it: no mark
+    can go on that stream, so its free waits for the capture's end; then it is freed."""
+    s = ais.Stream(DEV)
+    buf = ais.DeviceBuffer(N, DEV)
+    host = ais.HostBuffer(N, device=DEV)
+    ais.copy_async(buf, host, stream=s)
+    await s
+    held = FAKE.fake_cuda_live(DEVICE_MEMORY)
+    g = ais.Graph(DEV)
+    with g.capture(s):
+        ais.delay(0.001, stream=s)
+        del buf
+        gc.collect()
+        assert FAKE.fake_cuda_live(DEVICE_MEMORY) == held  # not while the stream captures
+    await until(
+        lambda: FAKE.fake_cuda_live(DEVICE_MEMORY) == held - 1,
+        "the buffer dropped during the capture to be freed once it ended",
+    )
+    await g.replay(s)
+    g.close()
+
+
+def test_the_backend_releases_open_graphs_at_close(own_backend: Any) -> None:
+    g = ais.Graph(DEV)
+    s = ais.Stream(DEV)
+    with g.capture(s):
+        ais.delay(0.001, stream=s)
+    assert FAKE is None or FAKE.fake_cuda_graphs_live(1) == 1
+    own_backend.close()
+    assert FAKE is None or FAKE.fake_cuda_graphs_live(1) == 0
+    g.close()  # after the backend's close: nothing left to release, and no error
+
+
+async def test_a_foreign_capture_and_ours_go_on_side_by_side(anyio_backend: object) -> None:
+    """Another library captures on a thread of its own while aiostream captures on this one
+    (both thread-local): both make their graphs."""
+    with ForeignCapture("thread_local") as theirs:
+        g = ais.Graph(DEV)
+        with g.capture() as s:
+            ais.delay(0.001, stream=s)
+            await anyio.sleep(0.02)
+        await g.replay()
+    assert theirs.end_code == 0 and theirs.launched and g.nodes == 1
+
+
+async def test_a_graph_stays_on_its_device(anyio_backend: object) -> None:
+    two_devices()
+    g = ais.Graph("cuda:0")
+    with g.capture() as s:
+        ais.delay(0.001, stream=s)
+    with pytest.raises(ValueError, match="replay it on a stream of its own device"):
+        g.replay(ais.Stream("cuda:1"))
+    await g.replay()

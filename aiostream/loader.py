@@ -393,11 +393,34 @@ class _Staging:
         self.slots.clear()
 
 
+def _prepare_in_thread(
+    me: weakref.ref[_Iteration], call_soon: Callable[[Callable[[], object]], object]
+) -> None:
+    """A worker thread's loop (``_Iteration._thread_worker``). It reaches the loader, and its
+    queue of jobs, through a weak reference only: the pooled thread that ran it may hold it a
+    moment after reporting that it returned, and the loader (its stream, events and buffers,
+    and the jobs left queued when it stopped) must not outlive its last use on that account."""
+    loader = me()
+    assert loader is not None  # the task awaiting this thread holds it
+    queue = loader.jobs
+    while (job := queue.get()) is not None and not loader._stopping:  # noqa: SLF001
+        try:
+            assert job.slot is not None
+            job.result = loader.staging.transform_and_fill(job.item, job.slot)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            job.error = exc
+        finally:
+            job.item = None  # pragma: no mutate (equivalent: the field is not read again)
+            call_soon(functools.partial(loader._prepared, job))  # noqa: SLF001
+
+
 class _Iteration(AsyncIterator[Batch]):
     """One pass over the source: run ahead in ``runner``'s tasks, or inside ``__anext__``."""
 
     def __init__(self, plan: _Plan, runner: anyio.abc.TaskGroup | None) -> None:
         self._plan = plan
+        #: the jobs for worker threads (None: no more), in source order
+        self.jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._device = plan.device
         source = plan.source
         self._async = isinstance(source, AsyncIterable)
@@ -494,7 +517,7 @@ class _Iteration(AsyncIterator[Batch]):
         plan = self._plan
         work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
         in_threads = plan.in_threads
-        queue: SimpleQueue[_Job | None] = SimpleQueue()  # to worker threads
+        queue = self.jobs
         pending = self._pending
         ended = False
         started = 0  # workers: one more with each item taken, up to plan.workers
@@ -506,7 +529,7 @@ class _Iteration(AsyncIterator[Batch]):
                     def start_worker() -> None:
                         name = f"{_NAME} worker {started}"
                         if in_threads:
-                            tg.start_soon(self._thread_worker, queue, call_soon, name=name)
+                            tg.start_soon(self._thread_worker, call_soon, name=name)
                         else:
                             tg.start_soon(self._task_worker, work, name=name)
 
@@ -604,26 +627,12 @@ class _Iteration(AsyncIterator[Batch]):
                 job.item = None  # pragma: no mutate (equivalent: the field is not read again)
             self._prepared(job)
 
-    async def _thread_worker(
-        self,
-        queue: SimpleQueue[_Job | None],
-        call_soon: Callable[[Callable[[], object]], object],
-    ) -> None:
+    async def _thread_worker(self, call_soon: Callable[[Callable[[], object]], object]) -> None:
         """Prepare items in one worker thread, which takes the next as soon as it is done with
         one: it never waits for the event loop between items (the loop, busy with staging and
         the consumer, would otherwise hold it back on a machine with few cores)."""
 
-        def work() -> None:
-            while (job := queue.get()) is not None and not self._stopping:
-                try:
-                    assert job.slot is not None
-                    job.result = self.staging.transform_and_fill(job.item, job.slot)
-                except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-                    job.error = exc
-                finally:
-                    job.item = None  # pragma: no mutate (equivalent: the field is not read again)
-                    call_soon(functools.partial(self._prepared, job))
-
+        work = functools.partial(_prepare_in_thread, weakref.ref(self), call_soon)
         await anyio.to_thread.run_sync(work, limiter=self._limiter)
 
     # ------------------------------------------------------------------ both

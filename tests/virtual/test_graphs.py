@@ -130,3 +130,35 @@ async def test_a_replay_of_n_nodes_runs_n_operations(nodes: int) -> None:
         for _ in range(3):
             tg.start_soon(g.replay().synchronize)
     assert len(ais.virtual.timeline()) == 4 * nodes
+
+
+async def test_a_replay_aborted_by_a_fault_leaves_nothing_pending() -> None:
+    """A fault in a replay's first node fails the device: what was running is aborted, and
+    so is the node its failure made ready at that instant; the nodes after it are never made
+    (not run, not shown, not counted as pending)."""
+    ais.virtual.reset(compute_slots=2)
+    g = ais.Graph()
+    side = ais.Stream()
+    with g.capture() as s:
+        side.wait_stream(s)
+        ais.delay(5 * MS, stream=side)  # running when the fault lands: aborted
+        ais.delay(MS, stream=s)  # fails
+        for _ in range(4):
+            ais.delay(MS, stream=s)  # never made
+        s.wait_stream(side)
+    r = ais.Stream()
+    ais.virtual.fail_next(stream=r, engine="compute", message="ECC error")
+    done = g.replay(r)
+    assert ais.virtual.stats().operations == 6
+    with pytest.raises(ais.DeviceError, match="ECC error"):
+        await done
+    assert ais.virtual.stats().operations == 0
+    ops = ais.virtual.timeline()
+    aborted = "aborted: the device had failed"
+    assert [(op.stream, op.error) for op in ops] == [
+        (side.stream_id, aborted),  # started with the failing node, on the forked stream
+        (r.stream_id, "ECC error"),
+        (r.stream_id, aborted),  # ready as the failure landed: ends at once
+    ]
+    assert ops[2].start == ops[2].end == ops[1].end
+    ais.virtual.reset()

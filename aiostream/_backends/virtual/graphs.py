@@ -13,7 +13,9 @@ A graph's replay (``launch``) submits its nodes again, each time the same way: t
 each captured stream on a stream of the replay's own (the origin's on the replay stream's id,
 a forked stream's on its own), each after the nodes it depends on, the roots after the work
 submitted to the replay stream so far and after the graph's previous launch (CUDA orders the
-launches of one executable graph so); the replay stream's next work waits for every node.
+launches of one executable graph so); the replay stream's next work waits for every node. A
+node becomes a scheduler item only when it is ready (``Scheduler.launch``): a launch costs
+the host what one submission does, whatever the graph's size.
 The scheduler then runs them as any work, so a replay's timeline is exact and the same on
 every replay, run and loop, and faults injected into its engines fail it as any work.
 """
@@ -34,7 +36,7 @@ from ..._errors import (
     unjoined,
 )
 from .model import Event, Item, Op, Stream
-from .scheduler import Scheduler
+from .scheduler import Scheduler, Shape
 
 __all__ = ["Capture", "Graph", "Point", "end"]
 
@@ -126,30 +128,30 @@ class Capture:
 class Graph:
     """A capture's nodes, replayed as a whole."""
 
-    __slots__ = ("capture_id", "device", "ids", "last", "nodes", "priorities")
+    __slots__ = ("capture_id", "device", "ids", "last", "nodes", "priorities", "shape")
 
     def __init__(self, capture: Capture) -> None:
         self.capture_id = capture.id
         self.device = capture.origin.device
         self.nodes = capture.nodes
+        self.shape = Shape(capture.nodes)
         # the stream ids and priorities of the members' replays (the origin's: the replay
         # stream's, set at each launch)
         self.ids = [s.id for s in capture.members]
         self.priorities = [s.priority for s in capture.members]
-        #: the tails of its last launch: a launch runs after the previous one (as CUDA orders
-        #: the launches of one executable graph)
-        self.last: list[Item | None] = []
+        #: the marker of its last launch: a launch runs after the previous one (as CUDA
+        #: orders the launches of one executable graph)
+        self.last: Item | None = None
 
-    def launch(self, stream: Stream, sched: Scheduler) -> list[Stream]:
+    def launch(self, stream: Stream, sched: Scheduler) -> None:
         """Submit every node again, after the work on ``stream`` so far and the previous
-        launch; the replay streams (their ``last`` items are the replay's tails)."""
+        launch; the stream's next work waits for all of them."""
         device = stream.device
         replays = [Stream(device, stream.id, stream.priority)]
         members = zip(self.ids[1:], self.priorities[1:], strict=True)
         replays += [Stream(device, i, p) for i, p in members]
-        sched.submit_graph(self.nodes, replays, [*stream.waits, stream.last, *self.last])
-        self.last = [replay.last for replay in replays]
-        return replays
+        sched.wait_event(stream, self.last)
+        self.last = sched.launch(stream, self.shape, replays)
 
 
 def check_wait(stream: Stream, event: Event) -> None:

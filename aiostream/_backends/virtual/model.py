@@ -260,7 +260,8 @@ class Item:
         self.name = name
         self.on_start: Callable[[], object] | None = None
         self.deps_left = 0
-        self.dependents: list[Item] | None = None
+        #: what waits for it: items, and (launch, node) pairs of graph nodes not made yet
+        self.dependents: list[Any] | None = None
         #: called once when it completes (the waits watching it, a copy's bookkeeping)
         self.watchers: list[Callable[[], None]] | None = None
         self.ready = submit

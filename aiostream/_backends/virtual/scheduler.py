@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Sequence
 from ..._check import MAX_SECONDS
 from .model import DONE, PENDING, RUNNING, Device, Engine, Failure, Item, Op, OpRecord, Stream
 
-__all__ = ["TIMELINE_LIMIT", "Scheduler"]
+__all__ = ["TIMELINE_LIMIT", "Launch", "Scheduler", "Shape"]
 
 _MAX_NS = round(MAX_SECONDS * 1e9)
 
@@ -226,56 +226,78 @@ class Scheduler(_Starts):
             self._reopen(eng, t)
         return item
 
-    def submit_graph(
-        self,
-        nodes: Sequence[tuple[int, tuple[int, ...], Op]],
-        streams: Sequence[Stream],
-        after: Sequence[Item | None],
-    ) -> None:
-        """Submit a graph's nodes at instant ``t``, in one pass: node ``(member, deps, op)``
-        on ``streams[member]``, after the nodes ``deps`` (indices of earlier nodes), or after
-        ``after`` when it has none; each stream's ``last`` is then its last node. The starts
-        are decided once all are there (as :meth:`submit` decides them again at one instant).
+    def launch(self, stream: Stream, shape: Shape, streams: Sequence[Stream]) -> Item:
+        """Launch a graph on ``stream`` at instant ``t``: its nodes (``shape``) run after the
+        work submitted to ``stream`` so far (and whatever its ``waits`` hold), each after the
+        nodes it depends on, on ``streams[member]``; the stream's next work waits for them
+        all. The marker that completes with the launch, returned, is the stream's ``last``.
 
-        Call :meth:`advance` to the present first. The devices must not have failed.
+        A node becomes an item only once it is ready (its dependencies complete, in the
+        simulation's own time): a launch costs the host one marker and the roots, whatever
+        the graph's size, as a graph launch is one call on a GPU. Its operations count as
+        pending from the launch. Call :meth:`advance` to the present first. The device must
+        not have failed.
         """
         t = self.t
-        items: list[Item] = []
-        append = items.append
-        roots = [d for d in after if d is not None and d.state != DONE]
-        engines: dict[int, Engine] = {}
-        seq = self._seq
-        device = streams[0].device
-        live, faults, by_name = device.live, device.faults, device.engines
-        for member, deps, op in nodes:
-            stream = streams[member]
-            eng = by_name[op.engine]
-            duration, error = op.duration, op.error
-            if faults:
-                duration, error = _apply_faults(device, stream, op.engine, duration, error)
-            item = Item(next(seq), stream, t, duration, eng, op.fn, error, op.name)
-            live[item] = None
-            left = 0
-            for dep in map(items.__getitem__, deps) if deps else roots:
-                if dep.state != DONE:
-                    left += 1
-                    if dep.dependents is None:
-                        dep.dependents = [item]
-                    else:
-                        dep.dependents.append(item)
-            if left:
-                item.deps_left = left
-            else:
-                heapq.heappush(eng.ready, item.key())
-                engines[id(eng)] = eng
-            stream.last = item
-            append(item)
-            if op.attach is not None:
-                op.attach(item)
-        self.pending_ops += len(items)
-        for eng in engines.values():
-            self._start_ready(eng, t)
-            self._reopen(eng, t)
+        device = stream.device
+        run = Launch(shape, streams, t)
+        start = Item(next(self._seq), stream, t, 0, None, None, None, "launch")
+        end = Item(next(self._seq), stream, t, 0, None, None, None, "replay")
+        device.live[start] = device.live[end] = None
+        start.dependents = [(run, j) for j in shape.roots]
+        run.end = end
+        end.deps_left = len(shape.tails)
+        if not shape.tails:  # no node: the launch ends as it starts
+            start.dependents.append(end)
+            end.deps_left = 1
+        self.pending_ops += len(shape.ops)
+        deps = [d for d in stream.waits if d.state != DONE]
+        if stream.last is not None and stream.last.state != DONE:
+            deps.append(stream.last)
+        stream.waits = []
+        stream.last = end
+        if deps:
+            start.deps_left = len(deps)
+            for dep in deps:
+                if dep.dependents is None:
+                    dep.dependents = [start]
+                else:
+                    dep.dependents.append(start)
+        else:
+            start.start = start.end = t
+            self._done(start)
+            dirty, self._dirty = self._dirty, []  # what the roots made busy: decided now
+            for engine in dirty:
+                engine.dirty = False
+                self._start_ready(engine, t)
+                self._reopen(engine, t)
+        return end
+
+    def _make(self, run: Launch, j: int) -> None:
+        """Node ``j`` of ``run`` is ready: make it an item, ready for its engine."""
+        shape = run.shape
+        stream = run.streams[shape.members[j]]
+        device = stream.device
+        if device.failure is not None:  # aborted with the device: never made, never run
+            if run.made >= 0:
+                self.pending_ops -= len(shape.ops) - run.made
+                run.made = -1
+            return
+        op = shape.ops[j]
+        eng = device.engines[op.engine]
+        duration, error = op.duration, op.error
+        if device.faults:
+            duration, error = _apply_faults(device, stream, op.engine, duration, error)
+        item = Item(next(self._seq), stream, run.t, duration, eng, op.fn, error, op.name)
+        item.ready = run.ready[j]
+        device.live[item] = None
+        run.made += 1
+        after = shape.successors[j]
+        item.dependents = [(run, k) for k in after] if after else [run.end]
+        heapq.heappush(eng.ready, item.key())
+        self._mark(eng)
+        if op.attach is not None:
+            op.attach(item)
 
     def wait_event(self, stream: Stream, item: Item | None) -> None:
         """Make the next item on ``stream`` wait for ``item`` (an event's record)."""
@@ -349,6 +371,11 @@ class Scheduler(_Starts):
                 continue
             end = item.end
             for dep in dependents:
+                if type(dep) is tuple:  # a node of a launch, made an item once ready
+                    run, j = dep
+                    if run.counted(j, end):
+                        self._make(run, j)
+                    continue
                 if dep.state != PENDING:  # aborted meanwhile
                     continue
                 if end > dep.ready:
@@ -437,3 +464,45 @@ def _reversed_key(item: Item) -> tuple[int, int, int, int, int, int, Item]:
 
 def _by_seq(item: Item) -> int:
     return item.seq
+
+
+class Shape:
+    """What a graph's launch needs of it: each node's operation and captured stream, how many
+    nodes it waits for, which wait for it, and the nodes none waits for (its tails)."""
+
+    __slots__ = ("indegree", "members", "ops", "roots", "successors", "tails")
+
+    def __init__(self, nodes: Sequence[tuple[int, tuple[int, ...], Op]]) -> None:
+        self.ops = [op for _, _, op in nodes]
+        self.members = [member for member, _, _ in nodes]
+        # a root waits for one thing: the launch's start marker
+        self.indegree = [len(deps) or 1 for _, deps, _ in nodes]
+        self.successors: list[list[int]] = [[] for _ in nodes]
+        for j, (_, deps, _) in enumerate(nodes):
+            for d in deps:
+                self.successors[d].append(j)
+        self.roots = [j for j, (_, deps, _) in enumerate(nodes) if not deps]
+        self.tails = [j for j, after in enumerate(self.successors) if not after]
+
+
+class Launch:
+    """One launch of a graph: its nodes' counts of what they still wait for, and each made an
+    item once that count reaches zero."""
+
+    __slots__ = ("end", "left", "made", "ready", "shape", "streams", "t")
+
+    def __init__(self, shape: Shape, streams: Sequence[Stream], t: int) -> None:
+        self.shape = shape
+        self.streams = streams
+        self.t = t
+        self.left = list(shape.indegree)
+        self.ready = [t] * len(shape.ops)
+        self.made = 0  # nodes made items so far; -1 once the launch was aborted
+        self.end: Item | None = None  # the marker that completes with the launch
+
+    def counted(self, j: int, end: int) -> bool:
+        """What node ``j`` waits for completed at ``end``: whether it is ready now."""
+        if end > self.ready[j]:
+            self.ready[j] = end
+        self.left[j] -= 1
+        return not self.left[j]

@@ -105,9 +105,7 @@ class Work:
             sim.check_device(stream.device)
             graphs.check_launch(graph, stream)
             sim.now_locked()
-            sched = sim.sched
-            for replay in graph.launch(stream, sched):
-                sched.wait_event(stream, replay.last)  # the stream's next work waits for it
+            graph.launch(stream, sim.sched)
             sim.submitted_locked()
 
     def graph_destroy(self, graph: graphs.Graph) -> None:

@@ -167,9 +167,16 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.status = "skipped"  # the whole step said why it could not run
         step.summary = skipped.group(1)
         return
-    elif step.name == "aiostream-bench" and rc == 1 and re.search(r"goals? missed$", last):
-        step.status = "goals missed"  # measured and reported, which is the step's job: a
-        # figure off its goal (on a loaded machine, or on the stand-in) is no failure of it
+    elif (
+        step.name == "aiostream-bench"
+        and rc == 1
+        and re.search(r"^\d+ of \d+ goals? missed$", output, re.MULTILINE)
+        and "fake_cuda: violation" not in output
+    ):
+        # measured and reported, which is the step's job: a figure off its goal (on a loaded
+        # machine, or on the stand-in) is no failure of it. The verdict is looked for in the
+        # whole output: the stand-in's exit report (stderr) may come after it
+        step.status = "goals missed"
     else:
         step.status = "passed" if rc == 0 else f"failed (exit {rc})"
     if step.name == "cuda-tests":

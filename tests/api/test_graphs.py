@@ -173,6 +173,27 @@ async def test_what_a_capture_refuses_is_said_the_same_on_every_backend(
     await e
 
 
+async def test_a_wait_for_another_captures_event_is_refused(aiostream_device: ais.Device) -> None:
+    """Two captures under way at once: a stream of one cannot wait for an event recorded in
+    the other (one graph cannot depend on another's capture); both still make their graphs."""
+    dev = aiostream_device
+    first, second = ais.Graph(dev), ais.Graph(dev)
+    with first.capture() as a, second.capture() as b:
+        ais.delay(0.01, stream=a)
+        ais.delay(0.01, stream=b)
+        theirs = a.record_event()
+        with pytest.raises(ais.CaptureError) as caught:
+            b.wait_event(theirs)
+        assert words(str(caught.value)) == (
+            "stream N on DEV cannot wait for an event recorded in another graph capture than "
+            "its own: one graph cannot depend on another's capture; wait for an event of the "
+            "same capture"
+        )
+    assert first.nodes == second.nodes == 1
+    await first.replay()
+    await second.replay()
+
+
 async def test_memory_is_not_allocated_during_a_capture(aiostream_device: ais.Device) -> None:
     """Not on the capturing thread unless the mode is relaxed, and not on a capturing stream
     in any mode; pageable host memory is not copied in a capture."""

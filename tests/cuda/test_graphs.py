@@ -15,9 +15,9 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.capture import ForeignCapture
-from tests.helpers.cuda import DEV, N, two_devices
+from tests.helpers.cuda import DEV, N, primary_context, two_devices
 from tests.helpers.deadlines import until
-from tests.helpers.stand_in import FAKE, needs_stand_in
+from tests.helpers.stand_in import FAKE, needs_stand_in, take_violations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -151,3 +151,25 @@ async def test_a_graph_stays_on_its_device(anyio_backend: object) -> None:
     with pytest.raises(ValueError, match="replay it on a stream of its own device"):
         g.replay(ais.Stream("cuda:1"))
     await g.replay()
+
+
+@needs_stand_in
+async def test_a_capture_broken_outside_aiostream_says_so_and_makes_no_graph(
+    anyio_backend: object,
+) -> None:
+    """A prohibited call made outside aiostream (the program's own cuStreamSynchronize of the
+    capturing stream) breaks the capture: its end raises a CaptureError that says so, no
+    graph is made, and the stream is usable after."""
+    g = ais.Graph(DEV, name="broken")
+    with pytest.raises(ais.CaptureError, match="was broken by a call the driver prohibits"):
+        with g.capture() as s:
+            ais.delay(0.001, stream=s)
+            with primary_context() as cu:
+                handle = cu.CUstream(s.__cuda_stream__()[1])
+                assert int(cu.cuStreamSynchronize(handle)[0]) != 0  # refused, and it breaks
+    count, log = take_violations()  # the program's own breach, which the stand-in counted
+    assert count == 1 and "capture" in log, log
+    with pytest.raises(ais.AiostreamError, match="the capture of graph 'broken' failed"):
+        g.replay()
+    ais.delay(0.001, stream=s)
+    await s

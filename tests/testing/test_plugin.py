@@ -653,3 +653,20 @@ def test_cuda_skips_say_why_once(pytester: pytest.Pytester) -> None:
             '*SKIPPED [[]*]*needs a CUDA GPU (why none works here: the "aiostream:" line above)',
         ]
     )
+
+
+def test_the_marker_takes_numpy_integers(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import numpy as np
+import pytest
+
+import aiostream as ais
+
+@pytest.mark.aiostream(devices=np.int64(2), compute_slots=np.int32(2))
+def test_two(virtual_device):
+    assert ais.device_count("virtual") == 2
+""",
+    )
+    result.assert_outcomes(passed=1)

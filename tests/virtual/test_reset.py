@@ -13,11 +13,31 @@ import pytest
 
 import aiostream as ais
 from aiostream.virtual import VirtualClock
+from tests.helpers.protocol import backend
 
 pytestmark = pytest.mark.anyio
 
 
 # ---------------------------------------------------------------------- options
+
+
+def test_numpy_numbers_are_taken_as_python_ones() -> None:
+    """Counts and rates given as numpy scalars (a config read with numpy) work as ints and
+    floats do, and are kept as Python's own."""
+    import numpy as np
+
+    ais.virtual.reset(
+        devices=np.int64(2),
+        compute_slots=np.int32(3),
+        memory=np.uint64(1 << 20),
+        bandwidth=np.float32(1e10),
+    )
+    assert ais.device_count("virtual") == 2
+    options = backend("virtual").options  # type: ignore[attr-defined]
+    counts = (options.devices, options.compute_slots, options.memory)
+    assert counts == (2, 3, 1 << 20) and {type(c) for c in counts} == {int}
+    assert options.bandwidth == 1e10 and type(options.bandwidth) is float
+    ais.virtual.reset()
 
 
 @pytest.mark.parametrize(

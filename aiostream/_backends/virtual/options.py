@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,21 +39,25 @@ MAX_DEVICES = 1024
 _MAX_SLOTS = 1 << 20
 
 
-def _count(value: object, name: str, limit: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _count(value: object, name: str, limit: int) -> int:
+    """``value`` as an int: Python's and numpy's integers, never a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    if value > limit:
-        raise ValueError(f"{name} must be at most {limit}, got {value}")
+    count = int(value)
+    if count < 1:
+        raise ValueError(f"{name} must be >= 1, got {count}")
+    if count > limit:
+        raise ValueError(f"{name} must be at most {limit}, got {count}")
+    return count
 
 
 def _rate(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r}")
-    if not (1 <= value and math.isfinite(value)):
+    rate = float(value)
+    if not (1 <= rate and math.isfinite(rate)):
         raise ValueError(f"{name} must be a finite number >= 1 (bytes per second), got {value!r}")
-    return float(value)
+    return rate
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,11 @@ class VirtualOptions:
     """Bytes of memory per device; an allocation past what is free raises ``DeviceError``."""
 
     def __post_init__(self) -> None:
-        _count(self.devices, "devices", MAX_DEVICES)  # counts are kept as given
-        for name in ("compute_slots", "h2d_slots", "d2h_slots"):
-            _count(getattr(self, name), name, _MAX_SLOTS)
-        _count(self.memory, "memory", _MAX_MEMORY)
         set_ = object.__setattr__  # frozen: normalise through the base class
+        set_(self, "devices", _count(self.devices, "devices", MAX_DEVICES))
+        for name in ("compute_slots", "h2d_slots", "d2h_slots"):
+            set_(self, name, _count(getattr(self, name), name, _MAX_SLOTS))
+        set_(self, "memory", _count(self.memory, "memory", _MAX_MEMORY))
         set_(self, "bandwidth", _rate(self.bandwidth, "bandwidth"))
         set_(self, "d2d_bandwidth", _rate(self.d2d_bandwidth, "d2d_bandwidth"))
         set_(self, "latency", seconds_to_ns(self.latency, "latency") / 1e9)

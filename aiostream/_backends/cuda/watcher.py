@@ -424,11 +424,12 @@ class Watcher:
         mark.woken = True
 
     def unhold(self, mark: Mark) -> None:
-        """One holder less (lock held); with none left, the mark's slot is freed if its value
-        landed, or drains until it does, and its marker goes back to the pool."""
+        """One holder less (lock held); with none left, its slot is freed (or drains)."""
         mark.holders -= 1
         if mark.holders:
             return
+        if self.closed:  # its flags went with the close (a finalizer run after it)
+            mark.slot = -1
         if mark.slot >= 0 and self.flags.landed(mark):
             mark.complete = True
             self.flags.free(mark)

@@ -212,15 +212,17 @@ def export(
     shape: tuple[int, ...],
     *,
     versioned: bool,
+    read_only: bool = False,
 ) -> Any:
     """A capsule of the C-contiguous array of ``dtype`` and ``shape`` at ``address`` on the
-    DLPack ``device``; ``owner`` stays alive until the consumer is done with it."""
+    DLPack ``device``; ``owner`` stays alive until the consumer is done with it. A versioned
+    capsule says ``read_only`` in its flags (a legacy one cannot say it)."""
     dt = _data_type(dtype)
     managed: _Managed | _ManagedVersioned
     if versioned:
         managed = _ManagedVersioned()
         managed.version = _Version(*VERSION)
-        managed.flags = 0
+        managed.flags = _READ_ONLY if read_only else 0
     else:
         managed = _Managed()
     keep = _Export(managed, owner, len(shape))

@@ -165,6 +165,7 @@ class DeviceBuffer(_objects.DeviceObject):
         "_ipc_event",
         "_nbytes",
         "_producer",
+        "_read_only",
         "_shape",
         "_stream",
     )
@@ -187,6 +188,7 @@ class DeviceBuffer(_objects.DeviceObject):
         self._base: DeviceBuffer | None = None
         self._ipc_event: Event | None = None
         self._producer: object = None
+        self._read_only = False  # a DLPack producer's read-only memory (from_dlpack)
 
     @classmethod
     def _over(
@@ -209,7 +211,7 @@ class DeviceBuffer(_objects.DeviceObject):
             False,
         )
         buf._dtype, buf._shape = dtype, shape
-        buf._base, buf._ipc_event, buf._producer = None, None, producer
+        buf._base, buf._ipc_event, buf._producer, buf._read_only = None, None, producer, False
         return buf
 
     @property
@@ -237,6 +239,7 @@ class DeviceBuffer(_objects.DeviceObject):
         other._dtype, other._shape = dt, dims
         other._base = self._base if self._base is not None else self
         other._interprocess, other._ipc_event, other._producer = self._interprocess, None, None
+        other._read_only = self._read_only
         return other
 
     def record_stream(self, stream: Stream) -> None:
@@ -334,7 +337,10 @@ class DeviceBuffer(_objects.DeviceObject):
                 waiter, _ = backend.stream_wrap(index, consumer)
             backend.memory_wait(self._handle, waiter)
         address = backend.memory_export(self._handle)
-        return _dlpack.export(self, address, device, self._dtype, self._shape, versioned=versioned)
+        ro = self._read_only  # what a producer exported read-only stays so
+        return _dlpack.export(
+            self, address, device, self._dtype, self._shape, versioned=versioned, read_only=ro
+        )
 
     # ------------------------------------------------------------------ other processes
 
@@ -516,6 +522,7 @@ def from_dlpack(obj: Any, *, stream: Stream | None = None) -> DeviceBuffer:
         dev, backend, mem, consumer, imported.dtype, imported.shape, obj
     )
     backend.memory_use(mem, _objects.handle(consumer))  # its release waits for this stream
+    buf._read_only = imported.read_only  # noqa: SLF001 (this module's class)
     return buf
 
 
@@ -562,6 +569,11 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
         )
     _objects.check_same_backend(stream, dst)
     _objects.check_same_backend(stream, src)
+    if isinstance(dst, DeviceBuffer) and dst._read_only:  # noqa: SLF001 (this module's class)
+        raise ValueError(
+            "dst is read-only: its DLPack producer exported it so (the capsule's read-only "
+            "flag); copy into a buffer of your own"
+        )
     capturing = _capturing(stream)
     if capturing is not None:  # a node of a graph: the buffers live as long as it may run
         host = dst if isinstance(dst, HostBuffer) else src

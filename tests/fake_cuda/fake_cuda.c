@@ -267,6 +267,7 @@ static int fail_next_code;
 static long violations, leaks, host_calls, host_calls_python;
 static long captures_invalidated, graph_nodes_run;  /* for the test hooks */
 static uint64_t host_fn_ns;  /* how late each host function runs after the work before it */
+static uint64_t write_ns;    /* how late each stream memory write lands after the work before */
 static uint64_t host_fn_return_ns;  /* how long after its host function returns the stream goes on */
 static char vlog[16][240];
 static const char ipc_magic[8] = "AIOSFAKE";
@@ -2256,7 +2257,7 @@ static CUresult cuStreamWriteValue32(void *hs, CUdeviceptr addr, uint32_t value,
         LEAVE(OK);
     }
     uint64_t behind = s->tail;  /* the due time of the stream's last operation */
-    Op *op = prepare(s, OP_WRITE32, 0);
+    Op *op = prepare(s, OP_WRITE32, write_ns);
     op->dst = (char *)(uintptr_t)addr;
     op->value = value;
     op->bdst = b;
@@ -2865,6 +2866,14 @@ long fake_cuda_pending(void) {
 void fake_cuda_host_fn_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     host_fn_ns = ns;
+    pthread_mutex_unlock(&lock);
+}
+
+/* Make each stream memory write (cuStreamWriteValue32) submitted from now on land ``ns`` after
+ * the work before it (a device slow to get to it): the stream stays busy that long. */
+void fake_cuda_write_delay(uint64_t ns) {
+    pthread_mutex_lock(&lock);
+    write_ns = ns;
     pthread_mutex_unlock(&lock);
 }
 

@@ -73,6 +73,7 @@ def _load() -> Any:
     lib.fake_cuda_event_flags.argtypes = [ctypes.c_void_p]
     lib.fake_cuda_host_fn_delay.argtypes = [ctypes.c_uint64]
     lib.fake_cuda_host_fn_return_delay.argtypes = [ctypes.c_uint64]
+    lib.fake_cuda_write_delay.argtypes = [ctypes.c_uint64]
     lib.fake_cuda_hurry_within.argtypes = [ctypes.c_uint64]
     # stream capture and graphs
     for name in ("fake_cuda_captures_invalidated", "fake_cuda_graph_nodes_run"):

@@ -476,6 +476,38 @@ def test_cuda_capsules_from_dlpack_cannot_wrap_are_refused_and_released(exports:
 
 
 @needs_cuda
+async def test_cuda_memory_a_producer_exported_read_only_is_not_written(
+    anyio_backend: Any,
+) -> None:
+    """A capsule whose flags say read-only (DLPack 1.x): the buffer wrapped (and its views)
+    is refused as a copy's destination, read as a source, and exported read-only again."""
+
+    def read_only(m: Any) -> None:
+        m.flags |= 1  # DLPACK_FLAG_BITMASK_READ_ONLY
+
+    producer = _Producer(filled([1, 2, 3, 4], DEV))
+    producer.spoil = read_only
+    wrapped = ais.from_dlpack(producer)
+    host = ais.HostBuffer(wrapped.nbytes, device=DEV)
+    for dst in (wrapped, wrapped.view(np.uint8)):
+        with pytest.raises(ValueError) as caught:
+            ais.copy_async(dst, host)
+        assert str(caught.value) == (
+            "dst is read-only: its DLPack producer exported it so (the capsule's read-only "
+            "flag); copy into a buffer of your own"
+        )
+    ais.copy_async(host, wrapped)  # reading it is what it is for
+    await ais.current_stream(DEV)
+    assert host.numpy(np.float32).tolist() == [1, 2, 3, 4]
+    again = wrapped.__dlpack__(max_version=(1, 0))
+    assert managed(again).flags & 1
+    writable = ais.from_dlpack(_Producer(filled([5], DEV)))
+    ais.copy_async(writable, ais.HostBuffer(4, device=DEV))  # a writable one is written
+    await ais.current_stream(DEV)
+    del again
+
+
+@needs_cuda
 def test_cuda_from_dlpack_on_a_second_device() -> None:
     if ais.device_count("cuda") < 2:
         pytest.skip("needs two CUDA devices")

@@ -118,6 +118,7 @@ class CudaBackend(
                 stream.doomed = True
                 return
             dev = self._devices.retire(stream, "streams")
+            self._waits.let_go(stream)
             if dev is not None:
                 dev.destroy_stream(stream)
 
@@ -170,7 +171,7 @@ class CudaBackend(
                 return
             self._waits.forget(event)
             dev = self._devices.retire(event, "events")
-            if dev is not None:
+            if dev is not None and not self._waits.keep_recorded(event):
                 dev.release(self._cu.cuEventDestroy, event.ptr)
 
     def event_id(self, event: Event) -> int:

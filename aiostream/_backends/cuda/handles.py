@@ -27,6 +27,7 @@ class Stream:
         "owned",
         "private",
         "ptr",
+        "recorded",
         "seq",
         "woke",
     )
@@ -57,6 +58,9 @@ class Stream:
         self.woke: tuple[Any, int] | None = None
         #: the aiostream capture it is part of (graphs.Capture), or None
         self.capture: Any = None
+        #: (event, ops): the last event recorded here, with aiostream's mark after it, when
+        #: ``ops`` was this (see Waits.idle)
+        self.recorded: tuple[Any, int] | None = None
 
 
 class Event:
@@ -67,6 +71,7 @@ class Event:
         "captured",
         "id",
         "index",
+        "kept",
         "mark",
         "owned",
         "private",
@@ -90,6 +95,9 @@ class Event:
         self.seq = 0  # its place among the captures of that stream
         #: the mark right after its last record (see Waits.record), which it holds
         self.mark: Any = None
+        #: released by the program, but kept by the backend as its stream's last record
+        #: (``Stream.recorded``), until the stream records again or goes
+        self.kept = False
         #: the capture its last record went into (graphs.Capture, or graphs.FOREIGN for another
         #: library's on a stream whose handle was handed out): a point of a graph, which
         #: never completes as work; None if it was recorded outside any capture

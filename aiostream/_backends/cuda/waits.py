@@ -105,11 +105,45 @@ class Waits:
         return wake
 
     def idle(self, stream: Stream) -> bool:
-        """Whether everything on ``stream`` but a host function of aiostream's has completed,
-        when ``cuStreamQuery`` says it is busy: an awaited stream is done once the work
-        before its mark is, and the ``sem_post`` after it, which announces the mark, is no
-        work of the user's."""
-        return self._announced(stream, stream.ops)
+        """Whether everything on ``stream`` but aiostream's own has completed, when
+        ``cuStreamQuery`` says it is busy: an awaited stream is done once the work before its
+        mark is, and the ``sem_post`` after it, which announces the mark, is no work of the
+        user's; and a stream whose last work is an event's record, then aiostream's mark
+        after it, is idle once that event has completed (the mark is no work of the user's
+        either)."""
+        return self._announced(stream, stream.ops) or self._recorded_last(stream)
+
+    def _recorded_last(self, stream: Stream) -> bool:
+        recorded = stream.recorded
+        if recorded is None or not stream.private:
+            return False
+        event, at = recorded
+        if at != stream.ops or not (event.alive or event.kept) or event.at != at:
+            return False  # the user's work followed, or the event moved since
+        return event.stream is stream and self.devices[stream.index].watcher.query(event.ptr)
+
+    def keep_recorded(self, event: Event) -> bool:
+        """``event`` is released by the program (lock held): keep its handle if it is its
+        stream's last record, which the stream's idle check reads; True if kept. It is
+        destroyed when the stream records again or goes, or at close."""
+        stream = event.stream
+        recorded = None if stream is None else stream.recorded
+        if recorded is None or recorded[0] is not event or not stream.alive:  # type: ignore[union-attr]
+            return False
+        event.kept = True
+        self.devices[event.index].internal[event.ptr] = "event"
+        return True
+
+    def let_go(self, stream: Stream) -> None:
+        """``stream`` records again or goes (lock held): destroy the event kept as its last
+        record, if the program had released it."""
+        recorded, stream.recorded = stream.recorded, None
+        if recorded is not None and recorded[0].kept:
+            event = recorded[0]
+            event.kept = False
+            dev = self.devices.by_index.get(event.index)
+            if dev is not None and dev.internal.pop(event.ptr, None) is not None:
+                dev.release(self.drv.cu.cuEventDestroy, event.ptr)
 
     def query(self, event: Event) -> bool:
         """Whether the work ``event`` captured has completed (raise if it failed): the driver's
@@ -180,6 +214,9 @@ class Waits:
             try:
                 if dev.watcher.memops and event.private and captured is None:  # event_capture
                     event.mark = dev.watcher.mark(stream.ptr, False)
+                    if stream.recorded is None or stream.recorded[0] is not event:
+                        self.let_go(stream)
+                    stream.recorded = (event, stream.ops)
             finally:
                 if old is not None:
                     dev.watcher.unhold(old)

@@ -218,6 +218,11 @@ def export(
     DLPack ``device``; ``owner`` stays alive until the consumer is done with it. A versioned
     capsule says ``read_only`` in its flags (a legacy one cannot say it)."""
     dt = _data_type(dtype)
+    if read_only and not versioned:
+        raise BufferError(
+            "the buffer is read-only, which a legacy (unversioned) DLPack capsule cannot say: "
+            "the consumer could write it; ask for DLPack 1.x (max_version=(1, 0))"
+        )
     managed: _Managed | _ManagedVersioned
     if versioned:
         managed = _ManagedVersioned()

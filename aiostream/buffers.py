@@ -273,7 +273,7 @@ class DeviceBuffer(_objects.DeviceObject):
         return {
             "shape": self._shape,
             "typestr": self._dtype.str,
-            "data": (ptr, False),
+            "data": (ptr, self._read_only),
             "version": 3,
             "strides": None,
             "stream": stream or 1,  # 1: the legacy default stream (0 is not allowed)

@@ -100,8 +100,9 @@ class Graph:
         self._nodes = 0
         self._replays = 0
         self._state = "new"  # capturing, ready, failed, closed
-        #: the last replay's event on each stream, and the buffers kept for the replays
-        self._last: dict[int, Event] = {}
+        #: an event of aiostream's own after each replay that may still run (the program may
+        #: record the one it was given elsewhere): the buffers are kept until they complete
+        self._last: list[Event] = []
         self._finalizer: weakref.finalize[..., Any] | None = None
 
     # ------------------------------------------------------------------ properties
@@ -245,7 +246,9 @@ class Graph:
         event = Event(self._device)
         event.record(stream)
         event._label = f"replay {self._replays} of graph {self._name!r}"  # noqa: SLF001
-        self._last[stream.stream_id] = event
+        if len(self._last) >= _PRUNE_AT:  # those complete are forgotten, now and then
+            self._last[:] = [e for e in self._last if not _done(e)]
+        self._last.append(stream.record_event())
         return event
 
     def _not_ready(self) -> AiostreamError:
@@ -290,10 +293,10 @@ class Graph:
         )
 
 
-def _retire(backend: Any, graph: Any, kept: list[object], last: dict[int, Event]) -> None:
+def _retire(backend: Any, graph: Any, kept: list[object], last: list[Event]) -> None:
     """Release ``graph``; let go of what its copies use once its last replays completed."""
     backend.graph_destroy(graph)
-    pending = [e for e in last.values() if not _done(e)]
+    pending = [e for e in last if not _done(e)]
     last.clear()
     if not pending:
         kept.clear()
@@ -311,7 +314,10 @@ def _retire(backend: Any, graph: Any, kept: list[object], last: dict[int, Event]
 
     _held[id(kept)] = kept  # alive until the replays complete
     for event in pending:
-        _objects.when_done(event, one_done)
+        try:
+            _objects.when_done(event, one_done)
+        except AiostreamError:  # failed, or its backend closed, since: it runs no more
+            one_done()
 
 
 def _done(event: Event) -> bool:
@@ -323,3 +329,5 @@ def _done(event: Event) -> bool:
 
 #: what retired graphs keep alive until their last replays complete
 _held: dict[int, list[object]] = {}
+#: how many replay trackers a graph keeps before it forgets those complete
+_PRUNE_AT = 64

@@ -194,6 +194,70 @@ async def test_a_wait_for_another_captures_event_is_refused(aiostream_device: ai
     await second.replay()
 
 
+async def test_an_event_of_an_ended_capture_is_waited_for_by_no_stream(
+    aiostream_device: ais.Device,
+) -> None:
+    """Once its capture ended, an event recorded in it is a point of a graph: a stream asked
+    to wait for it refuses (it would join a capture that is over) and stays as it was."""
+    dev = aiostream_device
+    g = ais.Graph(dev)
+    with g.capture() as s:
+        ais.delay(0.01, stream=s)
+        e = s.record_event()
+    other = ais.Stream(dev)
+    with pytest.raises(ais.CaptureError) as caught:
+        other.wait_event(e)
+    assert words(str(caught.value)) == CAPTURED
+    ais.delay(0.01, stream=other)  # runs: other is in no capture
+    await other
+    assert other.query()
+    await g.replay()
+
+
+async def test_a_forked_stream_dropped_during_the_capture_breaks_nothing(
+    aiostream_device: ais.Device,
+) -> None:
+    dev = aiostream_device
+    g = ais.Graph(dev)
+    with g.capture() as s:
+        side = ais.Stream(dev)
+        side.wait_stream(s)
+        ais.delay(0.01, stream=side)
+        s.wait_stream(side)
+        del side
+        gc.collect()  # destroyed once the capture ends, not under it
+        ais.delay(0.01, stream=s)
+    assert g.nodes == 2
+    await g.replay()
+
+
+async def test_a_replays_event_recorded_again_keeps_its_buffers(
+    aiostream_device: ais.Device,
+) -> None:
+    """The Event a replay returns is the program's: recorded elsewhere after, it no longer
+    says when the replay ends, and closing the graph still keeps the buffers until then."""
+    dev = aiostream_device
+    src, dst, buf = pipeline(dev)
+    refs = [weakref.ref(b) for b in (src, buf)]
+    g = ais.Graph(dev)
+    with g.capture() as s:
+        ais.copy_async(buf, src, stream=s)
+        ais.delay(LONG, stream=s)
+        ais.copy_async(dst, buf, stream=s)
+    del src, buf
+    r = ais.Stream(dev)
+    done = g.replay(r)
+    done.record(ais.Stream(dev))  # complete at once: nothing on that stream
+    g.close()
+    gc.collect()
+    assert all(ref() is not None for ref in refs)  # the replay still runs
+    await r
+    await until(
+        lambda: (gc.collect(), all(ref() is None for ref in refs))[1],
+        "the buffers to go once the replay completed",
+    )
+
+
 async def test_memory_is_not_allocated_during_a_capture(aiostream_device: ais.Device) -> None:
     """Not on the capturing thread unless the mode is relaxed, and not on a capturing stream
     in any mode; pageable host memory is not copied in a capture."""

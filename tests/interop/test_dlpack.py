@@ -501,6 +501,9 @@ async def test_cuda_memory_a_producer_exported_read_only_is_not_written(
     assert host.numpy(np.float32).tolist() == [1, 2, 3, 4]
     again = wrapped.__dlpack__(max_version=(1, 0))
     assert managed(again).flags & 1
+    assert wrapped.__cuda_array_interface__["data"][1] is True  # read-only
+    with pytest.raises(BufferError, match="a legacy .* capsule cannot say"):
+        wrapped.__dlpack__()  # a consumer of DLPack 0.x could write it
     writable = ais.from_dlpack(_Producer(filled([5], DEV)))
     ais.copy_async(writable, ais.HostBuffer(4, device=DEV))  # a writable one is written
     await ais.current_stream(DEV)

@@ -48,7 +48,7 @@ class CudaBackend(
         self._waits = Waits(drv, self._devices)
         self._memory = Memories(drv, self._devices)
         self._sharing = Sharing(drv, self._devices, self._memory)
-        self._graphs = Capturing(drv, self._devices, self._memory.release)
+        self._graphs = Capturing(drv, self._devices, self._memory.release, self._dropped)
         atexit.register(self.close)
         _hooks.enable_nvtx()  # record_function's ranges reach Nsight Systems too
 
@@ -114,13 +114,21 @@ class CudaBackend(
         with self._devices.lock:
             if not stream.owned or stream.doomed:
                 return
+            if stream.capture is not None:  # destroying it would break the capture
+                stream.capture.dropped.append(stream)  # destroyed at the capture's end
+                stream.doomed = True
+                return
             if stream.holds:  # memory will record on it when freed: destroyed after that
                 stream.doomed = True
                 return
             dev = self._devices.retire(stream, "streams")
-            self._waits.let_go(stream)
             if dev is not None:
                 dev.destroy_stream(stream)
+
+    def _dropped(self, stream: Stream) -> None:
+        """A stream the program dropped while it captured, its capture ended (lock held)."""
+        stream.doomed = False
+        self.stream_destroy(stream)
 
     def stream_id(self, stream: Stream) -> int:
         return stream.id

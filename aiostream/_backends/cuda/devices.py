@@ -178,10 +178,21 @@ class Device:
             return True  # the context is gone: nothing runs any more
         return bool(err != NOT_READY)
 
+    def let_go_recorded(self, stream: Stream) -> None:
+        """``stream`` records again or goes (lock held): destroy the event kept as its last
+        record (``Waits.keep_recorded``), if the program had released it."""
+        recorded, stream.recorded = stream.recorded, None
+        if recorded is not None and recorded[0].kept:
+            event = recorded[0]
+            event.kept = False
+            if self.internal.pop(event.ptr, None) is not None:
+                self.release(self.drv.cu.cuEventDestroy, event.ptr)
+
     def destroy_stream(self, stream: Stream) -> None:
         """Destroy ``stream``, one of aiostream's, retired (lock held; never raises). The
         driver lets its pending work run on: if it has some, a marker recorded on it first is
         kept in ``tails`` until it completes, so that close still sees that work."""
+        self.let_go_recorded(stream)
         self.tails = self._pending_tails()
         tail = None
         try:

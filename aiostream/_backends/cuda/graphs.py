@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..._errors import (
     CaptureError,
     already_capturing,
+    captured_event,
     default_stream_capture,
     isolated_wait,
     merged_wait,
@@ -71,10 +72,23 @@ class Capture:
     what the driver requires of ``cuStreamEndCapture``.
     """
 
-    __slots__ = ("allocs", "base", "frees", "known", "members", "mode", "points")
+    __slots__ = (
+        "allocs",
+        "base",
+        "dropped",
+        "ended",
+        "frees",
+        "known",
+        "members",
+        "mode",
+        "points",
+    )
 
     def __init__(self, origin: Stream, mode: str) -> None:
         self.mode = mode
+        self.ended = False
+        #: member streams the program dropped during the capture: destroyed at its end
+        self.dropped: list[Stream] = []
         self.members = [origin]
         self.frees: list[Memory] = []
         #: memory the capture uses whose stream-ordered allocation may not have completed:
@@ -130,11 +144,16 @@ class Capturing:
     of one backend."""
 
     def __init__(
-        self, drv: Driver, devices: Devices, free: Callable[[Device, Memory], None]
+        self,
+        drv: Driver,
+        devices: Devices,
+        free: Callable[[Device, Memory], None],
+        destroy: Callable[[Stream], None],
     ) -> None:
         self.drv = drv
         self.devices = devices
         self.free = free  # frees memory (Memories.release's rule), once no capture holds it
+        self.destroy_stream = destroy  # destroys a stream dropped while it captured
 
     def begin(self, stream: Stream, mode: str, capturing: bool) -> None:
         """Begin a capture on ``stream`` (``capturing``: another library captures it)."""
@@ -160,9 +179,12 @@ class Capturing:
         cu = self.drv.cu
         with dev.lock:
             forked = capture.unjoined()
+            err: Any = None
+            graph: Any = None
             try:
-                markers = [dev.record_marker(m) for m in forked]
+                markers = []
                 try:  # joined here, so that the driver ends the capture cleanly: no graph
+                    markers = [dev.record_marker(m) for m in forked]
                     with dev.pushed:
                         for marker in markers:
                             self.drv.check(
@@ -173,13 +195,16 @@ class Capturing:
                 finally:
                     for marker in markers:  # recorded again before any query: not captured
                         dev.give_back(marker)
-                with dev.pushed:
-                    err, graph = cu.cuStreamEndCapture(stream.ptr)
+                    with dev.pushed:  # ended whatever happened above
+                        err, graph = cu.cuStreamEndCapture(stream.ptr)
             finally:
+                capture.ended = True
                 for member in capture.members:
                     member.capture = None
                 for mem in capture.frees:
-                    self.free(dev, mem)
+                    self.free(self.devices[mem.index], mem)
+                for dropped in capture.dropped:
+                    self.destroy_stream(dropped)
             code = int(err)
             if forked and code == SUCCESS:
                 dev.release(cu.cuGraphDestroy, graph)
@@ -245,6 +270,10 @@ class Capturing:
         joins it (the driver makes it a member)."""
         captured = event.captured
         capture = stream.capture
+        if isinstance(captured, Capture) and captured.ended:  # a point of a graph, not work
+            raise captured_event(describe_event(event))
+        if captured is FOREIGN:  # it may join another library's capture: the driver is asked
+            stream.private = False
         if capture is not None:
             if captured is None:
                 raise isolated_wait(describe_stream(stream))

@@ -114,21 +114,25 @@ class Waits:
         return self._announced(stream, stream.ops) or self._recorded_last(stream)
 
     def _recorded_last(self, stream: Stream) -> bool:
-        recorded = stream.recorded
-        if recorded is None or not stream.private:
-            return False
-        event, at = recorded
-        if at != stream.ops or not (event.alive or event.kept) or event.at != at:
-            return False  # the user's work followed, or the event moved since
-        return event.stream is stream and self.devices[stream.index].watcher.query(event.ptr)
+        dev = self.devices[stream.index]
+        with dev.lock:  # a record from another thread may let the kept event go meanwhile
+            recorded = stream.recorded
+            if recorded is None or not stream.private:
+                return False
+            event, at = recorded
+            if at != stream.ops or not (event.alive or event.kept) or event.at != at:
+                return False  # the user's work followed, or the event moved since
+            return event.stream is stream and dev.watcher.query(event.ptr)
 
     def keep_recorded(self, event: Event) -> bool:
         """``event`` is released by the program (lock held): keep its handle if it is its
         stream's last record, which the stream's idle check reads; True if kept. It is
         destroyed when the stream records again or goes, or at close."""
         stream = event.stream
-        recorded = None if stream is None else stream.recorded
-        if recorded is None or recorded[0] is not event or not stream.alive:  # type: ignore[union-attr]
+        if stream is None or not (stream.alive and stream.owned and stream.private):
+            return False  # only a private stream's idle check reads it
+        recorded = stream.recorded
+        if recorded is None or recorded[0] is not event or stream.doomed:
             return False
         event.kept = True
         self.devices[event.index].internal[event.ptr] = "event"
@@ -215,7 +219,7 @@ class Waits:
                 if dev.watcher.memops and event.private and captured is None:  # event_capture
                     event.mark = dev.watcher.mark(stream.ptr, False)
                     if stream.recorded is None or stream.recorded[0] is not event:
-                        self.let_go(stream)
+                        dev.let_go_recorded(stream)
                     stream.recorded = (event, stream.ops)
             finally:
                 if old is not None:

@@ -64,6 +64,7 @@ class Capture:
     def __init__(self, origin: Stream, mode: str) -> None:
         self.id = next(_ids)
         self.mode = mode
+        self.ended = False
         self.members: list[Stream] = [origin]
         #: per member: the point its next node depends on
         self.points: list[Point] = [()]
@@ -106,6 +107,7 @@ class Capture:
     def end(self) -> Graph:
         """End the capture (its streams leave it, whatever the outcome): the graph, or raise
         if a forked stream was not joined back into the origin."""
+        self.ended = True
         for stream in self.members:
             stream.capture = None
         reached = self._ancestors(self.points[0])
@@ -157,6 +159,8 @@ class Graph:
 def check_wait(stream: Stream, event: Event) -> None:
     """Raise if ``stream`` may not wait for ``event`` (lock held)."""
     captured = event.state.captured
+    if captured is not None and captured[0].ended:  # a point of a graph, not of work
+        raise captured_event(describe_event(event))
     if stream.capture is not None:
         if captured is None:
             raise isolated_wait(describe_stream(stream))

@@ -286,18 +286,38 @@ async def test_a_sync_transform_returning_an_awaitable_in_a_thread_is_refused(
     async def later(a: np.ndarray) -> np.ndarray:
         return a
 
-    with pytest.raises(TypeError, match="returned an awaitable from a worker thread"):
+    with pytest.raises(TypeError) as caught:
         async with ais.DataLoader(arrays(3), transform=lambda a: later(a), workers=2) as loader:
             async for _ in loader:
                 pass
+    assert str(caught.value) == (
+        "transform returned an awaitable from a worker thread: make it an 'async def' (it "
+        "then runs on the event loop), or pass to_thread=False"
+    )
     quiet()
 
 
 async def test_items_must_be_arrays(virtual_time: VirtualTime) -> None:
-    with pytest.raises(TypeError, match="numpy arrays, or tuples or dicts of them; got list"):
+    with pytest.raises(TypeError) as caught:
         async for _ in ais.DataLoader([[1, 2, 3]]):
             pass
+    assert str(caught.value) == (
+        "the loader carries numpy arrays, or tuples or dicts of them; got list"
+    )
+    with pytest.raises(TypeError) as caught:  # a tuple says what it holds
+        async for _ in ais.DataLoader([(np.zeros(2), [1])]):
+            pass
+    assert str(caught.value) == (
+        "the loader carries numpy arrays, or tuples or dicts of them; got tuple of "
+        "['ndarray', 'list']"
+    )
     quiet()
+
+
+def test_a_batch_is_not_made_by_hand() -> None:
+    with pytest.raises(TypeError) as caught:
+        ais.Batch(0, None, None, None)  # type: ignore[arg-type]
+    assert str(caught.value) == "a Batch is made by aiostream.DataLoader, not by hand"
 
 
 def test_bad_input(virtual_device: ais.Device) -> None:

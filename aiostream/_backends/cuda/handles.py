@@ -18,6 +18,7 @@ class Stream:
         "__weakref__",
         "alive",
         "capture",
+        "done_at",
         "doomed",
         "holds",
         "id",
@@ -58,6 +59,9 @@ class Stream:
         self.woke: tuple[Any, int] | None = None
         #: the aiostream capture it is part of (graphs.Capture), or None
         self.capture: Any = None
+        #: ``ops`` of the latest record here seen complete (-1: none): every event recorded
+        #: with no more of the user's work captured no more, and is complete too
+        self.done_at = -1
         #: (event, ops): the last event recorded here, with aiostream's mark after it, when
         #: ``ops`` was this (see Waits.idle)
         self.recorded: tuple[Any, int] | None = None

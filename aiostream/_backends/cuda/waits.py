@@ -158,10 +158,16 @@ class Waits:
         if event.captured is not None:
             raise captured_event(describe_event(event))
         watcher = self.devices[event.index].watcher
-        if watcher.query(event.ptr):
-            return True
         stream = event.stream
-        return event.private and stream is not None and self._announced(stream, event.at)
+        private = event.private and stream is not None and stream.private
+        if watcher.query(event.ptr):
+            if private and event.at > stream.done_at:  # type: ignore[union-attr]
+                stream.done_at = event.at  # type: ignore[union-attr]
+            return True
+        if not (event.private and stream is not None):
+            return False
+        # an earlier record seen complete captured the same work of the user's: so did this
+        return (private and event.at <= stream.done_at) or self._announced(stream, event.at)
 
     def _announced(self, stream: Stream, at: int) -> bool:
         """Whether the work submitted to ``stream`` before its ``at``-th operation has

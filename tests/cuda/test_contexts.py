@@ -44,10 +44,11 @@ def test_work_runs_from_a_thread_that_never_had_a_context() -> None:
             with ais.use_stream(s):
                 dev = ais.DeviceBuffer(N, DEV)
             ais.copy_async(dev, up, stream=s)
-            ais.delay(0.005, stream=s)
+            ais.delay(0.5, stream=s)  # still running when queried, on a busy machine too
             ais.copy_async(down, dev, stream=s)
             e = s.record_event(ais.Event(DEV, enable_timing=True))
             assert not e.query()
+            hurry()  # the stand-in ends it now; a GPU runs it out
             other = ais.Stream(DEV)
             other.wait_event(e)
 

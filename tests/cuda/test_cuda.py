@@ -60,10 +60,11 @@ def test_each_device_keeps_to_its_own_work() -> None:
     s0, s1 = ais.Stream(DEV), ais.Stream("cuda:1")
     with pytest.raises(ValueError, match="cannot record an event of cuda:0 on a stream of cuda:1"):
         ais.Event(DEV).record(s1)
-    ais.delay(0.005, stream=s1)
+    ais.delay(0.5, stream=s1)  # still running when queried, on a busy machine too
     e1 = s1.record_event()
     assert e1.device == ais.Device("cuda", 1) and not e1.query()
     assert s0.query()  # work on cuda:1 is not on cuda:0's streams
+    hurry()  # the stand-in ends it now; a GPU runs it out
     e1.synchronize_blocking()
     assert ais.default_stream("cuda:1") != ais.default_stream(DEV)
 

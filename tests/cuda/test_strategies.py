@@ -161,10 +161,11 @@ async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
         took = time.monotonic() - start
         assert s.query()
         assert took < 0.3, took
-        ais.delay(0.01, stream=s)  # work of the user's after it: busy again
+        ais.delay(0.5, stream=s)  # work of the user's after it: busy again
         assert not s.query()
     finally:
         FAKE.fake_cuda_host_fn_delay(0)
+        hurry()
     await s.synchronize()
     assert s.query()
 

@@ -85,7 +85,7 @@ async def test_elapsed_time_that_waits_out_a_host_function_checks_that_wait(
     FAKE.fake_cuda_host_fn_return_delay(round(2e9))
     try:
         start.record(s)
-        ais.delay(0.001, stream=s)
+        ais.delay(0.3, stream=s)  # pending when the wait begins: it is announced, busy or not
         with anyio.fail_after(5):
             await s.record_event().synchronize(strategy="callback")
         end = s.record_event(ais.Event(DEV, enable_timing=True))

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from . import _backends, _captures, _check, _dlpack, _objects
-from ._backends.base import Graphs, Interop
+from ._backends.base import Interop
 from ._dlpack import DLDeviceType
 from ._errors import pageable_copy
 from .device import Device
@@ -587,7 +587,6 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
 
 def _capturing(stream: Stream) -> str | None:
     """What messages call ``stream`` if it is capturing a graph, else None."""
-    backend = _objects.backend(stream)
-    if isinstance(backend, Graphs) and backend.stream_capturing(_objects.handle(stream)):
+    if _objects.capturing(stream):
         return f"stream {stream.stream_id} on {stream.device}"
     return None

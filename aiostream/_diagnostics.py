@@ -8,7 +8,6 @@ Tracebacks are captured only in debug mode (``aiostream.set_debug(True)`` or
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import Protocol
 
 from . import _check
 
@@ -60,8 +60,7 @@ _SKIPPED = _library_dirs()
 debug = os.environ.get("AIOSTREAM_DEBUG", "") not in ("", "0")
 _watchdog: float | None = None
 _lock = threading.Lock()
-_pending: dict[int, Record] = {}
-_ids = itertools.count(1)
+_pending: dict[Record, None] = {}  # in the order the waits began
 
 
 def set_debug(enabled: bool) -> None:
@@ -148,6 +147,16 @@ class PendingWait:
         return "\n".join(lines)
 
 
+class Owner(Protocol):
+    """What keeps a wait on an event loop (``_waiting``'s waiter)."""
+
+    def gone(self) -> bool:
+        """Whether its event loop closed with the wait pending."""
+
+    def forsake(self) -> None:
+        """Forget every wait of that loop."""
+
+
 class Record:
     """A wait in progress; the task's name is read only when someone looks."""
 
@@ -155,6 +164,7 @@ class Record:
         "device",
         "name_of",
         "origin",
+        "owner",
         "recorded",
         "start",
         "subject",
@@ -170,7 +180,9 @@ class Record:
         device: str,
         origin: Origin | None,
         recorded: Origin | None,
+        owner: Owner | None = None,
     ) -> None:
+        self.owner = owner
         self.task_ref = task
         self.name_of = name_of
         self.subject = subject
@@ -195,24 +207,27 @@ class Record:
         )
 
 
-def register(record: Record) -> int:
-    key = next(_ids)
+def register(record: Record) -> None:
     with _lock:
-        _pending[key] = record
-    return key
+        _pending[record] = None
 
 
-def unregister(key: int) -> None:
+def unregister(record: Record) -> None:
     with _lock:
-        _pending.pop(key, None)
+        _pending.pop(record, None)
 
 
 def pending_waits() -> list[PendingWait]:
-    """Every wait in progress, in any thread or loop, longest first."""
+    """Every wait in progress, in any thread or loop, longest first. The waits of a loop
+    closed with them pending are forgotten (``Owner.forsake``), not listed."""
     now = time.monotonic()
     with _lock:
-        records = list(_pending.values())
-    return sorted((r.report(now) for r in records), key=lambda w: -w.waited)
+        records = list(_pending)
+    gone = {id(r.owner): r.owner for r in records if r.owner is not None and r.owner.gone()}
+    for owner in gone.values():
+        owner.forsake()
+    live = [r for r in records if id(r.owner) not in gone]
+    return sorted((r.report(now) for r in live), key=lambda w: -w.waited)
 
 
 def warn_late(late: list[Record]) -> None:

@@ -46,7 +46,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 import anyio.lowlevel
@@ -173,6 +173,7 @@ class _Entry:
         "dead",
         "error",
         "finished",
+        "gone",
         "parked",
         "record",
         "since",
@@ -202,36 +203,71 @@ class _Entry:
             False
         )
         self.dead = False
+        #: whether the wait's event loop has closed (``WaitTarget.watch``): one function per
+        #: waiter, so a backend that asks counts waiters, not waits
+        self.gone = waiter.gone
 
     def __call__(self) -> None:
         """The backend says the work completed (``WaitTarget.watch``); any thread."""
         self.waiter.completed(self)
 
 
-def _loop_hooks() -> tuple[
-    Callable[[Callable[[], Awaitable[None]]], object],
-    Callable[[Callable[[], object]], object],
-    Callable[[], Any],
-    bool,
-]:
-    """Return (spawn a background task, schedule a callback from any thread, make what a
-    wait parks on, whether that is a ``trio.Event``) for this loop: a future on asyncio and
-    uvloop; trio has no futures."""
+class _Hooks(NamedTuple):
+    """What the waiter needs of the running loop."""
+
+    spawn: Callable[[Callable[[], Awaitable[None]]], object]  #: a background task
+    soon_threadsafe: Callable[[Callable[[], object]], object]  #: a callback, from any thread
+    park: Callable[[], Any]  #: what a wait parks on: a future, or a ``trio.Event``
+    on_trio: bool
+    running_here: Callable[[], bool]  #: whether the loop runs now, in the calling thread
+    #: whether the loop has closed, its tasks left unfinished (asyncio's ``loop.close()``);
+    #: trio never leaves them: the run's end cancels the waiter's task and every wait's
+    closed: Callable[[], bool]
+
+
+def _loop_hooks() -> _Hooks:
+    """The waiter's hooks into the running loop: a future to park on, on asyncio and uvloop;
+    trio has no futures."""
     if sniffio.current_async_library() == "trio":
         import trio
 
         token = trio.lowlevel.current_trio_token()
-        return trio.lowlevel.spawn_system_task, token.run_sync_soon, trio.Event, True
+
+        def trio_here() -> bool:
+            try:
+                return trio.lowlevel.current_trio_token() is token
+            except RuntimeError:
+                return False
+
+        return _Hooks(
+            trio.lowlevel.spawn_system_task,
+            token.run_sync_soon,
+            trio.Event,
+            True,
+            trio_here,
+            _never,
+        )
     loop = asyncio.get_running_loop()
     spawn = lambda fn: loop.create_task(fn())  # noqa: E731
-    return spawn, loop.call_soon_threadsafe, loop.create_future, False
+
+    def here() -> bool:
+        try:
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return False
+
+    return _Hooks(spawn, loop.call_soon_threadsafe, loop.create_future, False, here, loop.is_closed)
+
+
+def _never() -> bool:
+    return False
 
 
 def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
     """For the running loop: a function any thread may call with a callback, which the loop
     then runs soon (``call_soon_threadsafe`` on asyncio and uvloop, the trio token's
     ``run_sync_soon``). It does not wait for the loop."""
-    return _loop_hooks()[1]
+    return _loop_hooks().soon_threadsafe
 
 
 class _Waiter:
@@ -248,7 +284,9 @@ class _Waiter:
         self._index = index
         self._registry = registry
         self._key = (id(backend), index)
-        self._spawn, self._call_soon_threadsafe, self._park, self.on_trio = _loop_hooks()
+        hooks = _loop_hooks()
+        self._spawn, self._call_soon_threadsafe, self._park = hooks[:3]
+        self.on_trio, self._running_here, self.gone = hooks[3:]
         self._thread = threading.get_ident()
         #: the device's name, shared by every wait's record
         self.device = f"{backend.kind}:{index}"
@@ -297,6 +335,9 @@ class _Waiter:
 
     def completed(self, entry: _Entry) -> None:
         """A target's work completed (or failed, or its backend closed); any thread."""
+        if self.gone():  # nothing will run the waits: forget them, leaving nothing held
+            self.forsake()
+            return
         self._due.append(entry)
         # In the loop's thread a kick is needed only while we sleep (told by another task);
         # awake, we are in our own sweep, which finishes what it was told.
@@ -313,7 +354,7 @@ class _Waiter:
             self._scope.cancel()
 
     def _kick_threadsafe(self) -> None:
-        if threading.get_ident() == self._thread:
+        if threading.get_ident() == self._thread and self._running_here():
             self._kick()
         elif not self._kick_sent:
             # One wake-up in flight at a time, however many completions a watcher thread
@@ -330,8 +371,25 @@ class _Waiter:
         """Run ``fn`` in the loop's thread soon; from any thread."""
         try:
             self._call_soon_threadsafe(fn)
-        except RuntimeError:
-            pass  # the loop has closed: a late wake-up is harmless
+        except RuntimeError:  # the loop has closed, or trio's run ended
+            if self.gone():
+                self.forsake()
+
+    def forsake(self) -> None:
+        """The loop closed with waits pending (asyncio's ``loop.close()``), so none of their
+        tasks will run again: forget every wait, as a cancellation would (any thread; the
+        loop's own runs no more). Their targets are released, ``pending_waits()`` lists
+        them no more, and the waiter leaves the registry."""
+        entries, self._by_age = self._by_age, deque()
+        for entry in entries:
+            if not (entry.dead or entry.finished):
+                entry.dead = True
+                entry.target.release()
+                _diagnostics.unregister(entry.record)
+        self._pending = 0
+        self._abandoned()
+        if self._registry.get(self._key) is self:
+            del self._registry[self._key]
 
     def _watchdog(self) -> float | None:
         """Warn about waits past the threshold; return the seconds until the next one is due."""
@@ -607,9 +665,9 @@ async def wait(
     waiter = _waiter(backend, index)
     device = waiter.device
     record = _diagnostics.Record(
-        task, _task_name_of, subject, device, _diagnostics.capture(2), recorded
+        task, _task_name_of, subject, device, _diagnostics.capture(2), recorded, waiter
     )
-    key = _diagnostics.register(record)
+    _diagnostics.register(record)
     try:
         entry = waiter.add(target, record, strategy or get_wait_strategy())
         try:
@@ -620,14 +678,15 @@ async def wait(
             raise
     finally:
         target.release()
-        _diagnostics.unregister(key)
+        _diagnostics.unregister(record)
         if obs is not None:  # its own failure is logged, never raised over the wait's outcome
             _hooks.on_await(obs, _task_name_of(task), subject, device, start)
     error = entry.error
     if error is not None:
         # A program may keep the error: its traceback holds this frame, which must not hold
-        # the wait's entry (and through it the waiter and every wait it still lists).
-        del entry, waiter
+        # the wait's entry (and through it, or its record, the waiter and every wait it
+        # still lists).
+        del entry, waiter, record
         raise error
 
 

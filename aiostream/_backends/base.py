@@ -46,7 +46,12 @@ class WaitTarget(Protocol):
     def watch(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, from any thread, when the work completes or fails or the
         backend closes (at once if it already has); :meth:`release` cancels it. The waiter
-        thereby finishes just the waits that completed, never visiting the pending ones."""
+        thereby finishes just the waits that completed, never visiting the pending ones.
+
+        ``callback.gone``, a function (the same one for every wait of one event loop), says
+        whether the loop closed with the wait pending: a backend that watches from a thread
+        of its own asks it now and then, and calls back the waits whose loop is gone (their
+        waiter then forgets them), so that no thread keeps watching work nobody awaits."""
 
     def release(self) -> None:
         """Forget the wait (idempotent); the work itself goes on, and nothing stays held for

@@ -11,7 +11,9 @@ skip on a GPU.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import threading
 import time
 from typing import Any
@@ -31,7 +33,8 @@ from tests.helpers.cuda import (
     program,
     ptr,
 )
-from tests.helpers.stand_in import FAKE, PINNED, needs_stand_in
+from tests.helpers.protocol import STRATEGIES
+from tests.helpers.stand_in import FAKE, PINNED, hurry, needs_stand_in
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -169,6 +172,85 @@ def test_memory_still_held_at_close_is_left_to_the_exit_and_still_reads(
         assert cu.cuMemFreeHost(address) == (cu.CUresult.CUDA_SUCCESS,)
     assert FAKE.fake_cuda_hold_primary(0, 0) == 0
     assert FAKE.fake_cuda_context_refs(0) == refs - 1
+
+
+@needs_stand_in
+@pytest.mark.parametrize("marks", ["flags", "marker events"])
+async def test_every_wait_pending_at_close_raises_the_close_and_is_forgotten(
+    anyio_backend: object, own_backend: Any, caplog: pytest.LogCaptureFixture, marks: str
+) -> None:
+    """Closed while awaits of every strategy and blocking waits in threads are pending on a
+    hung stream (its marks in flag memory, or internal marker events where the device
+    writes no values), the backend ends each with the close's error: nothing else raised,
+    nothing logged, no wait still listed."""
+    if marks == "marker events":
+        assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
+    s = ais.Stream(DEV)
+    ais.delay(30, stream=s)
+    events = [s.record_event() for _ in range(40)]
+    outcomes: list[str] = []
+
+    async def wait(event: ais.Event, strategy: str) -> None:
+        try:
+            await event.synchronize(strategy=strategy)
+        except ais.AiostreamError as exc:
+            outcomes.append(str(exc))
+
+    def wait_blocking(event: ais.Event) -> None:
+        try:
+            event.synchronize_blocking()
+        except ais.AiostreamError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=wait_blocking, args=(e,)) for e in events[:4]]
+    with caplog.at_level("DEBUG", logger="aiostream"), anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i, event in enumerate(events):
+                tg.start_soon(wait, event, STRATEGIES[i % len(STRATEGIES)])
+            for thread in threads:
+                thread.start()
+            while len(ais.pending_waits()) < len(events):
+                await anyio.sleep(0.01)
+            own_backend.close()
+        for thread in threads:
+            thread.join(5)
+    assert outcomes == [CLOSED] * (len(events) + len(threads))
+    assert ais.pending_waits() == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def _new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    if kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
+        return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return asyncio.new_event_loop()
+
+
+@needs_stand_in
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])  # trio ends a run's every task
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_wait_whose_loop_closed_is_forgotten_though_its_kernel_hangs(
+    own_backend: Any, caplog: pytest.LogCaptureFixture, kind: str, strategy: str
+) -> None:
+    """``loop.close()`` with a wait pending on a hung kernel leaves its task unfinished for
+    good: the wait is no longer listed, and the watcher stops watching it (within its health
+    check's period) rather than poll for nobody; when the kernel ends nothing is logged."""
+    s = ais.Stream(DEV)
+    ais.delay(30, stream=s)
+    loop = _new_loop(kind)
+    task = loop.create_task(s.synchronize(strategy=strategy))
+    loop.run_until_complete(asyncio.sleep(0.05))
+    loop.close()
+    with caplog.at_level("DEBUG", logger="aiostream"):
+        deadline = time.monotonic() + 5
+        while own_backend.held(0)["watched"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert own_backend.held(0)["watched"] == 0
+        assert ais.pending_waits() == []
+        hurry()  # the kernel ends: nobody is told, nothing fails
+        s.synchronize_blocking()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    del task  # asyncio's own "Task was destroyed but it is pending!" is the program's
 
 
 # ------------------------------------------------------- failed releases
@@ -359,6 +441,43 @@ def test_exit_is_never_held_by_device_work(loop: str, strategy: str) -> None:
     assert "violation" not in proc.stderr, proc.stderr
 
 
+CLOSED_LOOP_AT_EXIT = """
+import asyncio, sys, time, aiostream as ais
+
+kind, strategy = sys.argv[1], sys.argv[2]
+if kind == "uvloop":
+    import uvloop
+    loop = uvloop.new_event_loop()
+else:
+    loop = asyncio.new_event_loop()
+short, hung = ais.Stream("cuda:0"), ais.Stream("cuda:0")
+ais.delay(0.2, stream=short)
+ais.delay(30, stream=hung)
+tasks = [loop.create_task(s.synchronize(strategy=strategy)) for s in (short, hung)]
+loop.run_until_complete(asyncio.sleep(0.1))
+loop.close()
+time.sleep(0.3)  # the short kernel ends: its wait's loop is gone
+print("pending", len(ais.pending_waits()), flush=True)
+"""
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_program_that_closed_its_loop_with_waits_pending_exits(kind: str, strategy: str) -> None:
+    """A program closes its event loop while its tasks wait on CUDA work, then ends: the
+    waits are forgotten, and the interpreter exits at once (the coroutines' clean-up, run
+    by the collector as it finalizes, never waits for a lock the frozen watcher thread may
+    hold), with no traceback of aiostream's."""
+    if kind == "uvloop":
+        pytest.importorskip("uvloop", reason="uvloop is not installed")
+    start = time.monotonic()
+    proc = program(CLOSED_LOOP_AT_EXIT, kind, strategy, timeout=30)
+    took = time.monotonic() - start
+    assert proc.returncode == 0 and "pending 0" in proc.stdout, proc.stderr
+    assert took < 10.0, f"exit took {took:.1f} s"
+    assert "Traceback" not in proc.stderr and "violation" not in proc.stderr, proc.stderr
+
+
 DROPPED_AT_EXIT = """
 import gc, anyio, aiostream as ais
 
@@ -482,9 +601,10 @@ def test_host_functions_pending_at_exit_run_no_python() -> None:
 
 
 def test_the_watcher_thread_never_holds_the_exit() -> None:
-    """The watcher is a daemon thread: the interpreter's exit never joins it."""
+    """The watcher is a daemon thread: the interpreter's exit never joins it. (The kernel
+    outlasts the wait's start however busy the machine, so the wait is watched.)"""
     s = ais.Stream(DEV)
-    ais.delay(0.001, stream=s)
+    ais.delay(0.5, stream=s)
     s.synchronize_blocking()
     watchers = [t for t in threading.enumerate() if t.name == f"aiostream {DEV} watcher"]
     assert watchers and all(t.daemon for t in watchers), watchers

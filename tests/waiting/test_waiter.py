@@ -201,3 +201,32 @@ def test_a_late_wake_up_after_the_loop_closed_is_harmless(
     assert not late.is_alive() and raised == []
     clock.advance(1.0)  # no listener left to call
     assert ais.virtual.stats().waits == 0
+
+
+def _new_loop(kind: str) -> asyncio.AbstractEventLoop:
+    if kind == "uvloop":
+        uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed")
+        return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return asyncio.new_event_loop()
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "uvloop"])  # trio ends a run's every task
+def test_the_waits_of_a_loop_closed_with_them_pending_are_forgotten(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """``loop.close()`` with waits pending leaves their tasks unfinished for good: the waits
+    are forgotten (no longer listed, nothing of the backend's held for them), and the
+    completion that comes later raises and logs nothing."""
+    s = ais.Stream()
+    ais.delay(1.0, stream=s)
+    loop = _new_loop(kind)
+    tasks = [loop.create_task(s.synchronize()) for _ in range(3)]
+    loop.run_until_complete(asyncio.sleep(0))
+    assert len(ais.pending_waits()) == 3
+    loop.close()
+    assert ais.pending_waits() == []
+    assert ais.virtual.stats().waits == 0
+    with caplog.at_level("DEBUG", logger="aiostream"):
+        clock.advance(1.0)
+    assert caplog.messages == [] and ais.pending_waits() == []
+    del tasks  # asyncio's own "Task was destroyed but it is pending!" is the program's

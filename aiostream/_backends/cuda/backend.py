@@ -111,6 +111,8 @@ class CudaBackend(
         return handed_out(stream)
 
     def stream_destroy(self, stream: Stream) -> None:
+        if self._devices.closed:  # released at close (Devices.closed)
+            return
         with self._devices.lock:
             if not stream.owned or stream.doomed:
                 return
@@ -174,6 +176,8 @@ class CudaBackend(
         return Event(self._cu.CUevent(handle), index, owned=False)
 
     def event_destroy(self, event: Event) -> None:
+        if self._devices.closed:  # released at close (Devices.closed)
+            return
         with self._devices.lock:
             if not event.owned:
                 return
@@ -309,7 +313,7 @@ class CudaBackend(
         dev = self._devices.get(index)
         with self._devices.lock:
             streams = sum(1 for kind in dev.internal.values() if kind == "stream")
-            events = len(dev.internal) - streams + (dev.watcher.health is not None)
+            events = len(dev.internal) - streams + (dev.watcher.health.event is not None)
         watched, slots, chunks = watcher_stats(dev.watcher)
         return {
             "streams": streams,

@@ -27,19 +27,12 @@ from .driver import (
     Driver,
 )
 from .handles import Event, Memory, Stream
-from .watcher import Watcher
+from .watcher import CLOSED, Watcher
 
 __all__ = ["CLOSED", "Device", "Devices", "Pushed", "handed_out"]
 
 logger = logging.getLogger("aiostream")
 
-#: what every use of the backend says once it closed (at exit, after the program's atexit
-#: handlers registered later than aiostream's first use)
-CLOSED = (
-    "the CUDA backend was closed (the interpreter is exiting): its streams, events and "
-    "buffers can no longer be used; finish GPU work before the exit (an atexit handler "
-    "registered before aiostream's first use runs after it closed)"
-)
 MARKER_POOL = 8  #: idle markers a device keeps for reuse; the rest are destroyed
 _SLEEP_KERNEL = b"aiostream_sleep"
 _ptx_image: bytes | None = None
@@ -342,6 +335,9 @@ class Devices:
         self.count = count
         self.lock = threading.RLock()
         self.by_index: dict[int, Device] = {}
+        # Set by close(): every handle is released then, so the finalizers of those the
+        # program drops later return without taking the lock, which at the exit's end a daemon
+        # thread (a watcher) may hold for good, frozen by the interpreter's finalization.
         self.closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
         )

@@ -186,12 +186,11 @@ class Memories:
             # equivalent under mutation: pageable memory's alive flag is never read
             host.alive = False  # pragma: no mutate
             return
-        with self.devices.lock:
-            dev = self.devices.retire(host, "memory")
-            if dev is not None:
-                self.release(dev, host)
+        self.device_free(host)  # pinned memory: released as device memory is
 
     def device_free(self, mem: Memory) -> None:
+        if self.devices.closed:  # left to the exit at close (Devices.closed)
+            return
         with self.devices.lock:
             dev = self.devices.retire(mem, "memory")
             if dev is not None:

@@ -57,6 +57,7 @@ from ..._errors import AiostreamError, CudaError, DeviceError
 from .driver import NOT_SUPPORTED, SUCCESS, Driver
 
 __all__ = [
+    "CLOSED",
     "LaunchHostFunc",
     "Mark",
     "Semaphores",
@@ -80,6 +81,14 @@ DRAIN_S = 0.25  #: with nothing watched, how often slots of cancelled waits are 
 EVENT_DISABLE_TIMING = 0x2
 
 LaunchHostFunc = Callable[[int, int, int], int]
+
+#: what every use of the backend, and every wait pending then, says once it closed (at exit,
+#: after the program's atexit handlers registered later than aiostream's first use)
+CLOSED = (
+    "the CUDA backend was closed (the interpreter is exiting): its streams, events and "
+    "buffers can no longer be used; finish GPU work before the exit (an atexit handler "
+    "registered before aiostream's first use runs after it closed)"
+)
 
 
 # ---------------------------------------------------------------------- C host functions
@@ -189,6 +198,7 @@ class Target:
         "callback",
         "complete",
         "event",
+        "gone",
         "index",
         "lane",
         "mark",
@@ -212,6 +222,7 @@ class Target:
         )
         self.released = False
         self.callback: Callable[[], None] | None = None
+        self.gone: Callable[[], bool] | None = None  # the callback's (WaitTarget.watch)
         #: launches a host function to announce the mark, when the wait is watched (lock
         #: held); None: polled
         self.wake: Callable[[], None] | None = None
@@ -349,6 +360,62 @@ class Flags:
         self.chunks.clear()
 
 
+class Health:
+    """Whether a device failed: an event never recorded, queried (after a fault every call
+    says so) at most once a millisecond, its answer kept that long (backend's lock held)."""
+
+    def __init__(self, dev: Any) -> None:
+        self.dev = dev
+        self.event: Any = None  # made on first use
+        self.failed: CudaError | None = None
+        self.checked_at = float("-inf")  # when the driver was last asked (never)
+
+    def check(self) -> None:
+        """Raise the device's error if it failed."""
+        now = time.monotonic()
+        if now - self.checked_at >= 1e-3:
+            self.checked_at = now
+            drv, index = self.dev.drv, self.dev.index
+            with self.dev.pushed:
+                if self.event is None:
+                    created = drv.cu.cuEventCreate(EVENT_DISABLE_TIMING)
+                    self.event = drv.check(created, index, "cuEventCreate")
+                (err,) = drv.cu.cuEventQuery(self.event)
+            self.failed = drv.failure(err, index, "cuEventQuery")
+        if self.failed is not None:
+            raise self.failed
+
+    def close(self) -> None:
+        if self.event is not None:
+            self.dev.release(self.dev.drv.cu.cuEventDestroy, self.event)
+            self.event = None
+
+
+class Owners:
+    """The ``gone`` functions of the watched waits' callbacks (``WaitTarget.watch``), one per
+    waiting event loop, each with its number of waits."""
+
+    def __init__(self) -> None:
+        self.counts: dict[Callable[[], bool], int] = {}
+
+    def add(self, callback: Callable[[], None]) -> Callable[[], bool] | None:
+        """Count ``callback``'s wait; return its ``gone``, if it has one."""
+        gone: Callable[[], bool] | None = getattr(callback, "gone", None)
+        if gone is not None:
+            self.counts[gone] = self.counts.get(gone, 0) + 1
+        return gone
+
+    def remove(self, gone: Callable[[], bool] | None) -> None:
+        if gone is not None:
+            left = self.counts.pop(gone) - 1
+            if left:
+                self.counts[gone] = left
+
+    def gone(self) -> list[Callable[[], bool]]:
+        """The owners whose loop has closed."""
+        return [gone for gone in self.counts if gone()]
+
+
 class Watcher:
     """A device's marks, the waits being watched, and the thread that watches them.
 
@@ -370,10 +437,9 @@ class Watcher:
         # poll promptly until then: a host function ran (see _run); equivalent mutant (unmarked):
         self.chase_until = 0.0  # 0.0 -> 1.0, as monotonic() is long past 1.0
         self.queried: dict[Target, None] = {}  # watched waits on an event
-        self.health: Any = None  # an event never recorded: querying it says if the device failed
-        self.failed: CudaError | None = None
+        self.owners = Owners()  # the watched waits' loops
+        self.health = Health(dev)
         self.closed = False
-        self.checked_at = float("-inf")  # when the driver was last asked (never)
         self.progress_at = time.monotonic()  # pragma: no mutate (equivalent: written before read)
         self.sleeping_until = float("inf")
         self.sem = semaphores.new() if semaphores is not None else 0  # eq. mutant 0 -> 1: unread
@@ -447,8 +513,8 @@ class Watcher:
         if mark.complete:
             return True
         if mark.slot >= 0:
-            with self.lock:
-                if mark.slot >= 0 and self.flags.landed(mark):
+            with self.lock:  # (closed: its flags went with the close; check() says so)
+                if mark.slot >= 0 and not self.closed and self.flags.landed(mark):
                     mark.complete = True
                     if not mark.waits:  # else the sweep frees it, and tells them
                         self.flags.free(mark)
@@ -459,28 +525,21 @@ class Watcher:
     # ------------------------------------------------------------------ checks
 
     def query(self, event: Any) -> bool:
-        """Whether ``event`` completed (``cuEventQuery``); raise if the device failed."""
-        with self.dev.pushed:
-            (err,) = self.drv.cu.cuEventQuery(event)
+        """Whether ``event`` completed (``cuEventQuery``); raise if the device failed, or if
+        the backend closed (which destroyed the event: not while it is queried)."""
+        with self.lock:
+            if self.closed:
+                raise AiostreamError(CLOSED)
+            with self.dev.pushed:
+                (err,) = self.drv.cu.cuEventQuery(event)
         return self.drv.ready(err, self.index, "cuEventQuery")
 
     def check(self) -> None:
-        """Raise the device's error if it failed, or if the backend was closed; the driver is
-        asked (under the lock) at most once a millisecond, and its answer kept that long."""
+        """Raise the device's error if it failed (``Health``), or if the backend was closed."""
         with self.lock:
             if self.closed:
-                raise AiostreamError("the CUDA backend was closed (the interpreter is exiting)")
-            now = time.monotonic()
-            if now - self.checked_at >= 1e-3:
-                self.checked_at = now
-                with self.dev.pushed:
-                    if self.health is None:
-                        created = self.drv.cu.cuEventCreate(EVENT_DISABLE_TIMING)
-                        self.health = self.drv.check(created, self.index, "cuEventCreate")
-                    (err,) = self.drv.cu.cuEventQuery(self.health)
-                self.failed = self.drv.failure(err, self.index, "cuEventQuery")
-            if self.failed is not None:
-                raise self.failed
+                raise AiostreamError(CLOSED)
+            self.health.check()
 
     # ------------------------------------------------------------------ watching
 
@@ -499,6 +558,7 @@ class Watcher:
             if not tell_now:  # (post is read only then)
                 target.callback = callback
                 self.watched[target] = None  # pragma: no mutate (equivalent: values unread)
+                target.gone = self.owners.add(callback)
                 if mark is not None and mark.slot >= 0:
                     mark.waits.append(target)  # the sweep of the flags tells it
                     target.polled = not mark.woken
@@ -519,6 +579,9 @@ class Watcher:
             semaphores.post(self.sem)
 
     def release(self, target: Target) -> None:
+        if self.closed:  # nothing is held after the close: never wait for the lock then (at
+            target.released = True  # exit a daemon thread may have frozen holding it)
+            return
         with self.lock:
             if target.released:
                 return
@@ -537,6 +600,8 @@ class Watcher:
         target.callback = None
         self.watched.pop(target, None)
         self.queried.pop(target, None)
+        self.owners.remove(target.gone)
+        target.gone = None
         mark = target.mark
         if mark is not None and target in mark.waits:
             mark.waits.remove(target)
@@ -606,7 +671,10 @@ class Watcher:
             except AiostreamError:  # its own (a captured event's): its wait raises it
                 self._fire(target, due)
         now = time.monotonic()
-        if self.watched and now - self.checked_at >= HEALTH_S:
+        if self.watched and now - self.health.checked_at >= HEALTH_S:
+            gone = self.owners.gone()  # loops closed with waits pending: told, they forget them
+            for target in [t for t in self.watched if t.gone in gone] if gone else []:
+                self._fire(target, due)
             try:
                 self.check()
             except AiostreamError:
@@ -646,9 +714,7 @@ class Watcher:
         if semaphores is not None:
             semaphores.post(self.sem)
         _call(due)
-        if self.health is not None:
-            self.dev.release(self.drv.cu.cuEventDestroy, self.health)
-            self.health = None
+        self.health.close()
 
 
 def watcher_stats(watcher: Watcher) -> tuple[int, int, int]:

@@ -40,7 +40,7 @@ import inspect
 import math
 import weakref
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from queue import SimpleQueue
 from types import TracebackType
@@ -414,6 +414,61 @@ def _prepare_in_thread(
             call_soon(functools.partial(loader._prepared, job))  # noqa: SLF001
 
 
+class _Turn:
+    """A pass's one consumer: the task taking its batches, and the step (``__anext__``) it
+    is in, which :meth:`_Iteration.aclose` from another task cancels and waits for: the
+    consumer's loop then ends as at the source's end, with no batch after the close."""
+
+    __slots__ = ("over", "scope", "task")
+
+    def __init__(self) -> None:
+        self.task: tuple[int, str] | None = None  # id, name
+        self.scope: anyio.CancelScope | None = None  # the step in progress
+        self.over: anyio.Event | None = None  # set as that step ends, when one waits for it
+
+    def claim(self, holding: bool) -> None:
+        """Make the calling task the consumer, or refuse it while another task takes a batch
+        or is ``holding`` one (the next batch asked for would give it back to the pool, its
+        buffers reused under that task's work)."""
+        task = anyio.get_current_task()
+        other = self.task
+        if other is not None and other[0] != task.id and (self.scope is not None or holding):
+            raise RuntimeError(
+                f"task {task.name!r} asks for a batch of a DataLoader pass that task "
+                f"{other[1]!r} is consuming: a batch is valid until its consumer asks for the "
+                "next, so two consumers would reuse each other's buffers under their work. "
+                "Iterate a pass in one task (hand work to others from there), or make a "
+                "DataLoader per task"
+            )
+        self.task = (task.id, task.name or "")
+
+    async def take(self, get: Callable[[], Awaitable[Batch]]) -> Batch | None:
+        """``await get()`` in a scope that :meth:`end` cancels; None if it did."""
+        self.scope = scope = anyio.CancelScope()
+        try:
+            with scope:
+                return await get()
+            return None
+        finally:
+            self.scope = None
+            if self.over is not None:
+                self.over.set()
+
+    async def end(self) -> None:
+        """Cancel the step in progress, if any, and wait until it ends (unless it is the
+        calling task's own: an async transform closing its loader)."""
+        if self.scope is not None:
+            self.over = anyio.Event()
+            self.scope.cancel()
+            if self.task is None or self.task[0] != anyio.get_current_task().id:
+                await self.over.wait()
+
+    def stop(self) -> None:
+        """Cancel the step in progress, if any (nothing is awaited)."""
+        if self.scope is not None:
+            self.scope.cancel()
+
+
 class _Iteration(AsyncIterator[Batch]):
     """One pass over the source: run ahead in ``runner``'s tasks, or inside ``__anext__``."""
 
@@ -431,7 +486,8 @@ class _Iteration(AsyncIterator[Batch]):
         self._closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
         )
-        self._released = False  # aclose has run
+        self._closing: anyio.Event | None = None  # aclose has begun; set once it has finished
+        self._turn = _Turn()
         self.batches = 0
         # Produced inside __anext__ (no runner):
         self._inflight: deque[Batch] = deque()
@@ -458,9 +514,12 @@ class _Iteration(AsyncIterator[Batch]):
     async def __anext__(self) -> Batch:
         if self._closed:
             raise StopAsyncIteration
+        self._turn.claim(holding=self.staging.held is not None)
         try:
             self.staging.release_held()
-            batch = await (self._receive() if self.run_ahead else self._produce_here())
+            batch = await self._turn.take(self._receive if self.run_ahead else self._produce_here)
+            if batch is None or self._closed:  # closed meanwhile: its slot goes with the pool
+                raise StopAsyncIteration
             consumer = current_stream(self._device)
             consumer.wait_event(batch.ready)  # the host does not wait
             self.staging.hold(batch, consumer)
@@ -655,12 +714,15 @@ class _Iteration(AsyncIterator[Batch]):
         freed by the device once the copies complete. The consumer's own work on the last
         batch is the consumer's to await.
         """
-        if self._released:
+        if self._closing is not None:  # by another task too: return once it is closed
+            await self._closing.wait()
             return
-        self._closed = self._released = True
+        self._closed = True
+        self._closing = anyio.Event()
         self.staging.give_back()
         try:
             with anyio.CancelScope(shield=True):  # the producer and its workers stop at once
+                await self._turn.end()  # the consumer's step, in another task, ends first
                 if self.run_ahead:
                     self._scope.cancel()
                     await self._stopped.wait()
@@ -671,9 +733,12 @@ class _Iteration(AsyncIterator[Batch]):
             pass  # a failed (or reset) device: its awaits report that; cleanup must not
         finally:
             self.staging.drop()
-            if self._async and hasattr(self._source, "aclose"):
-                with anyio.CancelScope(shield=True):
-                    await self._source.aclose()
+            try:
+                if self._async and hasattr(self._source, "aclose"):
+                    with anyio.CancelScope(shield=True):
+                        await self._source.aclose()
+            finally:
+                self._closing.set()
 
     def stop(self) -> None:
         """Stop producing, from any task of the loop (nothing is awaited). The batch the
@@ -682,6 +747,7 @@ class _Iteration(AsyncIterator[Batch]):
         still closes the source and waits for the copies."""
         self._closed = True
         self.staging.give_back()
+        self._turn.stop()
         if self.run_ahead:
             self._stopping = True
             self._scope.cancel()
@@ -690,11 +756,14 @@ class _Iteration(AsyncIterator[Batch]):
     async def close_after(self, error: BaseException) -> None:
         """:meth:`aclose` while ``error`` is on its way out: a cancellation seen while
         closing does not replace an error of the consumer's, source's or transform's (the
-        cancellation is delivered again at the caller's next checkpoint). Anything else
+        cancellation is delivered again at the caller's next checkpoint), but it does replace
+        the source's end (``StopAsyncIteration``), which no checkpoint follows. Anything else
         closing raises is raised, with ``error`` in its context chain."""
         try:
             await self.aclose()
         except BaseException as exc:
+            if isinstance(error, StopAsyncIteration):
+                raise  # the end is no error: the loop's end needs no context
             # equivalent mutant (unmarked): _cancelled(error) -> _cancelled(None): where error is
             # the loop's cancellation, it or exc is raised, a cancellation either way, caught alike
             if not (_cancelled(exc) and not _cancelled(error)):

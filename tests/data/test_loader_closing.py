@@ -174,6 +174,59 @@ async def test_closing_from_another_task_ends_the_consumer_s_loop(
         quiet()
 
 
+@pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
+@pytest.mark.parametrize("closers", [1, 2])
+@pytest.mark.parametrize("waits_in", ["async generator", "async transform"])
+async def test_closing_a_plain_loop_from_another_task_while_it_takes_a_batch(
+    virtual_device: ais.Device, anyio_backend: object, closers: int, waits_in: str
+) -> None:
+    """Closed by other tasks (one, or two at once) while the consumer's plain ``async for``
+    waits in the source's ``__anext__`` (an async generator) or in an async transform: no
+    ``aclose()`` raises, the source is closed when each returns, and the consumer's loop ends
+    as at the source's end, with no batch after the close."""
+    cleaned: list[bool] = []
+
+    async def slow_source() -> AsyncIterator[np.ndarray]:
+        try:
+            yield np.zeros(4, np.float32)
+            await anyio.sleep(30)
+            yield np.ones(4, np.float32)
+        finally:
+            cleaned.append(True)
+
+    async def slow_transform(a: np.ndarray) -> np.ndarray:
+        if a[0] == 1:
+            await anyio.sleep(30)
+        return a
+
+    if waits_in == "async generator":
+        loader = ais.DataLoader(slow_source(), prefetch=1)
+    else:
+        loader = ais.DataLoader(arrays(3), transform=slow_transform, prefetch=1)
+    events: list[str] = []
+
+    async def take() -> None:
+        async for batch in loader:
+            events.append(f"batch {batch.index}")
+        events.append("ended")
+
+    async def close() -> None:
+        await loader.aclose()
+        events.append(f"closed, source closed: {cleaned == [True]}")
+
+    with deadline(10, "the loader to close and the consumer's loop to end"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take)
+            await until(lambda: events == ["batch 0"], "the consumer to take batch 0")
+            await anyio.sleep(0.05)  # it waits in the source, or in the transform
+            for _ in range(closers):
+                tg.start_soon(close)
+    closed = "closed, source closed: " + str(waits_in == "async generator")
+    assert events[0] == "batch 0"
+    assert sorted(events[1:]) == sorted([closed] * closers + ["ended"]), events
+    quiet()
+
+
 async def test_an_async_source_s_cleanup_may_await_under_cancellation(
     virtual_time: VirtualTime,
 ) -> None:
@@ -272,6 +325,24 @@ async def test_a_stalled_loader_leaves_when_cancelled(
         assert scope.cancelled_caught  # the copies never land: the loader waits for slots
     # released: the copies land (the fixture checks for leaks)
     await until(lambda: not ais.virtual.stats().operations, "the released copies to land")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
+@pytest.mark.parametrize("mode", sorted(MODES))
+async def test_a_cancellation_while_closing_at_the_source_s_end_propagates(
+    virtual_device: ais.Device, anyio_backend: object, mode: str
+) -> None:
+    """The source ends while its one copy cannot land (the engine is stalled): closing at the
+    end waits for that copy, and the cancellation that comes meanwhile is raised, not taken
+    for the loop's end."""
+    seen: list[int] = []
+    with ais.virtual.stall("h2d"):
+        with anyio.move_on_after(0.2) as scope:
+            await consume(mode, arrays(1), seen)
+        assert seen == [0]
+        assert scope.cancelled_caught  # the cancellation reached its scope
+    await until(lambda: not ais.virtual.stats().operations, "the released copy to land")
 
 
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)

@@ -20,6 +20,7 @@ from tests.helpers.loader import (
     Counted,
     arrays,
     consume,
+    fetch,
 )
 from tests.helpers.waits import assert_quiet as quiet
 
@@ -379,3 +380,65 @@ async def test_workers_need_the_async_with_block(virtual_device: ais.Device) -> 
             "this DataLoader is already open in an 'async with' block: iterate it there, or "
             "make another DataLoader for a second block"
         )
+
+
+@pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("when", ["holding a batch", "taking a batch"])
+async def test_a_second_task_taking_batches_from_one_pass_is_refused(
+    virtual_device: ais.Device, anyio_backend: object, mode: str, when: str
+) -> None:
+    """A batch is valid until its consumer asks for the next, so a second task asking for
+    batches of the same pass (while the first holds one, or is taking one) is refused, saying
+    what to do; the first task's loop goes on unharmed, every batch read back as written."""
+    gate = anyio.Event()  # the source's items 2 and 3 wait for the second task's attempt
+
+    async def source() -> AsyncIterator[np.ndarray]:
+        for i in range(4):
+            if i == 2:
+                await gate.wait()
+            yield np.full(16, i, np.float32)
+
+    read: list[float] = []
+    refused: list[str] = []
+    asking = anyio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        # a plain loop fills its prefetch inside each step: one, so that it waits at the gate
+        # only when asked for batch 2
+        prefetch = 1 if MODES[mode] is None else 2
+        loader = ais.DataLoader(source(), **{"prefetch": prefetch, **(MODES[mode] or {})})
+        if MODES[mode] is not None:
+            await stack.enter_async_context(loader)
+        it = aiter(loader)
+
+        async def first() -> None:
+            s = ais.Stream()
+            with ais.use_stream(s):
+                for n in range(4):
+                    if n == 2:  # holding batch 1, or about to take batch 2 (held at the gate)
+                        asking.set()
+                        if when == "holding a batch":
+                            await gate.wait()
+                    batch = await it.__anext__()
+                    read.append(float((await fetch(batch.data, s))[0]))
+
+        async def second() -> None:
+            await asking.wait()
+            try:
+                await it.__anext__()
+            except RuntimeError as exc:
+                refused.append(str(exc))
+            gate.set()
+
+        with deadline(10, "both tasks to be done"):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first, name="first")
+                tg.start_soon(second, name="second")
+        await it.aclose()  # the source, not taken to its end, is closed
+    assert refused == [
+        "task 'second' asks for a batch of a DataLoader pass that task 'first' is consuming: "
+        "a batch is valid until its consumer asks for the next, so two consumers would reuse "
+        "each other's buffers under their work. Iterate a pass in one task (hand work to "
+        "others from there), or make a DataLoader per task"
+    ]
+    assert read == [0.0, 1.0, 2.0, 3.0]

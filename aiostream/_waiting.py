@@ -579,13 +579,17 @@ class _StrategyWaiter(_Waiter):
                 del self._lanes[lane]
         self._dead = 0
 
-    def _sweep(self) -> float | None:
-        now = _loop_time()
+    def _told(self) -> None:
+        """Finish the waits the backend told of."""
         due = self._due
-        while due:  # what the backend told of
+        while due:
             entry = due.popleft()
             if not (entry.dead or entry.finished or self._check(entry)):
                 entry.target.watch(entry)  # neither done nor failed: to be told again
+
+    def _sweep(self) -> float | None:
+        now = _loop_time()
+        self._told()
         schedule = self._schedule
         lanes = []  # the lanes due now, taken first: a lane planned again goes to a later turn
         while schedule and schedule[0][0] <= now:
@@ -598,6 +602,9 @@ class _StrategyWaiter(_Waiter):
             if head is not None:
                 age = now - head.since
                 self._plan(lane, now if age < SPIN_S else now + min(POLL_CAP_S, age / 2))
+        # a wait handed over above may have been told at once, from this very sweep (its
+        # work completed since the look before): no kick comes for it
+        self._told()
         if not schedule:
             return None  # until the backend tells, or a new wait comes
         return max(0.0, schedule[0][0] - now)

@@ -10,6 +10,7 @@ count of host functions (and their delays) the tests marked ``needs_stand_in`` u
 
 from __future__ import annotations
 
+import threading
 import time
 
 import anyio
@@ -17,7 +18,7 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.cuda import DEV, N, held, ptr
-from tests.helpers.deadlines import until
+from tests.helpers.deadlines import until, until_blocking
 from tests.helpers.protocol import ANNOUNCED, STRATEGIES
 from tests.helpers.stand_in import FAKE, hurry, needs_stand_in, touch
 
@@ -80,13 +81,26 @@ async def test_the_default_strategy_is_the_one_set(anyio_backend: object, strate
 def test_a_blocking_wait_is_announced_by_a_host_function() -> None:
     """``synchronize_blocking()`` waits in its thread for the watcher's word, and the watcher
     hears of the wait from a host function after its mark (as with ``callback``), not at its
-    next health check, 50 ms later."""
+    next health check, 50 ms later. (The kernel runs until the wait has added its mark and
+    host function, then is hurried: however busy the machine, the wait starts before it
+    ends.)"""
     s = ais.Stream(DEV)
-    for what in ("stream", "event"):
-        ais.delay(0.005, stream=s)
+    for what, added in (("stream", 2), ("event", 1)):  # a stream's wait makes its mark too
+        ais.delay(30, stream=s)
         awaited = s if what == "stream" else s.record_event()
-        calls = FAKE.fake_cuda_host_calls()
+        calls, pending = FAKE.fake_cuda_host_calls(), FAKE.fake_cuda_pending()
+
+        def hurry_once_added() -> None:
+            until_blocking(
+                lambda: FAKE.fake_cuda_pending() >= pending + added,  # noqa: B023
+                "the wait's host function to be launched",
+            )
+            hurry()
+
+        helper = threading.Thread(target=hurry_once_added)
+        helper.start()
         awaited.synchronize_blocking()
+        helper.join(10)
         assert FAKE.fake_cuda_host_calls() - calls == 1, what
         assert s.query()
 

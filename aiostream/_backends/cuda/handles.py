@@ -28,6 +28,7 @@ class Stream:
         "owned",
         "private",
         "ptr",
+        "reach",
         "recorded",
         "seq",
         "woke",
@@ -65,6 +66,9 @@ class Stream:
         #: (event, ops): the last event recorded here, with aiostream's mark after it, when
         #: ``ops`` was this (see Waits.idle)
         self.recorded: tuple[Any, int] | None = None
+        #: (mark, ops): the first mark made here since ``ops`` was this: once it is reached,
+        #: every event recorded here since captured no work that had not completed
+        self.reach: tuple[Any, int] | None = None
 
 
 class Event:

@@ -86,6 +86,7 @@ class Waits:
         with dev.lock:
             # on a stream handed out, others may submit unseen: announced now or never
             target.mark = dev.watcher.mark(stream.ptr, wake and not stream.private)
+            _reaching(stream, target.mark)
             if wake and stream.private:
                 target.wake = self._waker(stream, target.mark, stream.ops)
         return target
@@ -110,8 +111,13 @@ class Waits:
         mark is, and the ``sem_post`` after it, which announces the mark, is no work of the
         user's; and a stream whose last work is an event's record, then aiostream's mark
         after it, is idle once that event has completed (the mark is no work of the user's
-        either)."""
-        return self._announced(stream, stream.ops) or self._recorded_last(stream)
+        either), or once an event recorded after all of the user's work was seen complete
+        (``query``: a later record of no more work, still to be reached, is complete too)."""
+        return (
+            self._reached(stream, stream.ops)
+            or self._announced(stream, stream.ops)
+            or self._recorded_last(stream)
+        )
 
     def _recorded_last(self, stream: Stream) -> bool:
         dev = self.devices[stream.index]
@@ -166,8 +172,22 @@ class Waits:
             return True
         if not (event.private and stream is not None):
             return False
-        # an earlier record seen complete captured the same work of the user's: so did this
-        return (private and event.at <= stream.done_at) or self._announced(stream, event.at)
+        return (private and self._reached(stream, event.at)) or self._announced(stream, event.at)
+
+    def _reached(self, stream: Stream, at: int) -> bool:
+        """Whether the user's work submitted to the private ``stream`` before its ``at``-th
+        operation is known complete: an event recorded after it was seen complete, or a mark
+        made after it (``Stream.reach``) is reached, however late the device gets to the
+        records made since."""
+        if at <= stream.done_at:
+            return True
+        reach = stream.reach
+        if reach is None or reach[1] < at or not stream.private:
+            return False
+        if self.devices[stream.index].watcher.reached(reach[0]):
+            stream.done_at = max(stream.done_at, reach[1])
+            return True
+        return False
 
     def _announced(self, stream: Stream, at: int) -> bool:
         """Whether the work submitted to ``stream`` before its ``at``-th operation has
@@ -224,6 +244,7 @@ class Waits:
             try:
                 if dev.watcher.memops and event.private and captured is None:  # event_capture
                     event.mark = dev.watcher.mark(stream.ptr, False)
+                    _reaching(stream, event.mark)
                     if stream.recorded is None or stream.recorded[0] is not event:
                         dev.let_go_recorded(stream)
                     stream.recorded = (event, stream.ops)
@@ -264,3 +285,10 @@ class Waits:
             if wake and stream.private:
                 target.wake = self._waker(stream, mark, event.at)
         return target
+
+
+def _reaching(stream: Stream, mark: Mark) -> None:
+    """``mark`` was just made on ``stream``: the first since the user's last operation there
+    stands for all of the user's work so far (``Stream.reach``)."""
+    if stream.reach is None or stream.reach[1] != stream.ops:
+        stream.reach = (mark, stream.ops)

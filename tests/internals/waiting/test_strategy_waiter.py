@@ -237,6 +237,33 @@ async def test_hybrid_leaves_a_wait_past_its_window_to_the_backend(
     assert work.released
 
 
+async def test_a_wait_complete_as_hybrid_hands_it_over_is_not_lost(
+    anyio_backend: object, loop_time: _FrozenLoopTime
+) -> None:
+    """The work completes between the loop's last look and the hand-over, so the backend
+    calls back at once, from the loop's own thread, inside the waiter's sweep (the CUDA
+    watcher does so for a mark that landed meanwhile): the wait ends, not asleep for good."""
+    backend = _ManualBackend()
+    work = _Work("s", 0)
+
+    def watch_complete_meanwhile(callback: Any) -> None:
+        work.watched = callback
+        work.complete.set()
+        callback()
+
+    work.watch = watch_complete_meanwhile  # type: ignore[method-assign]
+
+    async def outlast_the_window() -> None:
+        await anyio.lowlevel.checkpoint()
+        loop_time.now += 2 * _waiting.HYBRID_HANDOFF_S
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(outlast_the_window)
+            await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+    assert work.watched is not None and work.released
+
+
 async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:
     """Each wait starts while the previous one's waiter may still be closing."""
     backend = _ManualBackend()

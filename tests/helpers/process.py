@@ -29,10 +29,12 @@ def run_python(*args: str, timeout: float = 120, **env: str) -> subprocess.Compl
     )
 
 
-def in_spawned_process(target: Callable[..., None], *args: object) -> tuple[int, Any]:
-    """Run ``target(*args, out)`` in a fresh (spawned) process; return its pid and what it put
-    on ``out`` (a queue), once."""
-    ctx = multiprocessing.get_context("spawn")
+def in_spawned_process(
+    target: Callable[..., None], *args: object, start: str = "spawn"
+) -> tuple[int, Any]:
+    """Run ``target(*args, out)`` in a fresh (spawned) process, or with ``start="fork"`` in a
+    copy of this one; return its pid and what it put on ``out`` (a queue), once."""
+    ctx = multiprocessing.get_context(start)
     out = ctx.Queue()
     child = ctx.Process(target=target, args=(*args, out))
     child.start()

@@ -362,14 +362,32 @@ def _open_in_child(handle: bytes, out: Any) -> None:
         out.put(("opened", ""))
 
 
+def _open_event_in_child(handle: bytes, out: Any) -> None:
+    try:
+        ais.Event.from_ipc_handle("virtual:0", handle)
+    except BaseException as exc:  # reported to the parent, which judges it
+        out.put((type(exc).__name__, str(exc)))
+    else:
+        out.put(("opened", ""))
+
+
 @pytest.mark.slow
-def test_a_virtual_buffer_handle_in_another_process_is_refused_with_the_reason() -> None:
-    buf = ais.DeviceBuffer(8, interprocess=True)
-    handle = buf.ipc_handle()
-    _, (kind, message) = in_spawned_process(_open_in_child, handle)
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+@pytest.mark.parametrize("what", ["buffer", "event"])
+def test_a_virtual_handle_in_another_process_is_refused_with_the_reason(
+    start: str, what: str
+) -> None:
+    """Another process, spawned or forked (a fork holds a copy of the simulation, which never
+    sees this process's later work), refuses a virtual device's buffer or event handle."""
+    if what == "buffer":
+        handle, opener = ais.DeviceBuffer(8, interprocess=True).ipc_handle(), _open_in_child
+    else:
+        event = ais.Event(interprocess=True, enable_timing=False)
+        handle, opener = event.ipc_handle(), _open_event_in_child
+    child, (kind, message) = in_spawned_process(opener, handle, start=start)
     assert kind == "StaleHandleError", message
-    assert f"process {os.getpid()}" in message and "within one process" in message
-    assert "CUDA" in message
+    assert f"of process {os.getpid()}, and this is process {child}" in message, message
+    assert "within one process" in message and "CUDA" in message
 
 
 CHILD = """

@@ -31,7 +31,6 @@ class IpcTable:
 
     def __init__(self) -> None:
         self._token = secrets.token_bytes(8)
-        self._pid = os.getpid()
         self._states: weakref.WeakValueDictionary[int, EventState] = weakref.WeakValueDictionary()
 
     def handle(self, event: Event) -> bytes:
@@ -39,7 +38,7 @@ class IpcTable:
         body = _MAGIC + self._token
         # equivalent mutant (unmarked): "<IQI" -> "<iqi": signed or unsigned, these small values
         # pack the same
-        body += struct.pack("<IQI", event.device.index, event.state.id, self._pid)
+        body += struct.pack("<IQI", event.device.index, event.state.id, os.getpid())
         return body.ljust(_SIZE, b"\x00")
 
     def open(self, index: int, data: bytes) -> EventState:
@@ -52,7 +51,7 @@ class IpcTable:
 
     def memory_handle(self, key: int, index: int) -> bytes:
         """A handle of the device memory known as ``key`` (see ``Memories.share``)."""
-        body = _MEMORY_MAGIC + self._token + struct.pack("<IQI", index, key, self._pid)
+        body = _MEMORY_MAGIC + self._token + struct.pack("<IQI", index, key, os.getpid())
         return body.ljust(_SIZE, b"\x00")
 
     def open_memory(self, index: int, data: bytes) -> tuple[int, int]:
@@ -71,10 +70,11 @@ class IpcTable:
                 "ipc_handle() returned"
             )
         dev_index, key, pid = struct.unpack("<IQI", data[24:40])
-        if pid != self._pid:
+        here = os.getpid()  # not the backend's: a forked child holds a copy of it
+        if pid != here:
             raise StaleHandleError(
                 f"the IPC handle comes from a virtual device of process {pid}, and this is "
-                f"process {self._pid}: a virtual device is one process's simulation, so its "
+                f"process {here}: a virtual device is one process's simulation, so its "
                 f"{what}s are shared within one process only. Share them across processes "
                 f"on CUDA devices; on virtual devices, give each process its own {what}s"
             )

@@ -105,7 +105,8 @@
  *   cuMemAlloc allocation only (not a pool's); cuIpcOpenMemHandle takes
  *   CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS, opens in another process only (in the exporting one it
  *   is a violation, CUDA_ERROR_INVALID_CONTEXT), counts a second open in one context, and its
- *   memory is closed with cuIpcCloseMemHandle, not cuMemFree. A stream waiting for an event
+ *   memory is closed with cuIpcCloseMemHandle, not cuMemFree; cuMemGetAddressRange says the
+ *   exporter's whole allocation (as for any device memory). A stream waiting for an event
  *   of another process has the calling thread wait until that process completed the record
  *   (this driver's processes share no device).
  * - Host functions must be C functions: one that is not a named symbol of a loaded library
@@ -2087,6 +2088,19 @@ static CUresult cuIpcOpenMemHandle(CUdeviceptr *out, CUipcMemHandle handle, unsi
     LEAVE(OK);
 }
 
+/* cuMemGetAddressRange: the base and size of the allocation that holds ``p`` (memory opened
+ * from another process's handle is the exporter's whole allocation). */
+static CUresult cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+    ENTER();
+    CUresult r = need_context("cuMemGetAddressRange", NULL);
+    if (r != OK) LEAVE(r);
+    Block *b = block_at((void *)(uintptr_t)p, 0, 0);
+    if (b == NULL || !known(b) || b->freed || !is_live(&b->h)) LEAVE(NOT_FOUND);
+    if (base) *base = (CUdeviceptr)(uintptr_t)b->base;
+    if (size) *size = b->size;
+    LEAVE(OK);
+}
+
 static CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     ENTER();
     CUresult r;
@@ -3065,6 +3079,7 @@ static const EntryPoint entries[] = {
     {"cuIpcGetMemHandle", 4010, (void *)cuIpcGetMemHandle},
     {"cuIpcOpenMemHandle", 11000, (void *)cuIpcOpenMemHandle},
     {"cuIpcCloseMemHandle", 4010, (void *)cuIpcCloseMemHandle},
+    {"cuMemGetAddressRange", 3020, (void *)cuMemGetAddressRange},
     {"cuModuleLoadData", 2000, (void *)cuModuleLoadData},
     {"cuModuleUnload", 2000, (void *)cuModuleUnload},
     {"cuModuleGetFunction", 2000, (void *)cuModuleGetFunction},

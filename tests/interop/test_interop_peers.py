@@ -11,6 +11,7 @@ process, as its events, and refuses another process with the reason.
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -487,6 +488,41 @@ def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None
         "CudaError: cuStreamWaitEvent failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
     )
     assert after == "0"  # closed (the stand-in counts a close under pending work a violation)
+    assert "fake_cuda: at exit" not in child.stderr, child.stderr
+    del shared
+
+
+LYING_SIZE_CHILD = """
+import gc, sys
+import aiostream as ais
+from tests.helpers.stand_in import DEVICE_BUFFERS, FAKE
+
+try:
+    ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
+except ValueError as exc:
+    print(f"ValueError: {exc}", flush=True)
+gc.collect()
+ais.current_stream("cuda:0").synchronize_blocking()
+print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)
+"""
+
+
+@needs_stand_in
+def test_cuda_a_handle_that_claims_more_than_its_memory_holds_is_refused() -> None:
+    """The size in a buffer's handle is the exporter's word: a handle changed to claim 1 MiB
+    for 4 KiB of memory is refused where it opens (the driver says how large the allocation
+    is), and the memory opened is closed again, rather than a buffer that copies read past."""
+    shared = ais.DeviceBuffer(4096, DEV, interprocess=True)
+    handle = bytearray(shared.ipc_handle())
+    struct.pack_into("<Q", handle, 8, 1 << 20)  # the header's nbytes, after its magic
+    child = run_python("-c", LYING_SIZE_CHILD, bytes(handle).hex())
+    assert child.returncode == 0, child.stderr[-3000:]
+    said, left = child.stdout.splitlines()
+    assert said == (
+        "ValueError: this IPC handle claims 1048576 bytes, but the memory it opens holds "
+        "4096: pass the bytes that DeviceBuffer.ipc_handle() returned, unchanged"
+    )
+    assert left == "0"  # closed again
     assert "fake_cuda: at exit" not in child.stderr, child.stderr
     del shared
 

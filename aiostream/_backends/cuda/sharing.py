@@ -140,6 +140,7 @@ class Sharing:
                     ) from self.drv.error(err, index, "cuIpcOpenMemHandle")
                 if err != SUCCESS:
                     raise self.drv.error(err, index, "cuIpcOpenMemHandle")
+                self._check_range(index, int(ptr), nbytes)
                 mem = Memory(index, nbytes, int(ptr), device=True)
                 dev.memory.add(mem)
                 self.memories.releasers[id(mem)] = self._close
@@ -156,6 +157,23 @@ class Sharing:
             finally:
                 dev.release(cu.cuEventDestroy, after)  # the wait captured it
         return mem
+
+    def _check_range(self, index: int, ptr: int, nbytes: int) -> None:
+        """Close the memory just opened at ``ptr`` and raise, unless it holds ``nbytes``: the
+        size a handle claims is the exporter's word, and copies past the allocation would
+        fault the context for good."""
+        cu = self.drv.cu
+        err, base, size = cu.cuMemGetAddressRange(cu.CUdeviceptr(ptr))
+        if err == SUCCESS and int(base) + int(size) - ptr >= nbytes:
+            return
+        self.drv.released(cu.cuIpcCloseMemHandle(cu.CUdeviceptr(ptr)), index, "cuIpcCloseMemHandle")
+        if err != SUCCESS:
+            raise self.drv.error(err, index, "cuMemGetAddressRange")
+        raise ValueError(
+            f"this IPC handle claims {nbytes} bytes, but the memory it opens holds "
+            f"{int(base) + int(size) - ptr}: pass the bytes that DeviceBuffer.ipc_handle() "
+            "returned, unchanged"
+        )
 
     def _close(self, mem: Memory) -> None:
         cu = self.drv.cu

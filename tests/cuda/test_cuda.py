@@ -300,6 +300,36 @@ async def test_ipc_handles_round_trip(anyio_backend: object) -> None:
     assert e.query()
 
 
+@needs_stand_in
+@pytest.mark.parametrize("dropped_first", ["exported", "opened"])
+def test_an_event_handle_opened_in_its_own_process_shares_the_event(dropped_first: str) -> None:
+    """The driver documents opening an IPC handle in another process only (the stand-in
+    refuses it in the exporting one, counting a violation): opened where it was made, a
+    handle gives an Event sharing the exported one, with no driver call (a record of either
+    is one of both), destroyed once both are dropped, in either order."""
+    s = ais.Stream(DEV)
+    live = FAKE.fake_cuda_live(EVENTS)
+    exported = ais.Event(DEV, interprocess=True)
+    opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())
+    assert FAKE.fake_cuda_live(EVENTS) == live + 1  # one event, shared
+    assert opened.event_id == exported.event_id
+    ais.delay(0.05, stream=s)
+    opened.record(s)
+    assert not exported.query()
+    exported.synchronize_blocking()
+    assert opened.query()
+    first, last = (exported, opened) if dropped_first == "exported" else (opened, exported)
+    del exported, opened
+    del first
+    gc.collect()
+    assert FAKE.fake_cuda_live(EVENTS) == live + 1  # the other still uses it
+    last.record(s)
+    last.synchronize_blocking()
+    del last
+    gc.collect()
+    assert FAKE.fake_cuda_live(EVENTS) == live
+
+
 def test_bad_ipc_handles_are_refused_cleanly() -> None:
     with pytest.raises(ValueError, match="64 bytes"):
         ais.Event.from_ipc_handle(DEV, b"short")

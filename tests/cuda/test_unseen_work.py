@@ -149,8 +149,8 @@ async def test_an_opened_ipc_event_may_be_recorded_by_its_exporter_unseen(
 ) -> None:
     """An event opened from an IPC handle is recorded by the process that exported it too,
     unseen: recorded here after an announced wait, then there, it is complete only once the
-    driver says so. (The stand-in lets a process open its own handle: the opened event
-    follows the exported one.)"""
+    driver says so. (Opened in its own process, the handle gives the exported event itself,
+    shared: the driver opens handles in other processes only.)"""
     s, elsewhere = ais.Stream(DEV), ais.Stream(DEV)
     exported = ais.Event(DEV, interprocess=True)
     exported.record(s)
@@ -173,8 +173,8 @@ async def test_an_exported_event_may_be_recorded_by_its_opener_unseen(
 ) -> None:
     """Once its IPC handle is out, an event is recorded by the process that opens it too,
     unseen: recorded here after an announced wait, then there, it is complete only once the
-    driver says so. (The stand-in lets a process open its own handle: a record of the opened
-    event is one of the exported event.)"""
+    driver says so. (Opened in its own process, the handle gives the exported event itself,
+    shared: a record of the opened event is one of the exported event.)"""
     s, elsewhere = ais.Stream(DEV), ais.Stream(DEV)
     exported = ais.Event(DEV, interprocess=True)
     ais.delay(0.02, stream=s)  # pending when the wait starts: its host function is launched

@@ -1672,10 +1672,8 @@ static CUresult cuIpcOpenEventHandle(void **out, CUipcEventHandle handle) {
     ENTER();
     CUresult r = need_context("cuIpcOpenEventHandle", NULL);
     if (r != OK) LEAVE(r);
-    Event *src = NULL;
     pid_t pid;
     memcpy(&pid, handle.reserved + 8, sizeof pid);
-    memcpy(&src, handle.reserved + 16, sizeof src);
     if (memcmp(handle.reserved, ipc_magic, 8) == 0 && pid != getpid()) {
         /* another process's event: follow its published progress */
         int fd;
@@ -1689,16 +1687,11 @@ static CUresult cuIpcOpenEventHandle(void **out, CUipcEventHandle handle) {
         *out = e;
         LEAVE(OK);
     }
-    /* an event of this process: the opened one follows it */
-    if (memcmp(handle.reserved, ipc_magic, 8) != 0 || pid != getpid() || !known(src) ||
-        ((Obj *)src)->kind != KIND_EVENT || !is_live(&src->h)) {
-        LEAVE(INVALID_VALUE);
-    }
-    Event *e = new_object(sizeof *e, KIND_EVENT, current());
-    e->flags = EV_INTERPROCESS | EV_DISABLE_TIMING;
-    e->peer = src;
-    *out = e;
-    LEAVE(OK);
+    if (memcmp(handle.reserved, ipc_magic, 8) != 0) LEAVE(INVALID_VALUE);
+    /* an event of this process: the documentation promises nothing (HIP documents an error) */
+    violation("cuIpcOpenEventHandle in the process that exported the event: a handle opens "
+              "in other processes only");
+    LEAVE(INVALID_CONTEXT);
 }
 
 /* ------------------------------------------------------------------ modules and kernels */

@@ -181,6 +181,9 @@ class CudaBackend(
         with self._devices.lock:
             if not event.owned:
                 return
+            if event.shares:  # opened from its IPC handle here too (Sharing): one owner less
+                event.shares -= 1
+                return
             self._waits.forget(event)
             dev = self._devices.retire(event, "events")
             if dev is not None and not self._waits.keep_recorded(event):

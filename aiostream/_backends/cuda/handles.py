@@ -85,6 +85,7 @@ class Event:
         "private",
         "ptr",
         "seq",
+        "shares",
         "stream",
     )
 
@@ -93,6 +94,9 @@ class Event:
         self.index = index
         self.id = int(ptr)
         self.owned = owned
+        #: the Events opened from its IPC handle in this process, which share it: destroyed
+        #: once the last of them and the original are
+        self.shares = 0
         #: made here and its handle never handed out: only aiostream records it (Waits.query)
         self.private = owned
         self.alive = True

@@ -21,6 +21,7 @@ import ctypes
 import logging
 import os
 import struct
+import weakref
 from collections.abc import Callable
 
 from ..._errors import CudaError
@@ -46,6 +47,8 @@ class Sharing:
         self.drv = drv
         self.devices = devices
         self.memories = memories
+        #: this process's events by their IPC handles, which open here as the event itself
+        self.exported: weakref.WeakValueDictionary[bytes, Event] = weakref.WeakValueDictionary()
 
     def order(self, mem: Memory, stream: Stream) -> None:
         """Make later work on ``stream`` wait, on the device, for the work that every other
@@ -190,10 +193,25 @@ class Sharing:
         with self.devices[event.index].pushed:
             result = self.drv.cu.cuIpcGetEventHandle(event.ptr)
         handle = self.drv.check(result, event.index, "cuIpcGetEventHandle")
-        return ctypes.string_at(handle.getPtr(), 64)
+        data = ctypes.string_at(handle.getPtr(), 64)
+        self.exported[data] = event
+        return data
 
     def event_from_ipc_handle(self, index: int, data: bytes) -> Event:
-        """An event of another process, opened from its handle; owned (destroyed here)."""
+        """An event of another process, opened from its handle; owned (destroyed here). An
+        event of this process is not opened (the driver promises nothing of that): the
+        original is shared, and destroyed once its last owner lets it go."""
+        with self.devices.lock:
+            mine = self.exported.get(data)
+            if mine is not None:
+                if not mine.alive:
+                    raise ValueError("the event behind this IPC handle no longer exists")
+                if mine.index != index:
+                    raise ValueError(
+                        f"the IPC handle is of an event on cuda:{mine.index}, not cuda:{index}"
+                    )
+                mine.shares += 1
+                return mine
         cu = self.drv.cu
         handle = cu.CUipcEventHandle()
         ctypes.memmove(handle.getPtr(), data, 64)

@@ -10,6 +10,7 @@ process, as its events, and refuses another process with the reason.
 
 from __future__ import annotations
 
+import gc
 import os
 import struct
 import subprocess
@@ -573,12 +574,43 @@ def test_cuda_ipc_handles_are_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match=r"interprocess=True"):
         ais.DeviceBuffer(16, DEV).ipc_handle()
     handle = ais.DeviceBuffer(16, DEV, interprocess=True).ipc_handle()
+    gc.collect()  # the exported buffer is gone
     with pytest.raises(ValueError) as info:
         ais.DeviceBuffer.from_ipc_handle(DEV, handle)
     assert str(info.value) == (
-        "this IPC handle was made in this process, and the driver opens shared memory in other "
-        "processes only: use the exported DeviceBuffer itself here"
+        "the buffer behind this IPC handle, made in this process, no longer exists"
     )
+
+
+@needs_cuda
+async def test_cuda_a_buffer_handle_opened_in_its_own_process_shares_the_buffer(
+    anyio_backend: object,
+) -> None:
+    """The driver opens a memory IPC handle in other processes only: in the process that made
+    it, a handle gives a buffer over the same memory (no driver open), its stream ordered
+    after the exporter's work as in another process, the memory freed once both buffers are
+    dropped (the stand-in counts a free under a user as a violation)."""
+    s = ais.Stream(DEV)
+    host = ais.HostBuffer(16, device=DEV)
+    host.numpy(np.float32)[:] = [1, 2, 3, 4]
+    shared = ais.DeviceBuffer(16, DEV, interprocess=True)
+    ais.delay(0.05, stream=s)
+    ais.copy_async(shared, host, stream=s)
+    handle = shared.ipc_handle()
+    opened = ais.DeviceBuffer.from_ipc_handle(DEV, handle)
+    assert opened.__cuda_array_interface__["data"][0] == shared.__cuda_array_interface__["data"][0]
+    out = ais.HostBuffer(16, device=DEV)
+    ais.copy_async(out, opened)  # on the current stream, which waited for the exporter
+    with anyio.fail_after(5):
+        await ais.current_stream(DEV).synchronize()
+    assert out.numpy(np.float32).tolist() == [1.0, 2.0, 3.0, 4.0]
+    del shared
+    gc.collect()
+    ais.copy_async(out, opened)  # still there: the opened buffer shares it
+    with anyio.fail_after(5):
+        await ais.current_stream(DEV).synchronize()
+    del opened
+    gc.collect()
 
 
 @needs_stand_in

@@ -179,10 +179,7 @@ class CudaBackend(
         if self._devices.closed:  # released at close (Devices.closed)
             return
         with self._devices.lock:
-            if not event.owned:
-                return
-            if event.shares:  # opened from its IPC handle here too (Sharing): one owner less
-                event.shares -= 1
+            if not event.owned or self._sharing.unshare(event):
                 return
             self._waits.forget(event)
             dev = self._devices.retire(event, "events")
@@ -245,7 +242,8 @@ class CudaBackend(
         return self._memory.device_alloc(index, nbytes, stream)
 
     def device_free(self, mem: Memory) -> None:
-        self._memory.device_free(mem)
+        if not self._sharing.unshare(mem):
+            self._memory.device_free(mem)
 
     def memory_use(self, mem: Memory, stream: Stream) -> None:
         self._memory.use(mem, stream)

@@ -125,6 +125,7 @@ class Memory:
     """
 
     __slots__ = (
+        "__weakref__",
         "alive",
         "alloc_marker",
         "array",
@@ -133,6 +134,7 @@ class Memory:
         "nbytes",
         "pooled",
         "ptr",
+        "shares",
         "streams",
     )
 
@@ -149,6 +151,9 @@ class Memory:
         )
         #: the streams that used it, by key; freeing records a marker on each
         self.streams: dict[StreamKey, Stream] = {}
+        #: the buffers opened from its IPC handle in this process, which share it (as
+        #: Event.shares)
+        self.shares = 0
         #: a stream-ordered allocation: the marker recorded after it, which another stream
         #: waits for before its first use of the memory (None once every use is ordered)
         self.alloc_marker: Any = None

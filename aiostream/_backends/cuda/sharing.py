@@ -47,8 +47,23 @@ class Sharing:
         self.drv = drv
         self.devices = devices
         self.memories = memories
-        #: this process's events by their IPC handles, which open here as the event itself
+        #: this process's events and memory by their driver IPC handles, which open here as
+        #: the event or memory itself, shared
         self.exported: weakref.WeakValueDictionary[bytes, Event] = weakref.WeakValueDictionary()
+        self.exported_memory: weakref.WeakValueDictionary[bytes, Memory] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def unshare(self, handle: Event | Memory) -> bool:
+        """One owner of ``handle`` less, if it is shared (opened from its IPC handle in this
+        process): True then, and it stays."""
+        if self.devices.closed:  # released at close: never wait for the lock then
+            return False
+        with self.devices.lock:
+            if handle.shares:
+                handle.shares -= 1
+                return True
+            return False
 
     def order(self, mem: Memory, stream: Stream) -> None:
         """Make later work on ``stream`` wait, on the device, for the work that every other
@@ -105,7 +120,9 @@ class Sharing:
         with self.devices[mem.index].pushed:
             result = cu.cuIpcGetMemHandle(cu.CUdeviceptr(mem.ptr))
         handle = self.drv.check(result, mem.index, "cuIpcGetMemHandle")
-        return _PID.pack(os.getpid()) + ctypes.string_at(handle.getPtr(), _DRIVER_HANDLE)
+        data = ctypes.string_at(handle.getPtr(), _DRIVER_HANDLE)
+        self.exported_memory[data] = mem
+        return _PID.pack(os.getpid()) + data
 
     def ipc_open(
         self, index: int, data: bytes, event: bytes, nbytes: int, stream: Stream
@@ -119,10 +136,7 @@ class Sharing:
             )
         (pid,) = _PID.unpack_from(data)
         if pid == os.getpid():
-            raise ValueError(
-                "this IPC handle was made in this process, and the driver opens shared memory "
-                "in other processes only: use the exported DeviceBuffer itself here"
-            )
+            return self._share(index, data[_PID.size :], event, nbytes, stream)
         cu = self.drv.cu
         mem_handle, event_handle = cu.CUipcMemHandle(), cu.CUipcEventHandle()
         ctypes.memmove(mem_handle.getPtr(), data[_PID.size :], _DRIVER_HANDLE)
@@ -160,6 +174,32 @@ class Sharing:
             finally:
                 dev.release(cu.cuEventDestroy, after)  # the wait captured it
         return mem
+
+    def _share(self, index: int, data: bytes, event: bytes, nbytes: int, stream: Stream) -> Memory:
+        """Memory exported by this process, whose handle the driver opens elsewhere only: the
+        memory itself, shared, ``stream`` ordered after the exporter's event as in another
+        process."""
+        with self.devices.lock:
+            mem = self.exported_memory.get(data)
+            if mem is None or not mem.alive:
+                raise ValueError(
+                    "the buffer behind this IPC handle, made in this process, no longer exists"
+                )
+            if mem.index != index or nbytes > mem.nbytes:
+                raise ValueError(
+                    f"this IPC handle is of {mem.nbytes} bytes on cuda:{mem.index}: pass the "
+                    f"bytes that DeviceBuffer.ipc_handle() returned, unchanged, and open them "
+                    f"on cuda:{mem.index}"
+                )
+            after = self.exported.get(event)
+            if after is not None and after.alive:  # the exporter's event, shared too
+                with self.devices[index].pushed:
+                    result = self.drv.cu.cuStreamWaitEvent(stream.ptr, after.ptr, 0)
+                self.drv.check(result, index, "cuStreamWaitEvent")
+                stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+            self.memories.use(mem, stream)
+            mem.shares += 1
+            return mem
 
     def _check_range(self, index: int, ptr: int, nbytes: int) -> None:
         """Close the memory just opened at ``ptr`` and raise, unless it holds ``nbytes``: the

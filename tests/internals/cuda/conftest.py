@@ -1,33 +1,7 @@
-"""Fixtures of the white-box tests of the CUDA backend, as in ``tests/cuda/conftest.py``;
-what they share besides lives in ``tests/helpers/cuda.py``."""
+"""Fixtures of the white-box tests of the CUDA backend, the same as ``tests/cuda/``'s
+(``tests/helpers/cuda_fixtures.py``); what they share besides lives in
+``tests/helpers/cuda.py``."""
 
-from __future__ import annotations
+from tests.helpers.cuda_fixtures import contract, own_backend
 
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
-
-import aiostream as ais
-from tests.helpers import cuda
-from tests.helpers.stand_in import hurry, keeping_the_contract
-
-
-@pytest.fixture
-def contract() -> Iterator[None]:
-    """The test starts with no violation of the driver's contract counted on the stand-in,
-    and must end with none; the kernels it left running end, and the default wait strategy
-    and debug mode come back after it."""
-    with keeping_the_contract():
-        yield
-        ais.set_wait_strategy(None)
-        ais.set_debug(False)
-        hurry()
-
-
-@pytest.fixture
-def own_backend() -> Iterator[Any]:
-    """A CUDA backend of the test's own, installed for the test (objects made meanwhile use
-    it) and closed after it, as the process's exit closes the shared one."""
-    with cuda.own_backend() as backend:
-        yield backend
+__all__ = ["contract", "own_backend"]

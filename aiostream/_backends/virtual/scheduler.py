@@ -202,25 +202,13 @@ class Scheduler(_Starts):
                 duration, error = _apply_faults(device, stream, engine, duration, error)
             self.pending_ops += 1
         item = Item(next(self._seq), stream, t, duration, eng, fn, error, name)
-        deps = [d for d in stream.waits if d.state != DONE]
-        stream.waits = []
-        last = stream.last
-        if last is not None and last.state != DONE:
-            deps.append(last)
-        stream.last = item
         device.live[item] = None
-        if deps:
-            item.deps_left = len(deps)
-            for dep in deps:
-                if dep.dependents is None:
-                    dep.dependents = [item]
-                else:
-                    dep.dependents.append(item)
-        elif eng is None:
-            item.start = item.end = t
-            self._done(item)
-        else:
-            heapq.heappush(eng.ready, item.key())
+        if not _after_stream(stream, item, item):  # ready now
+            if eng is None:
+                item.start = item.end = t
+                self._done(item)
+            else:
+                heapq.heappush(eng.ready, item.key())
         if eng is not None:  # (advance left no engine marked; this starts on its own)
             self._start_ready(eng, t)
             self._reopen(eng, t)
@@ -251,19 +239,7 @@ class Scheduler(_Starts):
             start.dependents.append(end)
             end.deps_left = 1
         self.pending_ops += len(shape.ops)
-        deps = [d for d in stream.waits if d.state != DONE]
-        if stream.last is not None and stream.last.state != DONE:
-            deps.append(stream.last)
-        stream.waits = []
-        stream.last = end
-        if deps:
-            start.deps_left = len(deps)
-            for dep in deps:
-                if dep.dependents is None:
-                    dep.dependents = [start]
-                else:
-                    dep.dependents.append(start)
-        else:
+        if not _after_stream(stream, start, end):
             start.start = start.end = t
             self._done(start)
             dirty, self._dirty = self._dirty, []  # what the roots made busy: decided now
@@ -506,3 +482,23 @@ class Launch:
             self.ready[j] = end
         self.left[j] -= 1
         return not self.left[j]
+
+
+def _after_stream(stream: Stream, item: Item, last: Item) -> bool:
+    """Make ``item`` wait for the work ``stream`` holds (what it was made to wait for, and its
+    last item), and ``last`` the stream's last item: whether ``item`` has anything to wait
+    for (if not, it is ready now)."""
+    deps = [d for d in stream.waits if d.state != DONE]
+    stream.waits = []
+    if stream.last is not None and stream.last.state != DONE:
+        deps.append(stream.last)
+    stream.last = last
+    if not deps:
+        return False
+    item.deps_left = len(deps)
+    for dep in deps:
+        if dep.dependents is None:
+            dep.dependents = [item]
+        else:
+            dep.dependents.append(item)
+    return True

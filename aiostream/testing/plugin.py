@@ -20,13 +20,16 @@ Outside pytest, :func:`aiostream.testing.run_in_virtual_time` runs an async func
 way; :mod:`aiostream.testing` imports without pytest.
 
 The option ``--aiostream-timelines=DIR`` writes each test's device timeline to
-``DIR/<test id>.timeline`` (see :func:`aiostream.testing.format_timeline`).
+``DIR/<test id>.timeline`` (see :func:`aiostream.testing.format_timeline`), the id's
+separators and characters no file name holds replaced by ``_``, and, where its parameters held
+such characters or it is long, shortened and followed by a hash of the whole id.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
+import hashlib
 import inspect
 import re
 import time
@@ -159,11 +162,24 @@ def _marker_options(node: pytest.Item) -> dict[str, Any]:
     return options
 
 
+#: the longest test id kept whole in a timeline's file name (file systems allow 255 bytes)
+_NAME_MAX = 150
+
+
 def _timeline_path(config: pytest.Config, nodeid: str) -> Path | None:
+    """The file of a test's timeline: its id, the path's separators and characters a file
+    name cannot hold replaced by ``_``; where the id held others than the path's (in its
+    parameters), or is long, shortened and followed by a hash of the whole id, so that two
+    tests never share a file and no name is too long."""
     folder = config.getoption("aiostream_timelines")
     if not folder:
         return None
     name = re.sub(r"[^A-Za-z0-9_.\-\[\]]+", "_", nodeid).strip("_")
+    head, _, params = nodeid.partition("[")
+    replaced = re.search(r"[^A-Za-z0-9_.\-/:]", head) or re.search(r"[^A-Za-z0-9_.\-\]]", params)
+    if replaced or len(name) > _NAME_MAX:
+        digest = hashlib.sha1(nodeid.encode(), usedforsecurity=False).hexdigest()[:12]
+        name = f"{name[:_NAME_MAX]}-{digest}"
     return Path(folder) / f"{name}.timeline"
 
 

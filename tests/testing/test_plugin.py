@@ -475,6 +475,34 @@ def test_without_the_fixture():
     assert "reset(devices=N)" not in result.stdout.str()
 
 
+def test_every_test_s_timeline_has_a_file_of_its_own(pytester: pytest.Pytester) -> None:
+    """Ids that differ only in characters a file name cannot hold, and an id longer than a
+    file name may be, each get a file of their own; the test passes, and plain ids keep
+    their names."""
+    out = pytester.path / "timelines"
+    result = run(
+        pytester,
+        """
+import pytest
+import aiostream as ais
+
+@pytest.mark.parametrize("case", ["a/b", "a:b", "a b", "x" * 300])
+def test_one(virtual_device, case):
+    ais.Stream().synchronize_blocking()
+
+def test_plain(virtual_device):
+    pass
+""",
+        f"--aiostream-timelines={out}",
+        "-q",
+    )
+    result.assert_outcomes(passed=5)
+    names = sorted(path.name for path in out.iterdir())
+    assert len(names) == 5, names
+    assert "test_inner.py_test_plain.timeline" in names
+    assert all(len(name) <= 200 for name in names), names
+
+
 def test_a_timelines_option_naming_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
     target = pytester.path / "not-a-folder"
     target.write_text("")

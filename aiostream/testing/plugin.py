@@ -268,7 +268,14 @@ def _settled_leaks(backend: VirtualBackend) -> list[str]:
 def virtual_time(request: pytest.FixtureRequest, virtual_device: Device) -> Iterator[VirtualTime]:
     """Run the test body on a fake clock shared by loop timers and device work."""
     item = request.node
-    vtime = item.stash[_TIME_KEY]
+    vtime = item.stash.get(_TIME_KEY, None)
+    if vtime is None:  # not among the test's fixtures when virtual_device was set up
+        pytest.fail(
+            "virtual_time runs the test function itself on a fake clock, so it must be one of "
+            "the test's fixtures from the start: name it as an argument of the test (or in "
+            "@pytest.mark.usefixtures), not through request.getfixturevalue()",
+            pytrace=False,
+        )
     original = item.obj
     if not inspect.iscoroutinefunction(original):
         pytest.fail(

@@ -503,6 +503,25 @@ def test_plain(virtual_device):
     assert all(len(name) <= 200 for name in names), names
 
 
+def test_virtual_time_asked_for_too_late_says_how_to_ask(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+import pytest
+
+@pytest.mark.anyio
+async def test_late(request, anyio_backend):
+    request.getfixturevalue("virtual_time")
+""",
+        "-q",
+    )
+    result.assert_outcomes(failed=2)  # on asyncio and trio
+    result.stdout.fnmatch_lines(
+        ["*virtual_time runs the test function itself on a fake clock*getfixturevalue()*"]
+    )
+    result.stdout.no_fnmatch_line("*KeyError*")
+
+
 def test_a_timelines_option_naming_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
     target = pytester.path / "not-a-folder"
     target.write_text("")

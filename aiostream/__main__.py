@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.loop != "asyncio" and _dist_version(args.loop) is None:
         command.error(
             f"--loop {args.loop} needs the {args.loop!r} package: pip install {args.loop} "
-            f'(or pip install "aiostream-cuda[{args.loop}]")'
+            f'(or, from aiostream\'s checkout, python -m pip install ".[{args.loop}]")'
         )
     if args.command == "demo":
         if args.prefetch is not None and args.prefetch < args.workers:

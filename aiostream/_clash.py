@@ -39,8 +39,9 @@ def advice(other: str) -> str:
         f"uses the same import name, 'aiostream', and pip has mixed its files with this "
         f"project's ({OURS}). They cannot share an environment. Fix it with\n"
         f"    python -m pip uninstall -y aiostream {OURS}\n"
-        f"then reinstall this project: python -m pip install {OURS} (or, from a checkout, "
-        f"python -m pip install .). Uninstalling only the other one leaves this one "
+        f"then reinstall this project from its checkout: python -m pip install . (or "
+        f"python -m pip install dist/aiostream_cuda-*.whl, a wheel built there; {OURS} is "
+        f"not on PyPI yet). Uninstalling only the other one leaves this one "
         f"broken, since the two share files. To use both, give each its own virtual "
         f"environment."
     )

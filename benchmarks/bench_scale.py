@@ -225,7 +225,7 @@ def main() -> None:
         have_simpy = True
     except ImportError:
         have_simpy = False
-        print("   (SimPy is not installed: pip install 'aiostream-cuda[bench]' to compare)")
+        print("   (SimPy is not installed: python -m pip install '.[bench]' to compare)")
     for n in sizes:
         ours, end = simulate_ours(n)
         growth = ours / (sim[0][1] * 1e-6) if sim else 1.0

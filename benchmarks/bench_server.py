@@ -34,7 +34,7 @@ try:
     import inference_client as client  # noqa: E402 - the example's harness, in examples/
 except ImportError as exc:  # fastapi, uvicorn or httpx missing
     client = None
-    MISSING = f"{exc.name} is not installed: pip install 'aiostream-cuda[server]'"
+    MISSING = f"{exc.name} is not installed: python -m pip install '.[server]'"
 
 MAX_BATCH = 32
 

@@ -11,7 +11,7 @@ leaves the data as it is: each reply carries its own request's row back through 
 a GPU, put your model's kernels on the lane's stream instead (PyTorch:
 ``torch.cuda.ExternalStream(lane.stream.__cuda_stream__()[1])``).
 
-    pip install "aiostream-cuda[server]"
+    python -m pip install ".[server]"   # from a checkout: aiostream-cuda is not on PyPI yet
     python examples/inference_server.py --device virtual:0 --port 8000
     curl -s localhost:8000/infer -d '{"x": [1, 2, 3, 4]}' -H 'content-type: application/json'
 

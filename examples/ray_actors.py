@@ -7,7 +7,7 @@ suspends that job only). The driver fans jobs out round-robin and gathers the re
 ``await`` (Ray's object refs are awaitable on asyncio). Every actor profiles what it runs; the
 driver merges the actors' Chrome traces into one file, on one time axis, a process per actor.
 
-    pip install "aiostream-cuda[ray]"
+    python -m pip install ".[ray]"   # from a checkout: aiostream-cuda is not on PyPI yet
     python examples/ray_actors.py --actors 2 --jobs 8 --trace ray_trace.json
 
 Without a GPU each actor simulates its own ``virtual:i`` (its work takes real time). With

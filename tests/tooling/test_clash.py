@@ -50,7 +50,8 @@ def test_an_import_broken_by_the_other_project_names_it_and_the_fix(tmp_path: Pa
     assert error.startswith("ImportError: aiostream could not be imported (cannot import name")
     assert f"The distribution aiostream 0.6.4 (in {site})" in error
     assert fix == "    python -m pip uninstall -y aiostream aiostream-cuda"
-    assert then.startswith("then reinstall this project: python -m pip install aiostream-cuda")
+    assert then.startswith("then reinstall this project from its checkout: python -m pip install .")
+    assert "not on PyPI yet" in then
 
 
 def test_an_import_error_of_another_cause_is_left_as_it_is(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ PyTorch) skip, saying so, where there is none.
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,17 @@ def test_docs_refer_to_nothing_outside_the_repository() -> None:
         text = path.read_text(errors="replace")
         for outside in ("DESIGN" + ".md", "../" + "shared"):  # spelt so: this file is read too
             assert outside not in text.replace("docs/design.md", ""), f"{name} names {outside}"
+
+
+def test_nothing_tells_a_user_to_install_from_an_index_that_lacks_the_project() -> None:
+    """The distribution is not on PyPI yet: no doc, example or message of the package tells
+    a user to ``pip install aiostream-cuda`` as if it were, and README says how to install."""
+    paths = [*DOCS, *(ROOT / "examples").glob("*.py"), *(ROOT / "benchmarks").glob("*.py")]
+    paths += (ROOT / "aiostream").rglob("*.py")
+    for path in paths:
+        text = path.read_text()
+        for line in text.splitlines():
+            if re.search(r"pip install [\"']?aiostream-cuda", line):
+                assert "not on PyPI" in line or "finds nothing" in line, f"{path}: {line}"
+    readme = (ROOT / "README.md").read_text()
+    assert "python -m pip install ." in readme and "is not on\nPyPI yet" in readme

@@ -481,6 +481,26 @@ def create_app(
     return app
 
 
+def _number(kind: type, low: float, high: float = math.inf, *, low_ok: bool = True) -> Any:
+    """An argparse type: a finite ``kind`` from ``low`` (or above it) to ``high``, else a usage
+    error that says the range."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        above = value >= low if low_ok else value > low
+        if not (math.isfinite(value) and above and value <= high):
+            bound = f"{'at least' if low_ok else 'more than'} {low:g}"
+            if math.isfinite(high):
+                bound += f" and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -492,28 +512,38 @@ def main(argv: list[str] | None = None) -> None:
         "--device", default=None, help="cuda:0, virtual:0; None: aiostream's default device"
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    parser.add_argument("--port", type=int, default=8000, help="0: any free port")
-    parser.add_argument("--max-batch", type=int, default=32, help="requests per batch, at most")
     parser.add_argument(
-        "--max-wait-ms", type=float, default=2.0, help="how long a batch waits for others"
+        "--port", type=_number(int, 0, 65535), default=8000, help="0: any free port"
     )
-    parser.add_argument("--lanes", type=int, default=2, help="streams running batches")
-    parser.add_argument("--max-queue", type=int, default=4096, help="more queued: 503")
+    parser.add_argument(
+        "--max-batch", type=_number(int, 1), default=32, help="requests per batch, at most"
+    )
+    parser.add_argument(
+        "--max-wait-ms",
+        type=_number(float, 0),
+        default=2.0,
+        help="how long a batch waits for others",
+    )
+    parser.add_argument("--lanes", type=_number(int, 1), default=2, help="streams running batches")
+    parser.add_argument("--max-queue", type=_number(int, 1), default=4096, help="more queued: 503")
     parser.add_argument(
         "--launch-ms",
-        type=float,
+        type=_number(float, 0),
         default=Model.launch_s * 1e3,
         help="the device's fixed cost per batch (with --per-item-ms: the device bound)",
     )
     parser.add_argument(
-        "--per-item-ms", type=float, default=Model.per_item_s * 1e3, help="its cost per item"
+        "--per-item-ms",
+        type=_number(float, 0),
+        default=Model.per_item_s * 1e3,
+        help="its cost per item",
     )
     parser.add_argument(
         "--blocking", action="store_true", help="block the loop on each batch (for comparison)"
     )
     parser.add_argument(
         "--stuck-after",
-        type=float,
+        type=_number(float, 0, low_ok=False),
         default=10.0,
         help="/health answers 503 while a device wait is older than this (seconds)",
     )
@@ -526,6 +556,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.max_body_bytes < 1:
         parser.error(f"--max-body-bytes must be at least 1, got {args.max_body_bytes}")
+    try:  # checked before serving, not when the app starts
+        ais.device(args.device)
+    except (ValueError, ais.AiostreamError) as exc:
+        parser.error(f"--device {args.device}: {exc}")
     model = Model(launch_s=args.launch_ms / 1e3, per_item_s=args.per_item_ms / 1e3)
     app = create_app(
         model,

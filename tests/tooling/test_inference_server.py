@@ -421,6 +421,39 @@ def test_max_body_bytes_is_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--max-body-bytes must be at least 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--launch-ms", "-5"],
+        ["--launch-ms", "nan"],
+        ["--per-item-ms", "inf"],
+        ["--max-wait-ms", "nan"],
+        ["--max-wait-ms", "-1"],
+        ["--lanes", "0"],
+        ["--max-batch", "0"],
+        ["--max-queue", "0"],
+        ["--stuck-after", "0"],
+        ["--stuck-after", "nan"],
+        ["--port", "-1"],
+        ["--port", "70000"],
+        ["--device", "virtual:5"],
+        ["--device", "cuda:7"],
+    ],
+    ids=" ".join,
+)
+def test_a_bad_flag_is_a_usage_error_before_serving(
+    capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    """Each bad value is refused at start, with exit status 2 and the flag named, rather
+    than a server whose every answer is 500, a failed startup or a traceback."""
+    with pytest.raises(SystemExit) as exit:
+        server.main(flags)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{flags[0]}" in err and "error:" in err, err
+    assert "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_the_server_under_load_batches_and_leaves_nothing_behind(url: str) -> None:
     """128 clients for 2 s (real time) against a device bound of 400 requests/s: every request

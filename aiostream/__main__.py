@@ -242,7 +242,10 @@ def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     return 1 if suite.missed(report) else 0
 
 
-def _positive(kind: type, name: str):  # type: ignore[no-untyped-def]
+def _positive(kind: type, name: str, most: float):  # type: ignore[no-untyped-def]
+    """An argparse type: a ``kind`` above 0 and at most ``most`` (a bound past any demo's need,
+    that keeps a typo from hanging the run or allocating everything up front)."""
+
     def parse(text: str):  # type: ignore[no-untyped-def]
         try:
             value = kind(text)
@@ -250,6 +253,8 @@ def _positive(kind: type, name: str):  # type: ignore[no-untyped-def]
             raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
         if not value > 0:
             raise argparse.ArgumentTypeError(f"{name} must be > 0, got {text}")
+        if not value <= most:  # NaN too
+            raise argparse.ArgumentTypeError(f"{name} must be at most {most:.15g}, got {text}")
         return value
 
     return parse
@@ -308,37 +313,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_demo.add_argument(
         "--batches",
-        type=_positive(int, "--batches"),
+        type=_positive(int, "--batches", 1_000_000),
         default=100,
         help="batches to run (default 100)",
     )
     p_demo.add_argument(
         "--batch-kb",
-        type=_positive(int, "--batch-kb"),
+        type=_positive(int, "--batch-kb", 1 << 20),
         default=1024,
         help="KiB per batch (default 1024)",
     )
     p_demo.add_argument(
         "--host-ms",
-        type=_positive(float, "--host-ms"),
+        type=_positive(float, "--host-ms", 60_000),
         default=2.0,
         help="host transform per batch, ms (default 2)",
     )
     p_demo.add_argument(
         "--compute-ms",
-        type=_positive(float, "--compute-ms"),
+        type=_positive(float, "--compute-ms", 60_000),
         default=3.0,
         help="device compute per batch, ms (default 3)",
     )
     p_demo.add_argument(
         "--prefetch",
-        type=_positive(int, "--prefetch"),
+        type=_positive(int, "--prefetch", 1024),
         default=None,
         help="items the loader works on ahead (default: 2 x workers)",
     )
     p_demo.add_argument(
         "--workers",
-        type=_positive(int, "--workers"),
+        type=_positive(int, "--workers", 256),
         default=2,
         help="host transforms at once (default 2)",
     )
@@ -359,11 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--device", default=None, help="device, e.g. virtual:0 (default: as for demo)"
     )
     p_streams.add_argument(
-        "--tasks", type=_positive(int, "--tasks"), default=4, help="tasks (default 4)"
+        "--tasks", type=_positive(int, "--tasks", 10_000), default=4, help="tasks (default 4)"
     )
     p_streams.add_argument(
         "--duration-ms",
-        type=_positive(float, "--duration-ms"),
+        type=_positive(float, "--duration-ms", 60_000),
         default=40.0,
         help="work per task unit, ms (default 40)",
     )

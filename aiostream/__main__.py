@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import sys
 import time
@@ -269,11 +270,11 @@ def _prog() -> str:
 def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
     """The device a ``--device`` names. A virtual device past the simulator's count is made:
     the CLI's simulator has as many devices as the command asks for."""
-    if spec is not None and spec.strip().startswith("virtual:"):
-        index = spec.strip().partition(":")[2]
-        if index.isdigit() and int(index) >= ais.device_count("virtual"):
-            ais.virtual.reset(devices=int(index) + 1)
     try:
+        if spec is not None and spec.strip().startswith("virtual:"):
+            index = spec.strip().partition(":")[2]
+            if index.isascii() and index.isdigit() and int(index) >= ais.device_count("virtual"):
+                ais.virtual.reset(devices=int(index) + 1)
         return ais.device(spec)
     except (ValueError, TypeError, ais.AiostreamError) as exc:
         parser.error(f"--device {spec}: {exc}")
@@ -407,6 +408,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return _run_bench(p_bench, args)
     command = p_demo if args.command == "demo" else p_streams
+    try:
+        ais.get_wait_strategy()  # AIOSTREAM_WAIT_STRATEGY, read now rather than at a wait
+    except ValueError as exc:
+        command.error(str(exc))
+    for flag in ("trace", "svg"):
+        path = getattr(args, flag, None)
+        folder = Path(path).resolve().parent if path else None
+        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
+            command.error(f"--{flag} {path}: {folder} is not a folder this user can write in")
     device = _device(command, args.device)
     if args.loop != "asyncio" and _dist_version(args.loop) is None:
         command.error(

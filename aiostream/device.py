@@ -67,7 +67,7 @@ def device_count(kind: str) -> int:
 
 def _parse(spec: str) -> Device:
     kind, sep, index = spec.strip().partition(":")
-    if kind not in _backends.KINDS or (sep and not index.isdigit()):
+    if kind not in _backends.KINDS or (sep and not (index.isascii() and index.isdigit())):
         raise ValueError(f"device spec {spec!r} is not valid; expected {_ACCEPTED}")
     return Device(kind, int(index) if sep else 0)
 

@@ -123,6 +123,10 @@ def test_pipeline_demo_checks_its_results_and_reports(
         (["demo", "--batch-kb", "99999999999"], "--batch-kb must be at most 1048576"),
         (["demo", "--prefetch", "100000000000"], "--prefetch must be at most 1024"),
         (["streams", "--duration-ms", "1e300"], "--duration-ms must be at most 60000"),
+        (["demo", "--device", "virtual:\u00b2"], "device spec 'virtual:\u00b2' is not valid"),
+        (["demo", "--device", "virtual:99999999999"], "devices must be at most 1024"),
+        (["demo", "--trace", "/nonexistent/t.json"], "/nonexistent is not a folder this user"),
+        (["demo", "--svg", "/nonexistent/t.svg"], "--svg /nonexistent/t.svg: /nonexistent is"),
         (["nonsense"], "invalid choice"),
         (["bench", "--loops", "curio"], "'curio' is not one of asyncio, uvloop, trio"),
         (["bench", "--sections", "core,gpu"], "'gpu' is not one of core, scale, loader, cuda"),
@@ -138,6 +142,16 @@ def test_bad_arguments_exit_with_a_message(
     assert message in err
     if argv[0] in ("demo", "streams", "bench"):  # the subcommand's usage, not the top level's
         assert err.startswith(f"usage: python -m aiostream {argv[0]} ")
+
+
+def test_a_bad_wait_strategy_in_the_environment_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AIOSTREAM_WAIT_STRATEGY", "bogus")
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--batches", "2"])
+    assert info.value.code == 2
+    assert "AIOSTREAM_WAIT_STRATEGY='bogus' is not a wait strategy" in capsys.readouterr().err
 
 
 def test_a_virtual_device_named_on_the_command_line_is_made(

@@ -220,7 +220,6 @@ typedef struct Event {
     uint64_t due;          /* due time of the latest record */
     uint64_t time;         /* completion time of the last completed record */
     int blockers;          /* threads inside cuEventSynchronize on it */
-    struct Event *peer;    /* an IPC-opened event follows its source */
     struct IpcEventState *ipc;           /* an interprocess event's state, shared (memfd) */
     int ipc_fd;
     const struct IpcEventState *remote;  /* opened from another process: its state */
@@ -1421,12 +1420,10 @@ static CUresult cuCtxSynchronize(void) {
     LEAVE(wait_for(&c->done, c->submitted, c, c->gen));
 }
 
-static Event *source_of(Event *e) { return e->peer ? e->peer : e; }
-
 enum { EVENT_WAIT_EXTERNAL = 1 };
 
-/* cuStreamWaitEvent from a capturing stream (lock held; ``src`` is the event's source). */
-static CUresult capture_wait(Stream *s, Event *e, Event *src, unsigned flags) {
+/* cuStreamWaitEvent from a capturing stream on ``src`` (lock held). */
+static CUresult capture_wait(Stream *s, Event *src, unsigned flags) {
     Capture *c = s->cap;
     if (flags == EVENT_WAIT_EXTERNAL) {
         /* an external event node waits, at each launch, for the event's latest record then.
@@ -1439,7 +1436,7 @@ static CUresult capture_wait(Stream *s, Event *e, Event *src, unsigned flags) {
                               invalidated_note(c, newly));
             return CAPTURED_EVENT;
         }
-        if (e->remote) {
+        if (src->remote) {
             violation("cuStreamWaitEvent with CU_EVENT_WAIT_EXTERNAL on an event of another "
                       "process: this stand-in does not capture such waits");
             return NOT_SUPPORTED;
@@ -1516,16 +1513,15 @@ static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
         LEAVE(INVALID_VALUE);
     }
     if ((r = stream_use("cuStreamWaitEvent", s)) != OK) LEAVE(r);
-    Event *src = source_of(e);  /* a remote event is its own source, and never captured */
-    if (src->cap && src->cap->status == CAP_INVALIDATED) LEAVE(CAPTURE_INVALIDATED);
-    if (s->cap) LEAVE(capture_wait(s, e, src, flags));
-    if (src->cap) LEAVE(wait_captured(s, src));
+    if (e->cap && e->cap->status == CAP_INVALIDATED) LEAVE(CAPTURE_INVALIDATED);
+    if (s->cap) LEAVE(capture_wait(s, e, flags));
+    if (e->cap) LEAVE(wait_captured(s, e));
     if (e->remote) {
         remote_wait(e);
         LEAVE(OK);
     }
-    if (src->done < src->recs) {  /* the wait is work of the stream until the record ends */
-        s->tail = max_u64(s->tail, src->due);
+    if (e->done < e->recs) {  /* the wait is work of the stream until the record ends */
+        s->tail = max_u64(s->tail, e->due);
         submit(s, OP_WAIT, 0);
     }
     LEAVE(OK);
@@ -1585,7 +1581,6 @@ static CUresult cuEventRecord(void *he, void *hs) {
                   e->h.ctx->dev, s->h.ctx->dev);
         LEAVE(INVALID_HANDLE);
     }
-    e = source_of(e);  /* an event opened from this process's handle is that same event */
     if ((r = stream_use("cuEventRecord", s)) != OK) LEAVE(r);
     if (e->cap && e->cap->status == CAP_INVALIDATED) LEAVE(CAPTURE_INVALIDATED);
     if (s->cap) {  /* no operation: the event captures the stream's nodes */
@@ -1607,13 +1602,12 @@ static CUresult cuEventQuery(void *h) {
     Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventQuery", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuEventQuery", &e->h)) != OK) LEAVE(r);
-    if (!e->remote && (r = event_use("cuEventQuery", source_of(e))) != OK) LEAVE(r);
+    if (!e->remote && (r = event_use("cuEventQuery", e)) != OK) LEAVE(r);
     if ((r = unsafe_call("cuEventQuery")) != OK) LEAVE(r);
     if (e->remote) LEAVE(remote_done(e, __atomic_load_n(&e->remote->recs, __ATOMIC_ACQUIRE))
                          ? OK : NOT_READY);
-    Event *src = source_of(e);
-    if (src->done < src->recs) src->h.ctx->last_busy = 1;  /* seen pending (a stream gone?) */
-    LEAVE(src->done < src->recs ? NOT_READY : OK);
+    if (e->done < e->recs) e->h.ctx->last_busy = 1;  /* seen pending (a stream gone?) */
+    LEAVE(e->done < e->recs ? NOT_READY : OK);
 }
 
 static CUresult cuEventSynchronize(void *h) {
@@ -1622,15 +1616,14 @@ static CUresult cuEventSynchronize(void *h) {
     Event *e = (Event *)lookup(h, KIND_EVENT, "cuEventSynchronize", &r);
     if (e == NULL) LEAVE(r);
     if ((r = need_context("cuEventSynchronize", &e->h)) != OK) LEAVE(r);
-    if (!e->remote && (r = event_use("cuEventSynchronize", source_of(e))) != OK) LEAVE(r);
+    if (!e->remote && (r = event_use("cuEventSynchronize", e)) != OK) LEAVE(r);
     if ((r = unsafe_call("cuEventSynchronize")) != OK) LEAVE(r);
     if (e->remote) {
         remote_wait(e);
         LEAVE(OK);
     }
-    Event *src = source_of(e);
     e->blockers++;
-    r = wait_for(&src->done, src->recs, e->h.ctx, e->h.gen);
+    r = wait_for(&e->done, e->recs, e->h.ctx, e->h.gen);
     e->blockers--;
     LEAVE(r);
 }
@@ -1643,8 +1636,8 @@ static CUresult cuEventElapsedTime(float *ms, void *hstart, void *hend) {
     Event *b = (Event *)lookup(hend, KIND_EVENT, "cuEventElapsedTime", &r);
     if (b == NULL) LEAVE(r);
     if ((r = need_context("cuEventElapsedTime", &a->h)) != OK) LEAVE(r);
-    if ((r = event_use("cuEventElapsedTime", source_of(a))) != OK) LEAVE(r);
-    if ((r = event_use("cuEventElapsedTime", source_of(b))) != OK) LEAVE(r);
+    if ((r = event_use("cuEventElapsedTime", a)) != OK) LEAVE(r);
+    if ((r = event_use("cuEventElapsedTime", b)) != OK) LEAVE(r);
     if ((a->flags | b->flags) & EV_DISABLE_TIMING) LEAVE(INVALID_HANDLE);
     if (!a->recs || !b->recs) LEAVE(INVALID_HANDLE);
     if (a->done < a->recs || b->done < b->recs) LEAVE(NOT_READY);

@@ -222,7 +222,7 @@ class _Hooks(NamedTuple):
     running_here: Callable[[], bool]  #: whether the loop runs now, in the calling thread
     #: whether the loop has closed, its tasks left unfinished (asyncio's ``loop.close()``);
     #: trio never leaves them: the run's end cancels the waiter's task and every wait's
-    closed: Callable[[], bool]
+    gone: Callable[[], bool]
 
 
 def _loop_hooks() -> _Hooks:

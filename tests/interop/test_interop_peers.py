@@ -355,18 +355,11 @@ def test_ipc_handles_of_virtual_buffers_are_checked() -> None:
         ais.DeviceBuffer.from_ipc_handle(None, handle)
 
 
-def _open_in_child(handle: bytes, out: Any) -> None:
+def _open_in_child(what: str, handle: bytes, out: Any) -> None:
+    """Open a virtual ``what`` ("buffer" or "event") from ``handle``; put what happened."""
+    opener = ais.DeviceBuffer if what == "buffer" else ais.Event
     try:
-        ais.DeviceBuffer.from_ipc_handle("virtual:0", handle)
-    except BaseException as exc:  # reported to the parent, which judges it
-        out.put((type(exc).__name__, str(exc)))
-    else:
-        out.put(("opened", ""))
-
-
-def _open_event_in_child(handle: bytes, out: Any) -> None:
-    try:
-        ais.Event.from_ipc_handle("virtual:0", handle)
+        opener.from_ipc_handle("virtual:0", handle)
     except BaseException as exc:  # reported to the parent, which judges it
         out.put((type(exc).__name__, str(exc)))
     else:
@@ -382,11 +375,10 @@ def test_a_virtual_handle_in_another_process_is_refused_with_the_reason(
     """Another process, spawned or forked (a fork holds a copy of the simulation, which never
     sees this process's later work), refuses a virtual device's buffer or event handle."""
     if what == "buffer":
-        handle, opener = ais.DeviceBuffer(8, interprocess=True).ipc_handle(), _open_in_child
+        handle = ais.DeviceBuffer(8, interprocess=True).ipc_handle()
     else:
-        event = ais.Event(interprocess=True, enable_timing=False)
-        handle, opener = event.ipc_handle(), _open_event_in_child
-    child, (kind, message) = in_spawned_process(opener, handle, start=start)
+        handle = ais.Event(interprocess=True, enable_timing=False).ipc_handle()
+    child, (kind, message) = in_spawned_process(_open_in_child, what, handle, start=start)
     assert kind == "StaleHandleError", message
     assert f"of process {os.getpid()}, and this is process {child}" in message, message
     assert "within one process" in message and "CUDA" in message

@@ -32,7 +32,9 @@ def _dist_version(name: str) -> str | None:
 def info() -> str:
     """What this machine offers aiostream: versions, loops, backends and devices."""
     lines = [f"aiostream {ais.__version__} (Python {platform.python_version()})"]
-    for dist in ("anyio", "cuda-python"):
+    # cuda-bindings: the package the CUDA backend imports (cuda-python's metapackage brings
+    # it; images with PyTorch or CuPy may have it alone)
+    for dist in ("anyio", "cuda-bindings"):
         lines.append(f"  {dist}: {_dist_version(dist) or 'not installed'}")
     loops = ["asyncio (built in)"]
     for name in ("uvloop", "trio"):

@@ -1,48 +1,56 @@
 """The GPU suite: everything that proves the CUDA backend on a GPU, in one run, with a report.
 
-Usage: python benchmarks/gpu_suite.py OUTDIR [--quick]   (``gpu_suite.sh`` installs, then calls it)
+Usage: python benchmarks/gpu_suite.py OUTDIR [--quick] [--budget SECONDS]
+(``gpu_suite.sh`` installs, then calls it)
 
 Writes ``OUTDIR/report.md`` (the machine, the GPU and its driver, the date, one row per step)
-and each step's raw output as ``OUTDIR/<step>.txt``. The steps:
+and each step's raw output as ``OUTDIR/<step>.txt``. A GPU is lent for minutes, so the suite
+keeps to a budget (``--budget``, 420 s by default, 0 for none): each step gets at most what is
+left of it, and the steps it leaves out are marked "not run" with the reason. The steps, most
+telling first:
 
 1. ``info``: ``python -m aiostream info``.
 2. ``cuda-tests``: every test marked ``cuda`` (``pytest -m cuda``): ``tests/cuda/`` (the
-   driver's contract: contexts, memory lifetimes, stream order, faults and exit; the waits),
-   the conformance suite on ``cuda:0``, and ``tests/interop/test_gpu_interop.py`` (PyTorch,
-   CuPy and cuda.core interop, an interprocess event awaited in a spawned child, a trapping
-   kernel), on asyncio, uvloop and trio; every skip is listed with its reason. With
-   ``--quick``, the conformance suite on ``cuda:0`` alone.
-3. ``bench-cuda``: ``benchmarks/bench_cuda.py``, each wait strategy's latency and CPU against
-   ``cuEventSynchronize`` in a thread and ``asyncio.to_thread(torch_event.synchronize)``, and
-   1,000 concurrent awaits on 100 streams.
-4. ``demo-<loop>``: ``python -m aiostream demo --device cuda:0`` on each loop.
-5. ``bench-torch-loader``: PyTorch's DataLoader beside aiostream's on ``cuda:0``.
-6. ``aiostream-bench``: ``python -m aiostream bench --sections core,cuda``, the table a user
-   gets, with the CUDA row.
-7. ``bench-server``: ``benchmarks/bench_server.py --device cuda:0``, the inference server
-   example on the GPU (needs fastapi, uvicorn and httpx: ``gpu_suite.sh`` installs them from
-   ``.whl/``).
-8. ``contract``: ``benchmarks/gpu_contract.py``, the driver's contract on hardware: the caller's
+   driver's contract: contexts, memory lifetimes, stream order, faults and exit; the waits;
+   CUDA graphs captured beside aiostream), the conformance suite on ``cuda:0``, and
+   ``tests/interop/test_gpu_interop.py`` (PyTorch, CuPy and cuda.core interop, an
+   interprocess event awaited in a spawned child, a trapping kernel), on asyncio, uvloop and
+   trio, over 4 processes where pytest-xdist is installed (at most half the budget); every
+   skip is listed with its reason. With ``--quick``, the conformance suite on ``cuda:0``
+   alone. A step at its limit is interrupted, so pytest still prints its failures.
+   ``cuda-reruns``, where tests failed over several processes: those tests again, one at a
+   time (a test that passes alone was disturbed by another's use of the GPU).
+3. ``graphs``: ``benchmarks/gpu_graphs.py``: ``torch.cuda.graph`` (global mode) capturing on
+   a second thread beside 100 pending aiostream waits, for each wait strategy; an aiostream
+   graph replayed 1,000 times; two streams' kernels with and without 1,000 waits pending by
+   host functions.
+4. ``contract``: ``benchmarks/gpu_contract.py``, the driver's contract on hardware: the caller's
    current context kept, a HostBuffer view after collection, exit within 1 s with a 60 s
    kernel pending, a faulted kernel with no traceback at exit, a cross-device copy, and the
    DataLoader feeding PyTorch kernels under ``set_sync_debug_mode("error")`` and PyTorch's
    CUDA stream sanitizer.
-9. ``graphs``: ``benchmarks/gpu_graphs.py``: ``torch.cuda.graph`` (global mode) capturing on
-   a second thread beside 100 pending aiostream waits, for each wait strategy; an aiostream
-   graph replayed 1,000 times; two streams' kernels with and without 1,000 waits pending by
-   host functions.
-10. ``bench-graph``: ``benchmarks/bench_graph.py --device cuda:0``, a replay against the same
-    operations submitted one by one (1 to 1,000 nodes), and an await of a replay.
-11. ``interop-pipeline``: ``gpu_suite.py --pipeline``, buffers handed over with DLPack and
+5. ``interop-pipeline``: ``gpu_suite.py --pipeline``, buffers handed over with DLPack and
    events, PyTorch -> aiostream -> CuPy (and JAX where installed), each on its own stream,
    under ``torch.cuda.set_sync_debug_mode("error")`` (no host synchronization by PyTorch),
    the data checked at the end, on asyncio, uvloop and trio; then the same hand-off between
    two processes with ``DeviceBuffer.ipc_handle()``. It says "skipped" with the reason where
    PyTorch, CuPy or a GPU is missing.
+6. ``bench-cuda``: ``benchmarks/bench_cuda.py``, each wait strategy's latency and CPU against
+   ``cuEventSynchronize`` in a thread and ``asyncio.to_thread(torch_event.synchronize)``, and
+   1,000 concurrent awaits on 100 streams.
+7. ``bench-graph``: ``benchmarks/bench_graph.py --device cuda:0``, a replay against the same
+   operations submitted one by one (1 to 1,000 nodes), and an await of a replay.
+8. ``aiostream-bench``: ``python -m aiostream bench --sections core,cuda``, the table a user
+   gets, with the CUDA row.
+9. ``demo-<loop>``: ``python -m aiostream demo --device cuda:0`` on each loop.
+10. ``bench-torch-loader``: PyTorch's DataLoader beside aiostream's on ``cuda:0``.
+11. ``bench-server``: ``benchmarks/bench_server.py --device cuda:0``, the inference server
+   example on the GPU (needs fastapi, uvicorn and httpx: ``gpu_suite.sh`` installs them from
+   ``.whl/``).
 
-Without a CUDA device, steps 2-5 are marked "not run" with the reason. Against the stand-in
-driver of the tests (``tests/fake_cuda``) everything runs, and the report says that its figures
-describe a CPU simulation, not a GPU.
+Without a CUDA device, the steps after ``info`` are marked "not run" with the reason. Against
+the stand-in driver of the tests (``tests/fake_cuda``) everything runs, and the report says
+that its figures describe a CPU simulation, not a GPU.
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +72,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOOPS = ("asyncio", "uvloop", "trio")
 CUDA_TEST_FOLDERS = ["tests/cuda", "tests/api", "tests/interop"]
+# a lent GPU's 15 minutes hold the machine's start, the install and one rerun beside this
+DEFAULT_BUDGET = 420.0
+MIN_STEP = 15.0  # a step given less would only time out
+INTERRUPT_GRACE = 20.0  # a step interrupted at its limit has this long to say what it saw
+CUDA_TESTS_SHARE = 0.5  # of the budget: the rest is the benchmarks' and the scenarios'
+RERUN_LIMIT = 90.0  # the tests that failed, run again alone
 
 
 @dataclass
@@ -71,52 +86,80 @@ class Step:
     args: list[str]
     timeout: float
     needs_gpu: bool = True
+    share: float = 1.0  # of the suite's budget, at most
     status: str = "not run"
     seconds: float = 0.0
     summary: str = ""
     notes: list[str] = field(default_factory=list)
 
 
+def _cuda_test_args(quick: bool) -> list[str]:
+    """pytest's arguments for the cuda-tests step: spread over 4 processes where pytest-xdist
+    is installed (the device image has it), one module per process, so that the whole driver
+    contract fits in the suite's budget."""
+    args = ["-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "--run-slow"]
+    args += ["--require-cuda", "-m", "cuda", "--tb=short", "--durations=15"]
+    if quick:
+        return args + ["tests/api/test_conformance.py"]
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        # pytest-benchmark (in the image too) warns under xdist, which this suite makes an error
+        args += ["-n", "4", "--dist", "loadfile", "-p", "no:benchmark"]
+    return args + CUDA_TEST_FOLDERS
+
+
 def steps(quick: bool) -> list[Step]:
+    """The steps, most telling first: a suite cut short by its budget loses benchmarks, not the
+    driver's contract."""
     py = sys.executable
     q = ["--quick"] if quick else []
     out = [
         Step("info", [py, "-m", "aiostream", "info"], 120, needs_gpu=False),
-        Step(
-            "cuda-tests",
-            # every test marked cuda (tests/cuda/, the conformance suite on cuda:0, DLPack, the
-            # peers' contracts, tests/interop/test_gpu_interop.py), slow ones included; only
-            # the folders that hold them are collected (tooling's need what the image lacks).
-            # Quick: the conformance suite alone (CI's CUDA lane runs the rest)
-            [py, "-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", "--run-slow"]
-            + ["--require-cuda", "-m", "cuda"]
-            + (["tests/api/test_conformance.py"] if quick else CUDA_TEST_FOLDERS),
-            540,
-        ),
+        # every test marked cuda (tests/cuda/, the conformance suite on cuda:0, DLPack, the
+        # peers' contracts, tests/interop/test_gpu_interop.py), slow ones included; only the
+        # folders that hold them are collected (tooling's need what the image lacks).
+        # Quick: the conformance suite alone (CI's CUDA lane runs the rest)
+        Step("cuda-tests", [py, *_cuda_test_args(quick)], 540, share=CUDA_TESTS_SHARE),
+        Step("graphs", [py, "benchmarks/gpu_graphs.py"], 240),
+        Step("contract", [py, "benchmarks/gpu_contract.py"], 540),
+        Step("interop-pipeline", [py, "benchmarks/gpu_suite.py", "--pipeline"], 300),
         Step("bench-cuda", [py, "benchmarks/bench_cuda.py", *q], 540),
+        Step("bench-graph", [py, "benchmarks/bench_graph.py", "--device", "cuda:0", *q], 240),
     ]
+    table = [py, "-m", "aiostream", "bench", "--sections", "core,cuda", *q]
+    out.append(Step("aiostream-bench", table, 300))
     batches = ["--batches", "20"] if quick else []
     for loop in LOOPS:
-        out.append(
-            Step(
-                f"demo-{loop}",
-                [py, "-m", "aiostream", "demo", "--device", "cuda:0", "--loop", loop, *batches],
-                240,
-            )
-        )
+        demo = [py, "-m", "aiostream", "demo", "--device", "cuda:0", "--loop", loop, *batches]
+        out.append(Step(f"demo-{loop}", demo, 240))
     out.append(Step("bench-torch-loader", [py, "benchmarks/bench_torch_loader.py", *q], 540))
-    sections = ["--sections", "core,cuda"]
-    out.append(Step("aiostream-bench", [py, "-m", "aiostream", "bench", *sections, *q], 300))
     bounds = ["--bounds", "400,3200"] + (["--quick"] if quick else [])
     server = [py, "benchmarks/bench_server.py", "--device", "cuda:0", *bounds]
     out.append(Step("bench-server", server, 300))
-    out.append(Step("contract", [py, "benchmarks/gpu_contract.py"], 540))
-    out.append(Step("graphs", [py, "benchmarks/gpu_graphs.py"], 240))
-    out.append(
-        Step("bench-graph", [py, "benchmarks/bench_graph.py", "--device", "cuda:0", *q], 240)
-    )
-    out.append(Step("interop-pipeline", [py, "benchmarks/gpu_suite.py", "--pipeline"], 300))
     return out
+
+
+def failed_tests(output: str) -> list[str]:
+    """The node ids of the tests pytest's short summary says failed or errored, in order."""
+    seen = re.findall(r"^(?:FAILED|ERROR) (.+?::.+?)(?: - .*)?$", output, re.MULTILINE)
+    return list(dict.fromkeys(seen))
+
+
+def rerun_step(step: Step) -> Step | None:
+    """For a cuda-tests step run over several processes, one that runs its failed tests
+    again one at a time, alone on the GPU: a test failing only beside others shares the GPU
+    badly (or times itself on a GPU others load); one failing alone fails."""
+    if step.name != "cuda-tests" or "-n" not in step.args or not step.notes:
+        return None
+    failed = failed_tests("\n".join(step.notes))
+    if not failed:
+        return None
+    base = step.args[: step.args.index("-n")]
+    base = [a for a in base if a != "--durations=15"]
+    return Step("cuda-reruns", [*base, "-p", "no:benchmark", *failed], RERUN_LIMIT)
 
 
 def cuda_state() -> tuple[bool, str]:
@@ -179,10 +222,10 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.status = "goals missed"
     else:
         step.status = "passed" if rc == 0 else f"failed (exit {rc})"
-    if step.name == "cuda-tests":
+    if step.name in ("cuda-tests", "cuda-reruns"):
         step.summary = last.strip("= ")
         step.notes = [line for line in lines if line.startswith("SKIPPED")]
-        step.notes += [line for line in lines if line.startswith("FAILED")]
+        step.notes += [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
     elif step.name == "aiostream-bench":
         step.summary = "; ".join(line for line in lines if line.startswith("| cuda:"))
     elif step.name == "contract":
@@ -196,20 +239,30 @@ def summarize(step: Step, output: str, rc: int) -> None:
 
 
 def run(step: Step, outdir: Path) -> None:
+    """Run the step; at its time limit it is interrupted (SIGINT: pytest then still prints
+    the failures it has seen, with their tracebacks), and killed 20 s later."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("AIOSTREAM_DEVICE", None)
+    proc = subprocess.Popen(
+        step.args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=env,
+    )
     try:
-        proc = subprocess.run(
-            step.args, cwd=ROOT, capture_output=True, text=True, timeout=step.timeout, env=env
-        )
-        output, rc = proc.stdout + ("\n" + proc.stderr if proc.stderr else ""), proc.returncode
-    except subprocess.TimeoutExpired as exc:
-        output = (
-            (exc.stdout or b"").decode(errors="replace")
-            if isinstance(exc.stdout, bytes)
-            else (exc.stdout or "")
-        )
+        output, _ = proc.communicate(timeout=step.timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            output, _ = proc.communicate(timeout=INTERRUPT_GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
         rc, step.status = 124, "timed out"
     step.seconds = time.perf_counter() - start
     (outdir / f"{step.name}.txt").write_text(f"$ {' '.join(step.args)}\n\n{output}")
@@ -247,20 +300,38 @@ def main() -> int:
     parser.add_argument(
         "--quick", action="store_true", help="small sizes (a smoke run of the suite itself)"
     )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET,
+        metavar="SECONDS",
+        help=f"the whole suite's time (default {DEFAULT_BUDGET:.0f}; 0 for none)",
+    )
     args = parser.parse_args()
+    if not args.budget >= 0:  # NaN too
+        parser.error(f"--budget must be 0 (none) or a number of seconds, not {args.budget}")
     args.outdir.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc)
     gpu, device = cuda_state()
     all_steps = steps(args.quick)
+    deadline = time.monotonic() + args.budget if args.budget else float("inf")
     for step in all_steps:
         if step.needs_gpu and not gpu:
             step.summary = device
             continue
+        left = deadline - time.monotonic() - INTERRUPT_GRACE  # an interrupted step reports
+        if left < MIN_STEP:
+            step.summary = f"the suite's budget ({args.budget:.0f} s) was spent"
+            continue
+        share = step.share * args.budget if args.budget else float("inf")
+        step.timeout = min(step.timeout, left, share)
         print(f"gpu_suite: {step.name} ...", flush=True)
         step.status = "running (or cut off)"
         report(args.outdir, device, all_steps, started)  # a run cut short still leaves one
         run(step, args.outdir)
         print(f"gpu_suite: {step.name}: {step.status} ({step.seconds:.1f} s)", flush=True)
+        if rerun := rerun_step(step):
+            all_steps.insert(all_steps.index(step) + 1, rerun)
     print(report(args.outdir, device, all_steps, started))
     ran = ("passed", "goals missed", "skipped", "not run")
     failed = [s.name for s in all_steps if s.status not in ran]

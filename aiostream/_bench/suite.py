@@ -52,7 +52,7 @@ class Step:
 
 def _versions() -> dict[str, str]:
     out = {"aiostream": ais.__version__, "python": platform.python_version()}
-    for dist in ("anyio", "numpy", "uvloop", "trio", "cuda-python"):
+    for dist in ("anyio", "numpy", "uvloop", "trio", "cuda-bindings"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

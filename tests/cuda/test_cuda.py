@@ -579,10 +579,13 @@ def test_handles_dropped_in_other_threads_are_released_once() -> None:
 
 @needs_stand_in
 def test_the_sleep_kernel_is_loaded_once() -> None:
+    # backends closed earlier with a kernel pending left theirs to the exit (unloading a
+    # module waits for its kernels)
+    before = FAKE.fake_cuda_live(MODULES)
     s = ais.Stream(DEV)
     ais.delay(0.0, stream=s)
     loaded = FAKE.fake_cuda_live(MODULES)
-    assert 1 <= loaded <= ais.device_count("cuda")  # one per device that ran a delay
+    assert 1 <= loaded <= before + 1  # loaded by this backend's first delay, if not before
     for _ in range(3):
         ais.delay(0.0, stream=s)
     s.synchronize_blocking()

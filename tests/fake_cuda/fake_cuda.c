@@ -232,7 +232,10 @@ typedef struct Event {
     int nseen;
 } Event;
 
-typedef struct Module { Obj h; } Module;
+typedef struct Module {
+    Obj h;
+    long running;  /* its kernels launched and not yet complete */
+} Module;
 typedef struct Function { Obj h; Module *module; } Function;
 
 typedef struct Block {
@@ -607,6 +610,7 @@ typedef struct Op {
     uint32_t value;              /* OP_WRITE32: written at dst */
     int early;                   /* OP_WRITE32 without a barrier: before the work it follows */
     int graph;                   /* a node of a graph launch */
+    Module *module;              /* OP_KERNEL: the module whose code it runs */
     uint64_t epoch_dst, epoch_src;  /* the allocation of bdst, bsrc it uses (Block.epoch) */
 } Op;
 
@@ -732,6 +736,7 @@ static void complete(Op *op) {
     if (op->graph) graph_nodes_run++;
     if (op->bdst && op->epoch_dst == op->bdst->epoch) op->bdst->pending--;
     if (op->bsrc && op->epoch_src == op->bsrc->epoch) op->bsrc->pending--;
+    if (op->module) op->module->running--;
     free(op->staging);
     s->done++;
     if (op->gen == c->gen) c->done++;
@@ -1705,6 +1710,12 @@ static CUresult cuModuleUnload(void *h) {
     if (m == NULL) LEAVE(r);
     r = need_context("cuModuleUnload", &m->h);
     if (r == INVALID_CONTEXT || r == CONTEXT_IS_DESTROYED) LEAVE(r);
+    if (m->running) {
+        /* its code is in use: a GPU's driver waits for those kernels (seen on an H200: a
+         * process's exit held by a 30 s kernel), so a kernel that hangs holds the caller */
+        violation("cuModuleUnload of a module with %ld kernel(s) still pending or running: "
+                  "the driver waits for them", m->running);
+    }
     m->h.dead = 1;
     LEAVE(r);
 }
@@ -1756,6 +1767,8 @@ static CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, 
         LEAVE(OK);
     }
     Op *op = submit(s, OP_KERNEL, *(uint64_t *)params[0]);
+    op->module = f->module;
+    f->module->running++;
     op->fail = fail_next_code;
     fail_next_code = 0;
     LEAVE(OK);

@@ -4,6 +4,7 @@ progress lines is tested inside, in ``tests/internals/api/test_cli_internals.py`
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 from pathlib import Path
@@ -20,7 +21,12 @@ def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFi
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("aiostream ")
-    assert "anyio: " in out and "cuda-python: " in out
+    assert "anyio: " in out and "cuda-bindings: " in out
+    try:  # the version of the bindings the backend imports, wherever they came from
+        bindings = importlib.metadata.version("cuda-bindings")
+    except importlib.metadata.PackageNotFoundError:
+        bindings = "not installed"
+    assert f"  cuda-bindings: {bindings}\n" in out
     assert "loops: asyncio" in out and "uvloop" in out and "trio" in out
     assert "virtual  available, 1 device: virtual:0" in out
     assert "cuda     " in out

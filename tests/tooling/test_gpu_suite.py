@@ -10,6 +10,7 @@ import importlib.util
 import re
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,9 @@ def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(
     stand-in, and the steps that need a real GPU say so."""
     for dist in ("fastapi", "uvicorn", "httpx"):  # its bench-server step runs the server
         pytest.importorskip(dist, reason='the GPU suite needs pip install -e ".[server]"')
-    proc = run_on(stand_in_folder, "benchmarks/gpu_suite.py", str(tmp_path), "--quick", timeout=600)
+    # no budget: every step runs, however busy this machine is
+    args = (str(tmp_path), "--quick", "--budget", "0")
+    proc = run_on(stand_in_folder, "benchmarks/gpu_suite.py", *args, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     report = (tmp_path / "report.md").read_text()
     assert "- device: the stand-in driver of tests/fake_cuda" in report
@@ -80,6 +83,40 @@ def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Pa
         len(re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report, re.MULTILINE))
         == 12
     ), report
+
+
+def test_a_spent_budget_leaves_steps_out_and_says_so(stand_in_folder: Path, tmp_path: Path) -> None:
+    """A lent GPU's minutes are few: with a budget too short for any step, none starts, each
+    is marked not run with the reason, and the suite still writes its report."""
+    proc = run_on(stand_in_folder, "benchmarks/gpu_suite.py", str(tmp_path), "--budget", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = (tmp_path / "report.md").read_text()
+    spent = re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| the suite's budget \(1 s\)", report, re.M)
+    assert len(spent) == 13, report
+    assert not list(tmp_path.glob("*.txt")), "a step ran"
+
+
+def test_the_suite_keeps_to_its_budget(stand_in_folder: Path, tmp_path: Path) -> None:
+    """With a budget, the suite ends within it (a step at its limit is interrupted, with time
+    left to report), and says which steps the budget left out."""
+    start = time.monotonic()
+    args = (str(tmp_path), "--quick", "--budget", "60")
+    proc = run_on(stand_in_folder, "benchmarks/gpu_suite.py", *args, timeout=300)
+    took = time.monotonic() - start
+    report = (tmp_path / "report.md").read_text()
+    assert took < 60 + 15, f"{took:.0f} s for a 60 s budget"  # the interpreter's start beside
+    assert re.search(r"^\| info \| passed \|", report, re.M), report
+    assert re.search(r"^\| cuda-tests \| (passed|timed out) \|", report, re.M), report
+    assert re.search(r"^\| bench-server \| not run \| 0\.0 \| the suite's budget", report, re.M)
+    assert proc.returncode in (0, 1), proc.stderr
+
+
+@pytest.mark.parametrize("budget", ["-1", "nan", "soon"])
+def test_a_budget_that_is_no_duration_is_refused(budget: str, tmp_path: Path) -> None:
+    proc = run_on(tmp_path, "benchmarks/gpu_suite.py", str(tmp_path / "out"), "--budget", budget)
+    assert proc.returncode == 2
+    assert "--budget" in proc.stderr
+    assert not (tmp_path / "out" / "report.md").exists()
 
 
 def test_the_gpu_contract_scenarios_run_on_the_stand_in(stand_in_folder: Path) -> None:
@@ -135,3 +172,58 @@ def test_a_benchmark_goal_missed_is_not_a_failed_step(tail: str, status: str) ->
     step = suite.Step("aiostream-bench", [], 60)
     suite.summarize(step, "measure (aiostream / baseline)\n\n1 of 12 goals missed" + tail, 1)
     assert step.status == status
+
+
+def test_the_failed_tests_of_an_interrupted_parallel_run_are_run_again_alone() -> None:
+    """What pytest over several processes said failed (ids with spaces too) becomes a step
+    of its own that runs those tests again, one process, no parallel plugin."""
+    suite: Any = _suite_module()
+    step = suite.Step("cuda-tests", suite.steps(quick=False)[1].args, 60)
+    if "-n" not in step.args:
+        step.args += ["-n", "4", "tests/cuda"]
+    output = "\n".join(
+        [
+            "[gw0] [ 20%] FAILED tests/cuda/test_a.py::test_x[trio] ",
+            "=========================== short test summary info ===",
+            "FAILED tests/cuda/test_a.py::test_x[trio] - AssertionError: 1 == 0",
+            "FAILED tests/cuda/test_b.py::test_y[asyncio-marker events] - TimeoutError",
+            "ERROR tests/cuda/test_c.py::test_z",
+            "FAILED tests/cuda/test_a.py::test_x[trio]",
+            "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!! KeyboardInterrupt !!!!!!!!!!!!!!!!!!!!!!!",
+            "=================== 3 failed, 6 passed in 247.88s (0:04:07) ====",
+        ]
+    )
+    assert suite.failed_tests(output) == [
+        "tests/cuda/test_a.py::test_x[trio]",
+        "tests/cuda/test_b.py::test_y[asyncio-marker events]",
+        "tests/cuda/test_c.py::test_z",
+    ]
+    suite.summarize(step, output, 124)
+    assert step.status == "timed out"
+    assert step.summary == "3 failed, 6 passed in 247.88s (0:04:07)"
+    rerun = suite.rerun_step(step)
+    assert rerun is not None and rerun.name == "cuda-reruns"
+    assert "-n" not in rerun.args and "tests/cuda" not in rerun.args
+    assert rerun.args[-3:] == suite.failed_tests(output)
+    assert suite.rerun_step(rerun) is None  # the reruns are not run again
+    passed = suite.Step("cuda-tests", step.args, 60)
+    suite.summarize(passed, "== 710 passed in 200.00s ==", 0)
+    assert suite.rerun_step(passed) is None
+
+
+def test_a_step_at_its_limit_is_interrupted_and_still_reports(tmp_path: Path) -> None:
+    """The step gets SIGINT at its limit (pytest then prints what failed), not a kill."""
+    suite: Any = _suite_module()
+    script = (
+        "import time\n"
+        "try:\n"
+        "    print('working', flush=True); time.sleep(60)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('FAILED tests/t.py::test_slow - interrupted', flush=True)\n"
+    )
+    step = suite.Step("cuda-tests", [sys.executable, "-c", script], 1.0)
+    suite.run(step, tmp_path)
+    assert step.status == "timed out"
+    assert step.notes == ["FAILED tests/t.py::test_slow - interrupted"]
+    assert step.seconds < 30
+    assert "working" in (tmp_path / "cuda-tests.txt").read_text()

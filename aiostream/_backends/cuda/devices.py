@@ -273,14 +273,15 @@ class Device:
         self.tails = self._pending_tails()  # after the streams: each seen idle says no more
         return bool(self.tails) or flags.used() > 0
 
-    def release_all(self, keep_context: bool) -> None:
+    def release_all(self, keep_context: bool, work_pending: bool) -> None:
         """Release every handle still held, then the primary context (lock held; at close,
         after the memory). No thread of aiostream's ever blocks in the driver on a handle, so
         none is pulled from under one. With ``keep_context`` (work that may still use the
         context is pending: a kernel that runs on, or hangs, or another device's work on this
         one's memory), the context is left to the process's exit, which never waits for that
-        work (releasing the context could), with the memory still in use and the completion
-        flags still to be written."""
+        work (releasing the context could), with the memory still in use, the completion
+        flags still to be written; with ``work_pending`` (on this device), the sleep kernel's
+        module too (unloading it waits for its kernels)."""
         drv, cu = self.drv, self.drv.cu
         self.freeing.clear()  # what is left is in use: it goes with the context at exit
         self.watcher.flags.close()
@@ -305,7 +306,10 @@ class Device:
                         )
                     else:
                         drv.released(cu.cuEventDestroy(handle), self.index, "cuEventDestroy")
-                if self.module is not None:
+                # a GPU's driver waits for a module's kernels still running before it unloads
+                # it (a hung one would hold the exit): with work pending, the sleep kernel's
+                # module is left with the context
+                if self.module is not None and not work_pending:
                     drv.released(cu.cuModuleUnload(self.module), self.index, "cuModuleUnload")
         except CudaError as exc:  # the context cannot even be made current
             drv.failed_release(str(exc))
@@ -418,6 +422,6 @@ class Devices:
                     reap(dev)
             for dev in devices:
                 keep = pending[dev.index] or bool(dev.freeing) or bool(dev.memory)
-                dev.release_all(keep_context=keep)
+                dev.release_all(keep_context=keep, work_pending=pending[dev.index])
             self.drv.report()
             return True

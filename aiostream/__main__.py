@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_bench = sub.add_parser(
         "bench",
-        help="what aiostream costs on this machine: one table of ratios, in a few minutes",
+        help="what aiostream costs on this machine: one table of ratios, in about two minutes",
         description=(
             "Run a short selection of the benchmarks (the waiter's costs, waits at scale up to "
             "100,000 streams, the data loader, and CUDA waits where a GPU works), each against "

@@ -1,4 +1,4 @@
-"""``python -m aiostream bench``: what aiostream costs on this machine, in a few minutes.
+"""``python -m aiostream bench``: what aiostream costs on this machine, in about two minutes.
 
 A short selection of the benchmarks under ``benchmarks/``, each against a baseline measured in
 the same run, with a progress bar, printed as one table of ratios (or one JSON object). Every

@@ -14,7 +14,7 @@ import pytest
 import aiostream as ais
 from aiostream.__main__ import main
 from tests.helpers import stand_in
-from tests.helpers.process import run_python
+from tests.helpers.process import ROOT, run_python
 
 
 def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFixture[str]) -> None:
@@ -297,6 +297,18 @@ def test_examples_run(script: str, expected: str) -> None:
     assert expected in proc.stdout
 
 
+def test_the_quickstart_example_is_the_readmes_quick_start() -> None:
+    """README says the file is its quick start: the same code, but for the output line."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Quick start\n\n```python\n") + len("## Quick start\n\n```python\n")
+    block = readme[start : readme.index("```", start)]
+    code = "".join(
+        line for line in block.splitlines(keepends=True) if not line.strip().startswith("#>")
+    )
+    example = (ROOT / "examples/quickstart.py").read_text()
+    assert example.split('"""', 2)[2].lstrip("\n") == code
+
+
 @pytest.mark.slow
 def test_quickstart_example_prints_the_elapsed_time() -> None:
     proc = run_python("examples/quickstart.py")
@@ -315,6 +327,9 @@ def test_core_benchmark_smoke_run() -> None:
     for heading in ("1. await on a complete event", "2. wake lateness", "3. CPU while"):
         assert heading in proc.stdout
     assert proc.stdout.count("ratio") >= 6
+    # each of the 2 loops' 3 rows judged against its goal, and the verdict counted
+    assert len(re.findall(r"  (ok|MISS)$", proc.stdout, re.MULTILINE)) == 6, proc.stdout
+    assert re.search(r"^(\d of 6 goals missed|every goal met \(6\))$", proc.stdout, re.M)
 
 
 @pytest.mark.slow

@@ -4,11 +4,11 @@
 real GPUs (``cuda:N``) and on the deterministic simulated device (``virtual:N``).
 """
 
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
-try:
-    from . import virtual
+try:  # the core: devices, streams, events and waits
     from ._diagnostics import PendingWait, pending_waits, set_debug, set_watchdog
     from ._errors import (
         AiostreamError,
@@ -20,13 +20,8 @@ try:
         StaleHandleError,
     )
     from ._waiting import get_wait_strategy, set_wait_strategy
-    from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
     from .device import Device, device, device_count, is_available
     from .event import Event
-    from .graph import Graph
-    from .interop import as_event, as_stream
-    from .loader import Batch, DataLoader, LoaderStats
-    from .profiler import Profiler, Span, Summary, profile, record_function
     from .stream import ExternalStream, Stream, current_stream, default_stream, delay, use_stream
 except ImportError as _error:  # another distribution's files in this folder?
     from ._clash import explain as _explain
@@ -34,10 +29,50 @@ except ImportError as _error:  # another distribution's files in this folder?
     _explain(_error)
     raise
 
-try:
-    __version__ = _version("aiostream-cuda")
-except _PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0+unknown"
+if _TYPE_CHECKING:
+    from . import virtual
+    from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
+    from .graph import Graph
+    from .interop import as_event, as_stream
+    from .loader import Batch, DataLoader, LoaderStats
+    from .profiler import Profiler, Span, Summary, profile, record_function
+
+    __version__: str
+
+# The rest is imported on first use (``import aiostream`` stays light: numpy, the profiler's
+# exporters and the loader load with what uses them): name -> its module.
+_LAZY = {
+    **dict.fromkeys(("DeviceBuffer", "HostBuffer", "copy_async", "from_dlpack"), "buffers"),
+    "Graph": "graph",
+    **dict.fromkeys(("as_event", "as_stream"), "interop"),
+    **dict.fromkeys(("Batch", "DataLoader", "LoaderStats"), "loader"),
+    **dict.fromkeys(("Profiler", "Span", "Summary", "profile", "record_function"), "profiler"),
+    "virtual": "virtual",
+}
+
+
+def __getattr__(name: str) -> _Any:
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            value: _Any = version("aiostream-cuda")
+        except PackageNotFoundError:  # running from a source tree that was not installed
+            value = "0+unknown"
+    elif name in _LAZY:
+        try:
+            module = _importlib.import_module(f".{_LAZY[name]}", __name__)
+        except ImportError as error:  # another distribution's files in this folder?
+            from ._clash import explain
+
+            explain(error)
+            raise
+        value = module if name == _LAZY[name] else getattr(module, name)
+    else:
+        raise AttributeError(f"module 'aiostream' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AiostreamError",

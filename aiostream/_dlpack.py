@@ -28,11 +28,12 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from . import _check
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "DLDeviceType",
@@ -371,6 +372,8 @@ def numpy_dtype(code: int, bits: int, lanes: int) -> np.dtype:
             "NumPy equivalent (bfloat16 and float8 have none): view it in the producer as an "
             "integer type of the same size first (e.g. tensor.view(torch.uint16))"
         )
+    import numpy as np  # when a buffer is shared: ``import aiostream`` stays light
+
     try:
         return np.dtype(f"{kind}{bits // 8}")
     except TypeError:

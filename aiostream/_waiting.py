@@ -36,7 +36,6 @@ spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asy
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import logging
@@ -144,6 +143,8 @@ def _current_task() -> object:
         import trio
 
         return trio.lowlevel.current_task()
+    import asyncio  # loaded: it runs this task (never imported for trio programs)
+
     return asyncio.current_task()
 
 
@@ -247,6 +248,8 @@ def _loop_hooks() -> _Hooks:
             trio_here,
             _never,
         )
+    import asyncio  # loaded: it runs this task (never imported for trio programs)
+
     loop = asyncio.get_running_loop()
     spawn = lambda fn: loop.create_task(fn())  # noqa: E731
 
@@ -699,11 +702,13 @@ async def wait(
 
 def in_loop_thread() -> bool:
     """Return whether an event loop (asyncio, uvloop or trio) runs in this thread."""
-    try:
-        asyncio.get_running_loop()
-        return True
-    except RuntimeError:
-        pass
+    asyncio = sys.modules.get("asyncio")  # not imported: no asyncio loop runs anywhere
+    if asyncio is not None:
+        try:
+            asyncio.get_running_loop()
+            return True
+        except RuntimeError:
+            pass
     # trio runs in this thread only if it was fully imported; while another thread imports it
     # for the first time, the module is there half-made, without the attributes read here
     current_token = getattr(

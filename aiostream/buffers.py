@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from . import _backends, _captures, _check, _dlpack, _objects
 from ._backends.base import Interop
@@ -16,6 +14,9 @@ from .device import Device
 from .device import device as _resolve_device
 from .event import Event
 from .stream import Stream, current_stream, stream_or_current
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["DeviceBuffer", "HostBuffer", "copy_async", "from_dlpack"]
 
@@ -31,6 +32,8 @@ def _nbytes(value: object) -> int:
 
 
 def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    import numpy as np  # when buffers are used: ``import aiostream`` stays light
+
     dt = np.dtype(dtype)
     if dt.itemsize == 0:
         raise ValueError(f"dtype {dtype!r} has no size; give a dtype of at least one byte")
@@ -47,6 +50,13 @@ def _shape_for(nbytes: int, dtype: Any, shape: Any) -> tuple[np.dtype, tuple[int
             f"shape {tuple(dims)} of {dt} needs {need} bytes, but the buffer has {nbytes}"
         )
     return dt, tuple(int(d) for d in dims)
+
+
+def _bytes() -> np.dtype:
+    """A device buffer's type until it is viewed as another: bytes."""
+    import numpy as np
+
+    return np.dtype(np.uint8)
 
 
 class _Owner:
@@ -111,7 +121,7 @@ class HostBuffer(_objects.DeviceObject):
         """Whether the memory was asked to be page-locked."""
         return self._pinned
 
-    def numpy(self, dtype: Any = np.uint8, shape: Any = None) -> np.ndarray:
+    def numpy(self, dtype: Any = "uint8", shape: Any = None) -> np.ndarray:
         """A zero-copy numpy view of the memory, of ``dtype`` and ``shape`` (1-D by default).
 
         The view keeps this buffer alive (through its ``.base``). Read it only after the
@@ -122,6 +132,8 @@ class HostBuffer(_objects.DeviceObject):
         """
         dt, dims = _shape_for(self._nbytes, dtype, shape)
         self._backend.host_access(self._handle)
+        import numpy as np
+
         raw = np.frombuffer(self._backend.host_view(self._handle), dtype=dt)
         view: np.ndarray = np.asarray(_Owner(raw, self))
         return view.reshape(dims)
@@ -183,7 +195,7 @@ class DeviceBuffer(_objects.DeviceObject):
         alloc = backend.device_alloc_interprocess if interprocess else backend.device_alloc
         handle = alloc(dev.index, self._nbytes, _objects.handle(stream))
         self._bind(dev, backend, handle, backend.device_free)
-        self._dtype: np.dtype = np.dtype(np.uint8)
+        self._dtype: np.dtype = _bytes()
         self._shape: tuple[int, ...] = (self._nbytes,)
         self._base: DeviceBuffer | None = None
         self._ipc_event: Event | None = None
@@ -423,7 +435,7 @@ class DeviceBuffer(_objects.DeviceObject):
         mem = backend.memory_from_ipc_handle(
             dev.index, memory, shared, nbytes, _objects.handle(stream)
         )
-        return cls._over(dev, backend, mem, stream, np.dtype(np.uint8), (nbytes,))
+        return cls._over(dev, backend, mem, stream, _bytes(), (nbytes,))
 
     def __repr__(self) -> str:
         return (

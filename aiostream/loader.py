@@ -44,13 +44,12 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, I
 from dataclasses import dataclass
 from queue import SimpleQueue
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
-import numpy as np
 
 from . import _check, _waiting
 from ._errors import AiostreamError
@@ -59,6 +58,9 @@ from .device import Device
 from .device import device as _resolve_device
 from .event import Event
 from .stream import Stream, current_stream, use_stream
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["Batch", "DataLoader", "LoaderStats"]
 
@@ -152,6 +154,8 @@ def _idle(slot: _Slot) -> bool:
 
 def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
     """The item's arrays, and how to rebuild its shape around other leaves."""
+    import numpy as np  # when a loader runs: ``import aiostream`` stays light
+
     if isinstance(item, np.ndarray):
         return [item], lambda leaves: leaves[0]
     if isinstance(item, tuple) and all(isinstance(x, np.ndarray) for x in item):
@@ -306,6 +310,8 @@ class _Staging:
 
     @staticmethod
     def fill(item: Any, slot: _Slot) -> _Prepared:
+        import numpy as np
+
         arrays, rebuild = _flatten(item)
         arrays = [np.ascontiguousarray(a) for a in arrays]
         specs = [(a.dtype, a.shape) for a in arrays]
@@ -320,6 +326,8 @@ class _Staging:
     def enqueue(self, slot: _Slot, prepared: _Prepared) -> Batch:
         """Enqueue the copies of a prepared item to the slot's device buffers: its batch."""
         if prepared.arrays is not None:
+            import numpy as np
+
             slot.staging = [HostBuffer(a.nbytes, device=self.device) for a in prepared.arrays]
             with use_stream(self.copy_stream):  # allocated in order with the copies into them
                 slot.device = [DeviceBuffer(a.nbytes, self.device) for a in prepared.arrays]

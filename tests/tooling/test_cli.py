@@ -333,6 +333,19 @@ def test_core_benchmark_smoke_run() -> None:
 
 
 @pytest.mark.slow
+def test_import_benchmark_smoke_run() -> None:
+    """The import benchmark runs end to end (one interpreter per figure; not judged here)."""
+    proc = run_python("benchmarks/bench_import.py", "--runs", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^ +[\d.]+ ms +\(import anyio .* (ok|MISS)$", proc.stdout, re.M)
+    stream = r"a stream on virtual:0, a delay awaited +[\d.]+ ms +no numpy +ok"
+    assert re.search(stream, proc.stdout)
+    assert re.search(r"a HostBuffer's numpy view +[\d.]+ ms +loads numpy +ok", proc.stdout)
+    bad = run_python("benchmarks/bench_import.py", "--runs", "0")
+    assert bad.returncode == 2 and "--runs must be at least 1" in bad.stderr
+
+
+@pytest.mark.slow
 def test_scale_benchmark_smoke_run(tmp_path: Path) -> None:
     """The scale benchmark runs end to end and draws its curves (small sizes; not judged)."""
     svg = tmp_path / "scaling.svg"

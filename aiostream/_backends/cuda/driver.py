@@ -3,7 +3,9 @@ becomes an :class:`aiostream.CudaError`."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -40,8 +42,29 @@ CAPTURE_CODES = frozenset(range(900, 909))
 _here = threading.local()
 
 
+def _no_driver_library() -> str | None:
+    """Why the driver's library cannot be loaded, found without the bindings: a dlopen takes
+    microseconds where importing the bindings takes tens of milliseconds, which a program
+    without a GPU would pay on its first use of the default device. None if it loads (or
+    where the bindings alone know where to look: not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
 def load_driver() -> Any:
     """Import the bindings and initialise the driver, or say why CUDA cannot be used here."""
+    missing = _no_driver_library()
+    if missing is not None:
+        raise BackendUnavailableError(
+            "cuda",
+            f"no NVIDIA driver library (libcuda.so.1) could be loaded ({missing}); install the "
+            "NVIDIA driver, or use a virtual device ('virtual:0')",
+        )
     try:
         from cuda.bindings import driver
     except ImportError as exc:

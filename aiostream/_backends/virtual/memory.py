@@ -7,8 +7,6 @@ import ctypes
 import os
 import traceback
 
-import numpy as np
-
 from ..._check import MAX_SECONDS
 from ..._errors import DeviceError
 from .model import DONE, RUNNING, Device, Item, Memory, Op, Race, Stream
@@ -192,7 +190,7 @@ class Memories:
         # place (a fill and a memcpy), never building a temporary of the copy's size, whose
         # fresh pages would cost the host more than the copy itself.
         def begin() -> None:  # the destination holds poison from the copy's start
-            np.frombuffer(dst.data, np.uint8, nbytes).fill(POISON)
+            ctypes.memset((ctypes.c_char * nbytes).from_buffer(dst.data), POISON, nbytes)
 
         def land() -> None:  # data moves when the copy completes
             memoryview(dst.data)[:nbytes] = memoryview(src.data)[:nbytes]

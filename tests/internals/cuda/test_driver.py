@@ -60,8 +60,10 @@ def test_without_cuda_python_the_reason_says_what_to_install(
 ) -> None:
     """No bindings to import: the cuda backend is unavailable, and says what to install or
     use instead."""
+    from aiostream._backends.cuda import driver
     from aiostream._backends.cuda.driver import load_driver
 
+    monkeypatch.setattr(driver, "_no_driver_library", lambda: None)  # a driver is installed
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # as if never installed
     with pytest.raises(ais.BackendUnavailableError) as info:
         load_driver()
@@ -81,11 +83,13 @@ def test_without_a_driver_library_the_reason_says_what_to_install(
     library is missing and what to install or use instead, word for word."""
     from cuda.bindings import driver
 
+    from aiostream._backends.cuda import driver as ours
     from aiostream._backends.cuda.driver import load_driver
 
     def no_library(flags: int) -> None:
         raise RuntimeError("libcuda.so.1 not found")
 
+    monkeypatch.setattr(ours, "_no_driver_library", lambda: None)  # the dlopen found one
     monkeypatch.setattr(driver, "cuInit", no_library)
     with pytest.raises(ais.BackendUnavailableError) as info:
         load_driver()

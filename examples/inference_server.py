@@ -17,10 +17,12 @@ a GPU, put your model's kernels on the lane's stream instead (PyTorch:
 
 Endpoints: ``POST /infer`` ``{"x": [FEATURES floats]}`` -> ``{"y": [...], "batch": n}``;
 ``GET /health`` (503 once the device failed: device errors are sticky, so restart the process;
-503 too while the oldest wait on the device is older than ``--stuck-after`` seconds, naming
-its stream: a hung kernel; 200 again once it clears);
-``GET /stats`` (served, batches, queued, in flight, pending waits, the device
-bound in requests/s). A full queue answers 503; a malformed request, 422.
+503 too while the last batch failed otherwise, until one succeeds, and while the oldest wait
+on the device is older than ``--stuck-after`` seconds, naming its stream: a hung kernel; 200
+again once it clears);
+``GET /stats`` (served, dropped, batches, queued, in flight, pending waits, the device
+bound in requests/s). A full queue answers 503; a malformed request, 422. A request whose
+client disconnects leaves the queue (``dropped``): nobody computes it.
 
 Limits: a number that is not finite as float32 (JSON ``NaN``, ``Infinity``, ``1e400``,
 ``"nan"``, ``3.5e38``) answers 422 naming its place in ``x``; a 422 shows at most
@@ -47,7 +49,7 @@ import anyio
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import AfterValidator, BaseModel
 from pydantic_core import PydanticCustomError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -110,7 +112,8 @@ class Batcher:
     Call :meth:`infer` from request handlers while :meth:`run` runs in a task (the app's
     lifespan). A batch starts when a lane is free and a request is queued; it takes the
     requests that arrive within ``max_wait_s`` of the first, up to ``max_batch``. Cancelling a
-    request (its client disconnected) leaves its batch running; the reply is dropped.
+    request (its client disconnected) takes it out of the queue (counted as ``dropped``), or,
+    once its batch runs, drops its reply.
     """
 
     def __init__(
@@ -140,7 +143,9 @@ class Batcher:
         self._arrived = anyio.Event()
         self._lane_free = anyio.Event()
         self.served = self.batches = self.in_flight = 0
+        self.dropped = 0  # requests whose clients went away before a batch took them
         self.failed: str | None = None  # the device error that failed a batch, if one did
+        self.failing: str | None = None  # why the last batch failed, if not the device
 
     @property
     def queued(self) -> int:
@@ -183,7 +188,9 @@ class Batcher:
         while len(batch) < self.max_batch:
             while self._queue and len(batch) < self.max_batch:
                 request = self._queue.popleft()
-                if not request.abandoned:
+                if request.abandoned:
+                    self.dropped += 1  # its client went away: computing it helps nobody
+                else:
                     batch.append(request)
             if len(batch) >= self.max_batch:
                 break
@@ -223,10 +230,13 @@ class Batcher:
                 request.y, request.batch = y[i].copy(), n
             self.served += n
             self.batches += 1
-        except Exception as exc:  # a device error: every request of the batch gets it
+            self.failing = None
+        except Exception as exc:  # every request of the batch gets the error
             settled = True
             if isinstance(exc, ais.DeviceError):  # sticky: the device runs nothing more
                 self.failed = f"{type(exc).__name__}: {exc}"
+            else:  # until a batch succeeds again
+                self.failing = f"{type(exc).__name__}: {exc}"
             for request in batch:
                 request.error = exc
         except BaseException:  # cancelled: the server shuts down
@@ -247,6 +257,8 @@ class Batcher:
         wait names its stream and task); else 200."""
         if self.failed is not None:  # device errors are sticky: restart the process
             return 503, {"ok": False, "error": self.failed}
+        if self.failing is not None:  # the last batch failed; the next may not
+            return 503, {"ok": False, "error": self.failing, "sticky": False}
         device = str(self.device)
         waits = [w for w in ais.pending_waits() if w.device == device]  # longest first
         if waits and waits[0].waited > self.stuck_after_s:
@@ -263,6 +275,7 @@ class Batcher:
         return {
             "device": str(self.device),
             "served": self.served,
+            "dropped": self.dropped,
             "batches": self.batches,
             "mean_batch": self.served / self.batches if self.batches else 0.0,
             "queued": self.queued,
@@ -428,6 +441,13 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone: with the body read, the server's next message for
+    the request is ``http.disconnect``, sent when the connection closes."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def create_app(
     model: Model | None = None,
     device: str | None = None,
@@ -458,15 +478,31 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.post("/infer")
-    async def infer(item: Item) -> dict[str, Any]:
+    async def infer(item: Item, request: Request) -> Any:
         if len(item.x) != model.features:
             raise HTTPException(422, f"x must hold {model.features} numbers, got {len(item.x)}")
-        try:
-            y, n = await app.state.batcher.infer(np.asarray(item.x, np.float32))
-        except Busy as exc:
-            raise HTTPException(503, str(exc)) from None
-        except ais.AiostreamError as exc:  # the device failed this request's batch
-            raise HTTPException(500, f"{type(exc).__name__}: {exc}") from None
+        x = np.asarray(item.x, np.float32)
+        outcome: list[Any] = []
+
+        async def answer(scope: anyio.CancelScope) -> None:
+            try:
+                outcome.append(await app.state.batcher.infer(x))
+            except (Busy, ais.AiostreamError) as exc:
+                outcome.append(exc)
+            scope.cancel()  # answered: stop watching the connection
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(answer, tg.cancel_scope)
+            await _disconnected(request)
+            # the client gave up: its request leaves the queue (or its batch's reply is dropped)
+            tg.cancel_scope.cancel()
+        if not outcome:
+            return Response(status_code=499)  # nobody is there to read it
+        if isinstance(outcome[0], Busy):
+            raise HTTPException(503, str(outcome[0]))
+        if isinstance(outcome[0], ais.AiostreamError):  # the device failed the request's batch
+            raise HTTPException(500, f"{type(outcome[0]).__name__}: {outcome[0]}")
+        y, n = outcome[0]
         return {"y": y.tolist(), "batch": n}
 
     @app.get("/health")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -163,6 +165,39 @@ async def test_a_device_fault_reaches_every_request_and_the_batcher_says_so(
             await batcher.infer(np.ones(4, np.float32))
         tg.cancel_scope.cancel()
     assert ais.pending_waits() == []
+
+
+class _Flaky(server.Model):  # type: ignore[misc,name-defined]
+    """A model whose batches fail (not on the device: in the program) while ``broken``."""
+
+    broken = True
+
+    def cost(self, n: int) -> float:
+        if _Flaky.broken:
+            raise RuntimeError("the model's weights are not loaded")
+        return float(super().cost(n))
+
+
+async def test_a_failing_batch_shows_in_health_until_a_batch_succeeds(
+    virtual_time: VirtualTime,
+) -> None:
+    """A batch that fails for the program's own reason answers its requests with the error,
+    and /health says 503 with it, not sticky: the next batch that succeeds clears it."""
+    _Flaky.broken = True
+    batcher = server.Batcher(_Flaky(), ais.device(), max_batch=4, max_wait_s=0.002, lanes=1)
+    assert batcher.health() == (200, {"ok": True})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.run)
+        with pytest.raises(RuntimeError, match="weights are not loaded"):
+            await batcher.infer(np.ones(4, np.float32))
+        status, body = batcher.health()
+        assert status == 503 and body["sticky"] is False, body
+        assert body["error"] == "RuntimeError: the model's weights are not loaded"
+        _Flaky.broken = False
+        y, n = await batcher.infer(np.ones(4, np.float32))
+        assert n == 1 and (y == 1).all()
+        assert batcher.health() == (200, {"ok": True})
+        tg.cancel_scope.cancel()
 
 
 async def test_a_full_queue_refuses_at_once_and_bad_options_are_named() -> None:
@@ -469,6 +504,50 @@ def test_the_server_under_load_batches_and_leaves_nothing_behind(url: str) -> No
     stats = client.stats(url)
     assert stats["served"] >= result["requests"]
     assert (stats["queued"], stats["in_flight"], stats["pending_waits"]) == (0, 0, 0)
+
+
+def _give_up(url: str, count: int) -> list[socket.socket]:
+    """``count`` clients that each send a whole /infer request (and will not wait for it)."""
+    host, port = url.removeprefix("http://").split(":")
+    body = b'{"x": [1, 2, 3, 4]}'
+    head = (
+        f"POST /infer HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    clients = []
+    for _ in range(count):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(head + body)
+        clients.append(sock)
+    return clients
+
+
+def test_requests_whose_clients_gave_up_are_not_computed() -> None:
+    """Clients that send a request and disconnect while it is queued (a stalled device): the
+    server drops their requests instead of computing each, so a new client is served next.
+    One lane of batches of 4, each 1 s on the device: 20 clients queue 16 behind the first
+    batch, then leave."""
+    args = ["--device", "virtual:0", "--launch-ms", "1000", "--per-item-ms", "0"]
+    args += ["--max-batch", "4", "--lanes", "1", "--max-wait-ms", "1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(ROOT))
+        with client.serving(*args) as url:
+            gone = _give_up(url, 20)
+            deadline = time.monotonic() + 30
+            while client.stats(url)["queued"] < 16:  # every request read and queued
+                assert time.monotonic() < deadline, client.stats(url)
+                time.sleep(0.01)
+            for sock in gone:
+                sock.close()
+            reply = client.httpx.post(url + "/infer", json={"x": [5, 6, 7, 8]}, timeout=60)
+            assert reply.status_code == 200 and reply.json()["y"] == [5, 6, 7, 8]
+            stats = client.stats(url)
+    # the first batch (4, on the device as they left) ran; the 16 queued were dropped, but
+    # for any a batch took before their disconnects were seen
+    assert stats["served"] <= 9, stats  # not 21: the ones that left were not computed
+    assert stats["served"] + stats["dropped"] == 21, stats
+    assert stats["dropped"] >= 12, stats
+    assert (stats["queued"], stats["in_flight"]) == (0, 0), stats
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])

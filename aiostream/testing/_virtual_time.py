@@ -55,6 +55,14 @@ def format_timeline(records: Sequence[OpRecord]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STOPPED = (
+    "this wait would never end: virtual_time's clock runs only while the test function runs "
+    "(an async fixture's setup and teardown run before and after it, on a clock standing "
+    "still); await device work in the test function itself, or submit it in the fixture and "
+    "await it in the test, or use virtual_device without virtual_time (real time)"
+)
+
+
 class Unsupported(Exception):
     """Virtual time cannot run on this loop; ``skip`` says whether a test should skip."""
 
@@ -86,6 +94,17 @@ class VirtualTime:
         """Nanoseconds of virtual time since the test body started."""
         seconds = self._read() if self._read is not None else self._frozen
         return round(seconds * 1_000_000_000)
+
+    def stopped(self) -> str | None:
+        """Why the clock stands still now (outside the test body), or None while it runs: the
+        device's clock (``VirtualBackend(clock=vtime)``) refuses a wait that could not end."""
+        if self._read is not None:
+            return None
+        return STOPPED
+
+    def __call__(self) -> float:
+        """The device's clock: :meth:`now`."""
+        return self.now()
 
 
 @contextlib.contextmanager
@@ -162,7 +181,7 @@ def run_in_virtual_time(
     if backend not in ("asyncio", "trio"):
         raise ValueError(f"backend must be 'asyncio' or 'trio', got {backend!r}")
     vtime = VirtualTime()
-    virtual = VirtualBackend(VirtualOptions.from_kwargs(**options), clock=vtime.now)
+    virtual = VirtualBackend(VirtualOptions.from_kwargs(**options), clock=vtime)
     previous = _backends.replace("virtual", virtual)
 
     async def main() -> T:

@@ -7,6 +7,7 @@ import pytest
 import aiostream as ais
 from aiostream.testing import format_timeline
 from tests.helpers import protocol
+from tests.helpers.plugin_runs import run
 from tests.helpers.stand_in import REASON
 
 ANYIO_LOOPS = """
@@ -17,13 +18,6 @@ import pytest
 def anyio_backend(request):
     return request.param
 """
-
-
-def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
-    pytester.makepyfile(test_inner=source)
-    return pytester.runpytest(
-        "-p", "no:cacheprovider", "-o", "asyncio_default_fixture_loop_scope=function", *args
-    )
 
 
 def test_the_plugin_is_registered_through_its_entry_point(pytester: pytest.Pytester) -> None:
@@ -501,25 +495,6 @@ def test_plain(virtual_device):
     assert len(names) == 5, names
     assert "test_inner.py_test_plain.timeline" in names
     assert all(len(name) <= 200 for name in names), names
-
-
-def test_virtual_time_asked_for_too_late_says_how_to_ask(pytester: pytest.Pytester) -> None:
-    result = run(
-        pytester,
-        """
-import pytest
-
-@pytest.mark.anyio
-async def test_late(request, anyio_backend):
-    request.getfixturevalue("virtual_time")
-""",
-        "-q",
-    )
-    result.assert_outcomes(failed=2)  # on asyncio and trio
-    result.stdout.fnmatch_lines(
-        ["*virtual_time runs the test function itself on a fake clock*getfixturevalue()*"]
-    )
-    result.stdout.no_fnmatch_line("*KeyError*")
 
 
 def test_a_timelines_option_naming_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..._errors import StaleHandleError
+from ..._errors import AiostreamError, StaleHandleError
 from .clock import Listeners, listen, resolve_clock
 from .model import DONE, Device, Item, Stream
 from .options import VirtualOptions
@@ -68,6 +68,9 @@ class Simulation:
     def __init__(self, options: VirtualOptions, clock: object) -> None:
         self.lock = threading.RLock()
         self.clock_ns, self.manual = resolve_clock(clock)
+        # a clock may say why it stands still now (``stopped()``: a reason, or None), as the
+        # pytest plugin's virtual_time clock does outside the test body: no wait could end
+        self.stopped: Callable[[], str | None] | None = getattr(clock, "stopped", None)
         slots = options.slots()
         self.devices = [Device(i, slots) for i in range(options.devices)]
         self.sched = Scheduler(self.devices, self.clock_ns())
@@ -187,6 +190,10 @@ class Simulation:
     # ------------------------------------------------------------------ waits
 
     def target_locked(self, item: Item) -> Target:
+        if self.stopped is not None and item.state != DONE and item.device.failure is None:
+            why = self.stopped()
+            if why is not None:  # a wait now would never end: say so rather than hang
+                raise AiostreamError(why)
         target = Target(self, item)
         self.targets[target] = None
         return target

@@ -522,12 +522,13 @@ def _give_up(url: str, count: int) -> list[socket.socket]:
     return clients
 
 
+@pytest.mark.slow
 def test_requests_whose_clients_gave_up_are_not_computed() -> None:
-    """Clients that send a request and disconnect while it is queued (a stalled device): the
+    """Clients that send a request and disconnect while it is queued (a slow device): the
     server drops their requests instead of computing each, so a new client is served next.
-    One lane of batches of 4, each 1 s on the device: 20 clients queue 16 behind the first
+    One lane of batches of 4, each 2 s on the device: 20 clients queue 16 behind the first
     batch, then leave."""
-    args = ["--device", "virtual:0", "--launch-ms", "1000", "--per-item-ms", "0"]
+    args = ["--device", "virtual:0", "--launch-ms", "2000", "--per-item-ms", "0"]
     args += ["--max-batch", "4", "--lanes", "1", "--max-wait-ms", "1"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", str(ROOT))
@@ -543,7 +544,7 @@ def test_requests_whose_clients_gave_up_are_not_computed() -> None:
             assert reply.status_code == 200 and reply.json()["y"] == [5, 6, 7, 8]
             stats = client.stats(url)
     # the first batch (4, on the device as they left) ran; the 16 queued were dropped, but
-    # for any a batch took before their disconnects were seen
+    # for a batch that a busy machine let start before their disconnects were seen
     assert stats["served"] <= 9, stats  # not 21: the ones that left were not computed
     assert stats["served"] + stats["dropped"] == 21, stats
     assert stats["dropped"] >= 12, stats

@@ -7,7 +7,9 @@ import importlib.metadata
 import json
 import os
 import platform
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +22,31 @@ from . import _backends, _clash, _demo
 from ._bench import suite
 
 LOOPS = ("asyncio", "uvloop", "trio")
+
+
+def _columns() -> int:
+    """The terminal's width ($COLUMNS first), 80 when the output is no terminal."""
+    return max(40, shutil.get_terminal_size((80, 24)).columns)
+
+
+def _fit(text: str) -> str:
+    """``text`` with each line longer than the terminal wrapped at spaces, its continuation
+    indented two more than the line (a word longer than a line stays whole)."""
+    width = _columns()
+    out: list[str] = []
+    for line in text.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = " " * (len(line) - len(line.lstrip()))
+        out += textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=lead + "  ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return "\n".join(out)
 
 
 def _dist_version(name: str) -> str | None:
@@ -105,7 +132,8 @@ async def streams_demo(device: ais.Device, tasks: int, base_ms: float, out: list
         ]
         what = "as run on the compute engine"
     horizon = max(end for _, _, _, end, _ in rows) or 1.0
-    width = 50
+    # the chart fits the terminal: a row is the bar and 44 columns of labels
+    width = max(10, min(50, _columns() - 44))
     out.append("")
     out.append(f"device timeline on {device}, {what} (0 to {horizon:.1f} ms):")
     for i, stream, start, end, _ in rows:
@@ -177,9 +205,11 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         (), prefetch=cfg.prefetch, workers=cfg.workers, device=device
     ).prefetch
     print(
-        f"aiostream demo on {device}, {args.loop} loop: {cfg.batches} batches of "
-        f"{args.batch_kb} KiB, host {args.host_ms:g} ms, compute {args.compute_ms:g} ms, "
-        f"prefetch {prefetch}, workers {cfg.workers}"
+        _fit(
+            f"aiostream demo on {device}, {args.loop} loop: {cfg.batches} batches of "
+            f"{args.batch_kb} KiB, host {args.host_ms:g} ms, compute {args.compute_ms:g} ms, "
+            f"prefetch {prefetch}, workers {cfg.workers}"
+        )
     )
     live = sys.stderr.isatty()
 
@@ -209,7 +239,7 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
 
     profiles: list[ais.Profiler] = []
     _run(run, args.loop)
-    print(_pipeline_report(results["seq"], results["pipe"]))
+    print(_fit(_pipeline_report(results["seq"], results["pipe"])))
     if profiles:
         print("\nprofile of the pipelined run:")
         print(profiles[0].summary())
@@ -241,7 +271,7 @@ def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
             parser.error(f"--loops {loop} needs the {loop!r} package: pip install {loop}")
     sections = _names(parser, "--sections", args.sections, suite.SECTIONS)
     report = suite.run(loops, sections, args.quick)
-    print(json.dumps(report) if args.json else suite.table(report))
+    print(json.dumps(report) if args.json else suite.table(report, max(80, min(100, _columns()))))
     return 1 if suite.missed(report) else 0
 
 
@@ -405,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "info":
-        print(info())
+        print(_fit(info()))
         return 0
     if args.command == "bench":
         return _run_bench(p_bench, args)
@@ -434,13 +464,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_demo(args, device)
 
     out: list[str] = []
-    print(f"aiostream streams demo on {device}, {args.tasks} tasks, {args.loop} loop")
+    print(_fit(f"aiostream streams demo on {device}, {args.tasks} tasks, {args.loop} loop"))
 
     async def run() -> None:
         await streams_demo(device, args.tasks, args.duration_ms, out)
 
     _run(run, args.loop)
-    print("\n".join(out))
+    print(_fit("\n".join(out)))
     return 0
 
 

@@ -242,7 +242,8 @@ def run(step: Step, outdir: Path) -> None:
     """Run the step; at its time limit it is interrupted (SIGINT: pytest then still prints
     the failures it has seen, with their tracebacks), and killed 20 s later."""
     start = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # wide lines: the report reads whole lines of the demo's output
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
     env.pop("AIOSTREAM_DEVICE", None)
     proc = subprocess.Popen(
         step.args,

@@ -7,6 +7,7 @@ figure is real (wall-clock or CPU) time: the virtual device runs on the monotoni
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import operator
 import os
@@ -14,8 +15,9 @@ import platform
 import statistics
 import sys
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, TextIO
@@ -218,7 +220,12 @@ def steps(loops: list[str], sections: list[str], quick: bool) -> list[Step]:
 
 class Progress:
     """A text progress bar weighted by the steps' expected seconds: redrawn in place on a
-    terminal, a line per step otherwise."""
+    terminal, a line per step otherwise. On a terminal it also moves while a step runs (a
+    step takes up to a minute): every ``TICK`` seconds, by the step's time so far, up to
+    ``AHEAD`` of its expected seconds."""
+
+    TICK = 0.5
+    AHEAD = 0.95
 
     def __init__(self, todo: list[Step], out: TextIO) -> None:
         self.todo, self.out, self.live = todo, out, out.isatty()
@@ -226,9 +233,34 @@ class Progress:
         self.done = 0.0
         self.started = time.perf_counter()
 
-    def show(self, index: int) -> None:
+    @contextlib.contextmanager
+    def running(self, index: int) -> Iterator[None]:
+        """Around step ``index``: its line, then (on a terminal) the bar moving meanwhile."""
+        self.show(index)
+        if not self.live:
+            yield
+            self.step_done(index)
+            return
+        stop = threading.Event()
+        began = time.perf_counter()
+        expected = self.todo[index].seconds
+
+        def tick() -> None:
+            while not stop.wait(self.TICK):
+                self.show(index, min(time.perf_counter() - began, self.AHEAD * expected))
+
+        ticker = threading.Thread(target=tick, name="aiostream bench progress", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            ticker.join()
+        self.step_done(index)
+
+    def show(self, index: int, within: float = 0.0) -> None:
         width = 30
-        filled = round(width * self.done / self.total)
+        filled = round(width * (self.done + within) / self.total)
         label = self.todo[index].label if index < len(self.todo) else "done"
         line = (
             f"[{'#' * filled}{'.' * (width - filled)}] {index}/{len(self.todo)} steps, "
@@ -252,9 +284,8 @@ def run(
     rows: list[Row] = []
     started = time.perf_counter()
     for i, step in enumerate(todo):
-        bar.show(i)
-        rows.extend(step.run())
-        bar.step_done(i)
+        with bar.running(i):
+            rows.extend(step.run())
     bar.show(len(todo))
     cuda_ok, why = _backends.probe("cuda")
     return {
@@ -312,31 +343,32 @@ def missed(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in report["rows"] if met(r) is False]
 
 
-def table(report: dict[str, Any], width: int = 100) -> str:
-    """The report as text that fits ``width`` columns: per row, the measure on one line and
-    the figures under it, each row marked ``ok`` or ``MISS`` against its goal."""
+def table(report: dict[str, Any], width: int = 80) -> str:
+    """The report as text that fits ``width`` columns (at least 80): per row, the measure on
+    one line and the figures under it (77 columns), each row marked ``ok`` or ``MISS``
+    against its goal."""
     m = report["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
     head = (
         f"aiostream bench{' (quick)' if report['quick'] else ''}: {m['platform']}, "
         f"{m['cpus']} CPUs; {versions}"
     )
-    lines = textwrap.wrap(head, width, subsequent_indent="  ")
+    lines = textwrap.wrap(head, width, subsequent_indent="  ", break_on_hyphens=False)
     lines += [
         f"GPUs: {', '.join(m['gpus']) or 'none'} (CUDA {m['cuda'].split(':')[0]})",
         *textwrap.wrap(f"{report['clock']}; {report['seconds']:.0f} s in all", width),
         "",
         "measure (aiostream / baseline)",
-        f"  {'loop':8} {'size':26} {'aiostream':>12} {'baseline':>12} {'ratio':>7}  "
-        f"{'goal':15} met",
+        f"  {'loop':8} {'size':15} {'aiostream':>10} {'baseline':>10} {'ratio':>7}  "
+        f"{'goal':14} met",
     ]
     for r in report["rows"]:
         verdict = {None: "", True: "ok", False: "MISS"}[met(r)]
         lines.append(f"{r['section']}: {r['what']}"[:width])
         lines.append(
-            f"  {r['loop']:8} {r['size']:26} {_figure(r['ours'], r['unit']):>12} "
-            f"{_figure(r['baseline'], r['unit']):>12} {_ratio(r['ratio']):>7}  "
-            f"{r['goal']:15} {verdict}".rstrip()
+            f"  {r['loop']:8} {r['size']:15} {_figure(r['ours'], r['unit']):>10} "
+            f"{_figure(r['baseline'], r['unit']):>10} {_ratio(r['ratio']):>7}  "
+            f"{r['goal']:14} {verdict}".rstrip()
         )
     for why in report["skipped"]:
         lines += textwrap.wrap(f"not run: {why}", width, subsequent_indent="  ")

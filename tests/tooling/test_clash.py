@@ -70,7 +70,7 @@ def test_info_warns_of_the_other_project(tmp_path: Path) -> None:
     _other_metadata(site)
     proc = run_python("-m", "aiostream", "info", PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
     assert proc.returncode == 0, proc.stderr
-    text = proc.stdout
+    text = proc.stdout.replace("\n  ", " ")  # lines the terminal's width wrapped, joined
     assert f"CONFLICT: The distribution aiostream 0.6.4 (in {site}) is installed here too" in text
     assert "python -m pip uninstall -y aiostream aiostream-cuda" in text
 

@@ -33,6 +33,31 @@ def test_info_lists_backends_devices_versions_and_loops(capsys: pytest.CaptureFi
     assert "default device: " in out
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["info"],
+        ["demo", "--batches", "8", "--host-ms", "1", "--compute-ms", "1"],
+        ["streams", "--duration-ms", "5"],
+    ],
+    ids=["info", "demo", "streams"],
+)
+@pytest.mark.parametrize("columns", [60, 80, 200])
+def test_the_commands_fit_the_terminal(command: list[str], columns: int) -> None:
+    """Every line of info, demo and streams fits the terminal's width ($COLUMNS; 80 where
+    the output is no terminal), wrapped at spaces; a wide terminal gets the full chart."""
+    proc = run_python("-m", "aiostream", *command, COLUMNS=str(columns))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert max(len(line) for line in lines) <= columns, "\n".join(lines)
+    if command[0] == "streams":
+        bars = [line for line in lines if line.startswith("  task 0 stream")]
+        bar = bars[0].split("|")[1]
+        assert len(bar) == (50 if columns == 200 else columns - 44), bars
+    if columns == 200:  # nothing wrapped that fits
+        assert not any(line.startswith("    ") and command[0] == "demo" for line in lines)
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
 def test_streams_demo_runs_on_every_loop(loop: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert (
@@ -83,7 +108,7 @@ def test_pipeline_demo_checks_its_results_and_reports(
         == 0
     )
     captured = capsys.readouterr()
-    out = captured.out
+    out = captured.out.replace("\n  ", " ")  # lines the terminal's width wrapped, joined
     assert "pipelined:  12 batches" in out and "sequential: 12 batches" in out
     assert out.count("(checksum ok)") == 2
     assert "efficiency against the bound: " in out and "speed-up over sequential: " in out
@@ -226,12 +251,14 @@ def test_help_reads_as_plain_text(command: list[str], capsys: pytest.CaptureFixt
 @pytest.mark.slow
 def test_bench_prints_one_table_of_ratios_with_the_machine() -> None:
     proc = run_python(
-        "-m", "aiostream", "bench", "--quick", "--sections", "core,loader,cuda", "--loops", "trio"
+        *("-m", "aiostream", "bench", "--quick", "--sections", "core,loader,cuda"),
+        *("--loops", "trio"),
+        COLUMNS="80",
     )
     # a goal missed on a loaded machine exits 1 and says so; anything else is a failure
     assert proc.returncode in (0, 1), proc.stderr
     lines = proc.stdout.splitlines()
-    assert all(len(line) <= 100 for line in lines), "the table must fit 100 columns"
+    assert all(len(line) <= 80 for line in lines), "the table must fit an 80-column terminal"
     head = " ".join(lines[:2])
     assert head.startswith("aiostream bench (quick): ") and "CPUs; aiostream " in head
     assert all(f"{dist} " in head for dist in ("python", "anyio", "numpy", "trio"))

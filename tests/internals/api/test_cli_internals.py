@@ -5,7 +5,9 @@ themselves run in ``tests/tooling/test_cli.py``."""
 
 from __future__ import annotations
 
+import io
 import os
+import time
 
 import pytest
 
@@ -78,6 +80,32 @@ def test_a_live_progress_line_never_wraps(columns: int, monkeypatch: pytest.Monk
     for text in [*seen, bar.out.written]:
         assert text.startswith("\r") and text.endswith("\x1b[K")
         assert len(text) - len("\r\x1b[K") <= columns - 1
+
+
+def test_the_bar_moves_while_a_long_step_runs_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step of a minute must not leave the bar still: on a terminal it is redrawn while the
+    step runs, each time further on, never past the step's share; not on a pipe."""
+    from aiostream import _bench
+
+    monkeypatch.setattr(_bench.suite.Progress, "TICK", 0.02)
+    step = _bench.suite.Step("scale (10,000 streams)", 0.4, list)
+    tty = _Tty()
+    bar = _bench.suite.Progress([step, step], tty)
+    with bar.running(0):
+        time.sleep(0.5)  # past the step's expected 0.4 s
+    frames = [f for f in tty.written.split("\r") if f]
+    filled = [f.split("]")[0].count("#") for f in frames]
+    assert len(frames) >= 5, frames  # redrawn while the step ran
+    assert filled == sorted(filled) and filled[0] < filled[-1], filled
+    assert max(filled) <= round(30 * 0.95 * 0.4 / 0.8), filled  # at most its share
+    assert bar.done == 0.4  # the step counted once done
+    pipe = io.StringIO()
+    quiet = _bench.suite.Progress([step, step], pipe)
+    with quiet.running(0):
+        time.sleep(0.1)
+    assert pipe.getvalue().count("\n") == 1  # a line per step, nothing meanwhile
 
 
 class _Tty:

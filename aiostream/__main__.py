@@ -314,6 +314,10 @@ def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    shadowed = _clash.shadowed(ais)
+    if shadowed is not None:  # another project's aiostream/__init__.py: say so, not a traceback
+        print(_fit(f"python -m aiostream: {shadowed}"), file=sys.stderr)
+        return 1
     parser = argparse.ArgumentParser(
         prog=_prog(),
         description="aiostream's command line: what this machine has, and demos to run on it.",

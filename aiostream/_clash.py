@@ -53,3 +53,24 @@ def explain(error: ImportError) -> None:
     other = other_distribution()
     if other is not None:
         raise ImportError(f"aiostream could not be imported ({error}). {advice(other)}") from error
+
+
+def shadowed(package: object) -> str | None:
+    """What to tell the user when ``package``, the ``aiostream`` that ``import aiostream``
+    gave, is not this project's: the other project, installed after this one, replaced its
+    ``__init__.py`` (nothing of this project runs on a plain ``import aiostream`` then; its
+    command line and pytest plugin, whose files are still there, say it). None when it is."""
+    if hasattr(package, "Stream") and hasattr(package, "device"):
+        return None
+    where = getattr(package, "__file__", None) or "?"
+    other = other_distribution()
+    if other is not None:
+        return (
+            f"'import aiostream' imports {where}, which is not {OURS}'s: the other project "
+            f"replaced it. {advice(other)}"
+        )
+    return (
+        f"'import aiostream' imports {where}, which is not {OURS}'s, and no other "
+        f"distribution says it owns it: reinstall this project from its checkout with "
+        f"python -m pip install --force-reinstall ."
+    )

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from .. import _backends
+from .. import _backends, _clash
 from .._backends.virtual import Isolation, VirtualBackend, VirtualOptions
 from ..device import Device
 from ._virtual_time import Unsupported, VirtualTime, format_timeline, running
@@ -69,6 +69,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    import aiostream
+
+    shadowed = _clash.shadowed(aiostream)
+    if shadowed is not None:  # another project's aiostream/__init__.py replaced this one's
+        raise pytest.UsageError(f"aiostream's pytest plugin: {shadowed}")
     folder = config.getoption("aiostream_timelines")
     if folder:  # a usage error now, not a failure in every test's teardown
         path = Path(folder)

@@ -78,3 +78,59 @@ def test_info_warns_of_the_other_project(tmp_path: Path) -> None:
 def test_this_project_is_not_taken_for_the_other() -> None:
     """This project's own distribution (aiostream-cuda) is no conflict."""
     assert "CONFLICT" not in info()
+
+
+def _installed_after(site: Path) -> None:
+    """What ``pip install aiostream-cuda`` then ``pip install aiostream`` leaves: this
+    project's files, but the other's ``__init__.py`` over this one's, and its metadata."""
+    shutil.copytree(ROOT / "aiostream", site / "aiostream")
+    (site / "aiostream" / "__init__.py").write_text('__all__ = ["stream", "pipe"]\n')
+    _other_metadata(site)
+
+
+def test_the_command_line_says_when_the_other_project_replaced_the_package(
+    tmp_path: Path,
+) -> None:
+    """The other order: ``import aiostream`` gives the other project (nothing of this one
+    runs then), but ``python -m aiostream`` still finds it out and says the fix, with no
+    traceback."""
+    site = tmp_path / "site"
+    _installed_after(site)
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiostream", "info"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": "", "COLUMNS": "500"},
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(
+        f"python -m aiostream: 'import aiostream' imports {site / 'aiostream' / '__init__.py'}"
+        ", which is not aiostream-cuda's: the other project replaced it. The distribution "
+        f"aiostream 0.6.4 (in {site}) is installed here too"
+    ), proc.stderr
+    assert "    python -m pip uninstall -y aiostream aiostream-cuda\n" in proc.stderr
+
+
+def test_the_pytest_plugin_says_when_the_other_project_replaced_the_package(
+    tmp_path: Path,
+) -> None:
+    """pytest loads this project's plugin (its entry point): a usage error that names the
+    other project and the fix, before any test runs."""
+    site = tmp_path / "site"
+    _installed_after(site)
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_one.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        timeout=120,
+    )
+    assert proc.returncode == 4, proc.stdout + proc.stderr  # pytest's usage error
+    assert "aiostream's pytest plugin: 'import aiostream' imports" in proc.stderr
+    assert "python -m pip uninstall -y aiostream aiostream-cuda" in proc.stderr
+    assert "1 passed" not in proc.stdout

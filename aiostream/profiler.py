@@ -738,13 +738,20 @@ def _active() -> Profiler | None:
     return obs if isinstance(obs, Profiler) else None
 
 
+#: the NVTX domain of record_function's ranges (Nsight Systems groups them under it)
+NVTX_DOMAIN = "aiostream"
+
+
 class record_function:  # named as torch.profiler.record_function
     """A named range: ``with``, ``async with``, or a decorator of sync and async functions.
 
     While a profiler is active it records a host span tagged with the task's name and, with
     ``stream=``, a device range bracketing the work submitted to that stream inside it. With
     no profiler it costs about what ``contextlib.nullcontext()`` does. On CUDA, where the
-    ``nvtx`` package is installed, it also pushes an NVTX range, so Nsight shows it.
+    ``nvtx`` package is installed (the ``nvtx`` extra), it is also an NVTX range in the
+    ``aiostream`` domain, so Nsight Systems shows it: a start/end range, not a push/pop one,
+    since tasks on one loop thread enter and leave their ranges interleaved across awaits
+    (a thread's push/pop stack would end one task's range at another's exit).
 
     Args:
         name: the range's name.
@@ -752,7 +759,7 @@ class record_function:  # named as torch.profiler.record_function
         **args: extra values shown with the span in traces.
     """
 
-    __slots__ = ("_ev", "_start", "args", "name", "stream")
+    __slots__ = ("_ev", "_range", "_start", "args", "name", "stream")
 
     def __init__(self, name: str, *, stream: Stream | None = None, **args: Any) -> None:
         if type(name) is not str:
@@ -768,7 +775,7 @@ class record_function:  # named as torch.profiler.record_function
             return self  # the cost with no profiler: this check, and the one in __exit__
         prof = _active()
         if _hooks.nvtx is not None:
-            _hooks.nvtx.push_range(self.name)
+            self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
         if prof is not None:
             try:
                 self._start = prof.now()
@@ -789,8 +796,9 @@ class record_function:  # named as torch.profiler.record_function
         if _hooks.observer is None and _hooks.nvtx is None:
             return
         prof = _active()
-        if _hooks.nvtx is not None:
-            _hooks.nvtx.pop_range()
+        if _hooks.nvtx is not None and hasattr(self, "_range"):  # not if NVTX began inside
+            _hooks.nvtx.end_range(self._range)
+            del self._range
         start = getattr(self, "_start", None)  # unset when the profile began inside the range
         if start is None or prof is None:
             return

@@ -146,9 +146,9 @@ def test_everything_is_released_once_at_interpreter_exit(
 NVTX = """
 import sys, types
 ranges = []
-nvtx = types.ModuleType("nvtx")  # the nvtx package, noting the ranges pushed and popped
-nvtx.push_range = lambda name: ranges.append(("push", name))
-nvtx.pop_range = lambda: ranges.append(("pop",))
+nvtx = types.ModuleType("nvtx")  # the nvtx package, noting the ranges started and ended
+nvtx.start_range = lambda message, domain: ranges.append(("start", domain, message)) or message
+nvtx.end_range = lambda range_id: ranges.append(("end", range_id))
 sys.modules["nvtx"] = nvtx
 import aiostream as ais
 ais.Stream("virtual:0")
@@ -163,8 +163,9 @@ print("cuda", ranges)
 
 
 def test_the_cuda_backend_turns_nvtx_on_where_installed(stand_in_folder: Path) -> None:
-    """``record_function`` pushes an NVTX range once a CUDA backend is in use, where the
-    ``nvtx`` package is installed; not before, on a virtual device alone."""
+    """``record_function`` is an NVTX range once a CUDA backend is in use, where the ``nvtx``
+    package is installed; not before, on a virtual device alone."""
     proc = run_on(stand_in_folder, "-c", NVTX)
     assert proc.returncode == 0, proc.stderr
-    assert "virtual []\ncuda [('push', 'on cuda'), ('pop',)]\n" in proc.stdout, proc.stdout
+    expected = "cuda [('start', 'aiostream', 'on cuda'), ('end', 'on cuda')]\n"
+    assert "virtual []\n" + expected in proc.stdout, proc.stdout

@@ -8,29 +8,90 @@ from __future__ import annotations
 import sys
 import types
 
+import anyio
 import pytest
 
 import aiostream as ais
 from aiostream import _hooks
 
 
+class FakeNvtx:
+    """The nvtx package's start/end range functions, noting each call; a range's id is
+    opaque to its caller (the package's is a tuple)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.open: dict[tuple[str, int], str] = {}
+
+    def start_range(self, message: str | None = None, domain: str | None = None) -> object:
+        range_id = ("id", len(self.calls))
+        self.calls.append(("start", message))
+        self.open[range_id] = f"{domain}/{message}"
+        return range_id
+
+    def end_range(self, range_id: tuple[str, int]) -> None:
+        self.calls.append(("end", self.open.pop(range_id)))  # a KeyError: an id ended twice
+
+
 def test_nvtx_ranges_when_available(
     virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[tuple[str, ...]] = []
-
-    class FakeNvtx:
-        def push_range(self, name: str) -> None:
-            calls.append(("push", name))
-
-        def pop_range(self) -> None:
-            calls.append(("pop",))
-
-    monkeypatch.setattr(_hooks, "nvtx", FakeNvtx())
+    fake = FakeNvtx()
+    monkeypatch.setattr(_hooks, "nvtx", fake)
     with ais.record_function("outer"):  # no profiler: NVTX only
         with ais.record_function("inner"):
             pass
-    assert calls == [("push", "outer"), ("push", "inner"), ("pop",), ("pop",)]
+    assert fake.calls == [
+        ("start", "outer"),
+        ("start", "inner"),
+        ("end", "aiostream/inner"),
+        ("end", "aiostream/outer"),
+    ]
+    assert fake.open == {}
+
+
+@pytest.mark.anyio
+async def test_ranges_of_tasks_interleaved_across_awaits_each_end_their_own(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two tasks on one loop thread: a enters, b enters, a leaves, b leaves. Each range ends
+    with its own id (a thread's push/pop stack would end b's range at a's exit)."""
+    fake = FakeNvtx()
+    monkeypatch.setattr(_hooks, "nvtx", fake)
+    a_in, b_in, a_out = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def task_a() -> None:
+        async with ais.record_function("a"):
+            a_in.set()
+            await b_in.wait()
+        a_out.set()
+
+    async def task_b() -> None:
+        await a_in.wait()
+        async with ais.record_function("b"):
+            b_in.set()
+            await a_out.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(task_a)
+        tg.start_soon(task_b)
+    assert fake.calls == [
+        ("start", "a"),
+        ("start", "b"),
+        ("end", "aiostream/a"),
+        ("end", "aiostream/b"),
+    ]
+    assert fake.open == {}
+
+
+def test_the_nvtx_package_takes_the_calls_as_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real package, where installed: its start_range and end_range take what
+    record_function passes (with no tool attached they record nothing)."""
+    nvtx = pytest.importorskip("nvtx", reason="the nvtx package is not installed")
+    monkeypatch.setattr(_hooks, "nvtx", nvtx)
+    with ais.record_function("real"):
+        with ais.record_function("nested"):
+            pass
 
 
 def test_nvtx_is_turned_on_only_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:

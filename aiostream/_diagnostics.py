@@ -54,8 +54,9 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
-#: what a capture leaves out: aiostream itself and the loops' machinery
-_SKIPPED = _library_dirs()
+#: what a capture leaves out: aiostream itself and the loops' machinery (found at the first
+#: capture, debug mode's: the search costs milliseconds that ``import aiostream`` need not)
+_skipped: tuple[str, ...] | None = None
 #: debug captures on (``set_debug``, ``AIOSTREAM_DEBUG=1``); hot paths read it as a global
 debug = os.environ.get("AIOSTREAM_DEBUG", "") not in ("", "0")
 _watchdog: float | None = None
@@ -90,11 +91,15 @@ def capture(skip: int = 1) -> Origin | None:
     the event loops' machinery (asyncio, anyio, trio), so a listing shows the user's code."""
     if not debug:
         return None
+    global _skipped
+    if _skipped is None:
+        _skipped = _library_dirs()
+    skipped = _skipped
     frame: FrameType | None = sys._getframe(skip + 1)  # noqa: SLF001 (the stdlib's API)
     frames: list[tuple[str, int, str]] = []
     while frame is not None and len(frames) < 12:
         code = frame.f_code
-        if not code.co_filename.startswith(_SKIPPED) and not code.co_filename.startswith("<"):
+        if not code.co_filename.startswith(skipped) and not code.co_filename.startswith("<"):
             frames.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
     return tuple(reversed(frames))

@@ -227,7 +227,10 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.notes = [line for line in lines if line.startswith("SKIPPED")]
         step.notes += [line for line in lines if line.startswith(("FAILED ", "ERROR "))]
     elif step.name == "aiostream-bench":
-        step.summary = "; ".join(line for line in lines if line.startswith("| cuda:"))
+        # the table's CUDA rows (a measure line, then its figures) and the verdict
+        pairs = zip(lines, lines[1:], strict=False)  # each line and the next
+        cuda = [f"{a} {b.strip()}" for a, b in pairs if a.startswith("cuda: ")]
+        step.summary = "; ".join([*cuda, last])
     elif step.name == "contract":
         step.summary = last
         step.notes = [line for line in lines if ": failed," in line or ": skipped," in line]
@@ -239,8 +242,9 @@ def summarize(step: Step, output: str, rc: int) -> None:
 
 
 def run(step: Step, outdir: Path) -> None:
-    """Run the step; at its time limit it is interrupted (SIGINT: pytest then still prints
-    the failures it has seen, with their tracebacks), and killed 20 s later."""
+    """Run the step in a process group of its own; at its time limit the group is
+    interrupted (SIGINT: pytest then still prints the failures it has seen, with their
+    tracebacks, and its workers stop too), and killed 20 s later, children and all."""
     start = time.perf_counter()
     # wide lines: the report reads whole lines of the demo's output
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
@@ -253,21 +257,41 @@ def run(step: Step, outdir: Path) -> None:
         text=True,
         errors="replace",
         env=env,
+        start_new_session=True,  # its children (pytest's workers, spawned programs) with it
+        # SIGINT as the default, whatever this suite inherited (a background job's is ignored,
+        # and a Python started so never raises KeyboardInterrupt: no failures printed)
+        preexec_fn=_default_sigint,
     )
     try:
         output, _ = proc.communicate(timeout=step.timeout)
         rc = proc.returncode
     except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
+        _signal_group(proc, signal.SIGINT)
         try:
             output, _ = proc.communicate(timeout=INTERRUPT_GRACE)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
+        except subprocess.TimeoutExpired as exc:
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                output, _ = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:  # a process of another group holds the pipe
+                proc.wait()
+                partial = exc.output or b""
+                output = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
         rc, step.status = 124, "timed out"
     step.seconds = time.perf_counter() - start
     (outdir / f"{step.name}.txt").write_text(f"$ {' '.join(step.args)}\n\n{output}")
     summarize(step, output, rc)
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # the group is gone already
+        pass
 
 
 def report(outdir: Path, device: str, all_steps: list[Step], started: datetime.datetime) -> str:
@@ -313,9 +337,10 @@ def main() -> int:
         parser.error(f"--budget must be 0 (none) or a number of seconds, not {args.budget}")
     args.outdir.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc)
+    begun = time.monotonic()  # the budget counts the device's probe too
     gpu, device = cuda_state()
     all_steps = steps(args.quick)
-    deadline = time.monotonic() + args.budget if args.budget else float("inf")
+    deadline = begun + args.budget if args.budget else float("inf")
     for step in all_steps:
         if step.needs_gpu and not gpu:
             step.summary = device

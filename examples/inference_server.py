@@ -17,9 +17,9 @@ a GPU, put your model's kernels on the lane's stream instead (PyTorch:
 
 Endpoints: ``POST /infer`` ``{"x": [FEATURES floats]}`` -> ``{"y": [...], "batch": n}``;
 ``GET /health`` (503 once the device failed: device errors are sticky, so restart the process;
-503 too while the last batch failed otherwise, until one succeeds, and while the oldest wait
-on the device is older than ``--stuck-after`` seconds, naming its stream: a hung kernel; 200
-again once it clears);
+503 too for ``FAILING_S`` after a batch failed otherwise, unless one succeeds, and while the
+oldest wait on the device is older than ``--stuck-after`` seconds, naming its stream: a hung
+kernel; 200 again once it clears);
 ``GET /stats`` (served, dropped, batches, queued, in flight, pending waits, the device
 bound in requests/s). A full queue answers 503; a malformed request, 422. A request whose
 client disconnects leaves the queue (``dropped``): nobody computes it.
@@ -78,12 +78,17 @@ class Model:
         return max_batch / self.cost(max_batch)
 
 
+#: how long /health says 503 after a batch failed for a reason not the device's, unless a
+#: batch succeeds first
+FAILING_S = 30.0
+
+
 class Busy(Exception):
     """The queue is full: the client should retry later (HTTP 503)."""
 
 
 class _Request:
-    __slots__ = ("x", "y", "batch", "error", "done", "abandoned")
+    __slots__ = ("x", "y", "batch", "error", "done", "abandoned", "queued")
 
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
@@ -92,6 +97,7 @@ class _Request:
         self.error: BaseException | None = None
         self.done = anyio.Event()
         self.abandoned = False  # its client went away: the batcher skips it
+        self.queued = False  # in the queue, not yet taken into a batch
 
 
 class _Lane:
@@ -144,27 +150,35 @@ class Batcher:
         self._lane_free = anyio.Event()
         self.served = self.batches = self.in_flight = 0
         self.dropped = 0  # requests whose clients went away before a batch took them
+        self._gone = 0  # of those, the ones still in the deque
         self.failed: str | None = None  # the device error that failed a batch, if one did
         self.failing: str | None = None  # why the last batch failed, if not the device
+        self._failed_at = 0.0  # when (time.monotonic()): /health says so for FAILING_S
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Requests waiting for a batch: those whose clients left do not count (they leave
+        the deque when a batch next forms, skipped)."""
+        return len(self._queue) - self._gone
 
     async def infer(self, x: np.ndarray) -> tuple[np.ndarray, int]:
         """The model's output for one input row, and the size of the batch it ran in."""
         x = np.asarray(x, np.float32)
         if x.shape != (self.model.features,):
             raise ValueError(f"x must hold {self.model.features} numbers, got shape {x.shape}")
-        if len(self._queue) >= self.max_queue:
-            raise Busy(f"{len(self._queue)} requests queued; retry later")
+        if self.queued >= self.max_queue:
+            raise Busy(f"{self.queued} requests queued; retry later")
         request = _Request(x)
         self._queue.append(request)
+        request.queued = True
         self._arrived.set()
         try:
             await request.done.wait()
         finally:
             request.abandoned = True  # the batch, if it still runs, need not answer
+            if request.queued:  # its client left before a batch took it: nobody computes it
+                self._gone += 1
+                self.dropped += 1
         if request.error is not None:
             raise request.error
         assert request.y is not None
@@ -188,8 +202,9 @@ class Batcher:
         while len(batch) < self.max_batch:
             while self._queue and len(batch) < self.max_batch:
                 request = self._queue.popleft()
+                request.queued = False
                 if request.abandoned:
-                    self.dropped += 1  # its client went away: computing it helps nobody
+                    self._gone -= 1  # counted as dropped when its client left
                 else:
                     batch.append(request)
             if len(batch) >= self.max_batch:
@@ -235,8 +250,9 @@ class Batcher:
             settled = True
             if isinstance(exc, ais.DeviceError):  # sticky: the device runs nothing more
                 self.failed = f"{type(exc).__name__}: {exc}"
-            else:  # until a batch succeeds again
+            else:  # until a batch succeeds, or for FAILING_S
                 self.failing = f"{type(exc).__name__}: {exc}"
+                self._failed_at = time.monotonic()
             for request in batch:
                 request.error = exc
         except BaseException:  # cancelled: the server shuts down
@@ -257,7 +273,9 @@ class Batcher:
         wait names its stream and task); else 200."""
         if self.failed is not None:  # device errors are sticky: restart the process
             return 503, {"ok": False, "error": self.failed}
-        if self.failing is not None:  # the last batch failed; the next may not
+        if self.failing is not None and time.monotonic() - self._failed_at < FAILING_S:
+            # the last batch failed, lately; the next may not (and with no traffic, which a
+            # load balancer that heeds the 503 would cause, none comes to clear it)
             return 503, {"ok": False, "error": self.failing, "sticky": False}
         device = str(self.device)
         waits = [w for w in ais.pending_waits() if w.device == device]  # longest first
@@ -487,7 +505,7 @@ def create_app(
         async def answer(scope: anyio.CancelScope) -> None:
             try:
                 outcome.append(await app.state.batcher.infer(x))
-            except (Busy, ais.AiostreamError) as exc:
+            except Exception as exc:  # answered with it below, not as the task group's group
                 outcome.append(exc)
             scope.cancel()  # answered: stop watching the connection
 
@@ -500,7 +518,7 @@ def create_app(
             return Response(status_code=499)  # nobody is there to read it
         if isinstance(outcome[0], Busy):
             raise HTTPException(503, str(outcome[0]))
-        if isinstance(outcome[0], ais.AiostreamError):  # the device failed the request's batch
+        if isinstance(outcome[0], Exception):  # its batch failed (the device, or the model)
             raise HTTPException(500, f"{type(outcome[0]).__name__}: {outcome[0]}")
         y, n = outcome[0]
         return {"y": y.tolist(), "batch": n}

@@ -355,7 +355,11 @@ def table(report: dict[str, Any], width: int = 80) -> str:
     )
     lines = textwrap.wrap(head, width, subsequent_indent="  ", break_on_hyphens=False)
     lines += [
-        f"GPUs: {', '.join(m['gpus']) or 'none'} (CUDA {m['cuda'].split(':')[0]})",
+        *textwrap.wrap(
+            f"GPUs: {', '.join(m['gpus']) or 'none'} (CUDA {m['cuda'].split(':')[0]})",
+            width,
+            subsequent_indent="  ",
+        ),
         *textwrap.wrap(f"{report['clock']}; {report['seconds']:.0f} s in all", width),
         "",
         "measure (aiostream / baseline)",
@@ -364,9 +368,13 @@ def table(report: dict[str, Any], width: int = 80) -> str:
     ]
     for r in report["rows"]:
         verdict = {None: "", True: "ok", False: "MISS"}[met(r)]
-        lines.append(f"{r['section']}: {r['what']}"[:width])
+        size = r["size"]
+        measure = f"{r['section']}: {r['what']}"
+        if len(size) > 15:  # its column's width: said with the measure instead
+            measure, size = f"{measure} ({size})", ""
+        lines.append(measure[:width])
         lines.append(
-            f"  {r['loop']:8} {r['size']:15} {_figure(r['ours'], r['unit']):>10} "
+            f"  {r['loop']:8} {size:15} {_figure(r['ours'], r['unit']):>10} "
             f"{_figure(r['baseline'], r['unit']):>10} {_ratio(r['ratio']):>7}  "
             f"{r['goal']:14} {verdict}".rstrip()
         )

@@ -106,6 +106,8 @@ class VirtualTime:
         """The device's clock: :meth:`now`."""
         return self.now()
 
+    _aiostream_stopped = stopped  # what the virtual device asks a clock (simulation.py)
+
 
 @contextlib.contextmanager
 def running(vtime: VirtualTime) -> Iterator[None]:

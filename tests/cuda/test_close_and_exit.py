@@ -441,6 +441,33 @@ def test_exit_is_never_held_by_device_work(loop: str, strategy: str) -> None:
     assert "violation" not in proc.stderr, proc.stderr
 
 
+EXTERNAL_AT_EXIT = """
+import sys, aiostream as ais
+from cuda.bindings import driver as d
+
+d.cuInit(0)
+err, dev = d.cuDeviceGet(0)
+err, ctx = d.cuDevicePrimaryCtxRetain(dev)
+d.cuCtxSetCurrent(ctx)
+err, raw = d.cuStreamCreate(1)  # the program's own stream, which aiostream does not own
+ais.delay(float(sys.argv[1]), stream=ais.ExternalStream(int(raw), "cuda:0"))
+print("leaving", flush=True)
+"""
+
+
+def test_exit_is_never_held_by_a_delay_on_a_stream_made_elsewhere() -> None:
+    """The sleep kernel on a stream aiostream did not make (and so cannot query at close):
+    close still sees it pending and leaves its module to the exit (unloading it waits for
+    the kernel: the stand-in calls that a violation)."""
+    kernel_s = "60" if FAKE is None else "6"
+    start = time.monotonic()
+    proc = program(EXTERNAL_AT_EXIT, kernel_s, timeout=30)
+    took = time.monotonic() - start
+    assert proc.returncode == 0 and "leaving" in proc.stdout, proc.stderr
+    assert took < 5.0, f"exit took {took:.1f} s"
+    assert "violation" not in proc.stderr, proc.stderr
+
+
 CLOSED_LOOP_AT_EXIT = """
 import asyncio, sys, time, aiostream as ais
 

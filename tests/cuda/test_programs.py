@@ -78,9 +78,11 @@ def test_no_driver_library_is_reported(tmp_path: Path) -> None:
     assert "no NVIDIA driver library (libcuda.so.1) could be loaded" in proc.stdout
 
 
-def test_missing_cuda_python_is_reported() -> None:
+def test_missing_cuda_python_is_reported(stand_in_folder: Path) -> None:
+    """A driver library, but no bindings: the reason says which package to install (with no
+    driver library either, the driver is what it names: see above)."""
     code = "import sys; sys.modules['cuda.bindings'] = None\n" + DETECT
-    proc = run_on(None, "-c", code)
+    proc = run_on(stand_in_folder, "-c", code)
     assert proc.returncode == 0, proc.stderr
     assert (
         "cuda-python is not installed" in proc.stdout and "pip install cuda-python" in proc.stdout

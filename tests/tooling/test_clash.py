@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from aiostream.__main__ import info
 from tests.helpers.process import ROOT, run_python
 
@@ -134,3 +136,89 @@ def test_the_pytest_plugin_says_when_the_other_project_replaced_the_package(
     assert "aiostream's pytest plugin: 'import aiostream' imports" in proc.stderr
     assert "python -m pip uninstall -y aiostream aiostream-cuda" in proc.stderr
     assert "1 passed" not in proc.stdout
+
+
+OTHER = "aiostream==0.8.1"  # PyPI's unrelated project, as the issue met it
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This project's wheel, built from the checkout."""
+    out = tmp_path_factory.mktemp("wheel")
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "-q",
+        "-w",
+        str(out),
+        str(ROOT),
+    )
+    (built,) = out.glob("aiostream_cuda-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def other(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The other project's wheel, from the package index (the test skips without one)."""
+    out = tmp_path_factory.mktemp("other")
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(out), OTHER]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        pytest.skip(f"needs the package index for {OTHER}: {proc.stderr.strip()[-300:]}")
+    (found,) = out.glob("aiostream-*.whl")
+    return str(found)
+
+
+def _run(*cmd: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+    assert proc.returncode == 0, f"{cmd}: {proc.stdout}{proc.stderr}"
+    return proc
+
+
+def _venv_with(tmp_path: Path, first: str, then: str) -> Path:
+    """A fresh venv with ``first`` installed, then ``then``, as pip does it (this project's
+    wheel with its dependencies but the CUDA bindings, which info does not need)."""
+    home = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", str(home))
+    py = home / "bin" / "python"
+    _run(str(py), "-m", "pip", "install", "-q", "anyio", "sniffio", "numpy")
+    for spec in (first, then):
+        _run(str(py), "-m", "pip", "install", "-q", "--no-deps", spec)
+    return py
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the venv layout of Linux")
+def test_two_real_installs_in_either_order_say_the_fix(
+    wheel: Path, other: str, tmp_path: Path
+) -> None:
+    """pip install of both distributions into one venv, each order (needs the package
+    index): this one after the other, ``import aiostream`` fails naming the other and the
+    fix; the other after this one, ``import aiostream`` quietly gives it, and
+    ``python -m aiostream info`` says so, with the fix."""
+    ours_last = _venv_with(tmp_path / "a", other, str(wheel))
+    proc = subprocess.run(
+        [str(ours_last), "-c", "import aiostream"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 1
+    assert "The distribution aiostream 0.8.1 (in " in proc.stderr, proc.stderr
+    assert "python -m pip uninstall -y aiostream aiostream-cuda" in proc.stderr
+
+    theirs_last = _venv_with(tmp_path / "b", str(wheel), other)
+    check = "import aiostream; print(aiostream.__version__)"
+    quiet = _run(str(theirs_last), "-c", check, cwd=tmp_path)  # not the checkout's folder
+    assert quiet.stdout.strip() == "0.8.1"  # the other project: nothing of ours runs here
+    proc = subprocess.run(
+        [str(theirs_last), "-m", "aiostream", "info"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "500"},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "which is not aiostream-cuda's: the other project replaced it" in proc.stderr
+    assert "The distribution aiostream 0.8.1 (in " in proc.stderr

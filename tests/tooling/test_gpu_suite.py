@@ -228,3 +228,43 @@ def test_a_step_at_its_limit_is_interrupted_and_still_reports(tmp_path: Path) ->
     assert step.notes == ["FAILED tests/t.py::test_slow - interrupted"]
     assert step.seconds < 10.0 + suite.INTERRUPT_GRACE
     assert "working" in (tmp_path / "cuda-tests.txt").read_text()
+
+
+def test_a_step_at_its_limit_is_stopped_with_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose process started others (pytest's workers, programs it spawned): at the
+    limit the whole group is interrupted, and a child that holds the output pipe cannot hold
+    the suite past its budget."""
+    suite: Any = _suite_module()
+    monkeypatch.setattr(suite, "INTERRUPT_GRACE", 2.0)
+    script = (
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '60'])  # inherits the output pipe\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    step = suite.Step("bench-cuda", [sys.executable, "-c", script], 5.0)
+    suite.run(step, tmp_path)
+    assert step.status == "timed out"
+    assert step.seconds < 5.0 + 2.0 + 10.0, step.seconds  # not the child's 60 s
+    assert "started" in (tmp_path / "bench-cuda.txt").read_text()
+
+
+def test_the_bench_steps_summary_is_its_cuda_rows_and_verdict() -> None:
+    suite: Any = _suite_module()
+    step = suite.Step("aiostream-bench", [], 60)
+    table = (
+        "measure (aiostream / baseline)\n"
+        "core: await a complete event / a bare checkpoint\n"
+        "  asyncio  5,000 awaits        9.5 us     7.7 us    1.24  <= 1.5         ok\n"
+        "cuda: await of a 20 us kernel / cuEventSynchronize in a thread\n"
+        "  asyncio  1,000 awaits       29.3 us    33.8 us    0.87  <= 1.5         ok\n"
+        "\nevery goal met"
+    )
+    suite.summarize(step, table, 0)
+    assert step.status == "passed"
+    assert step.summary == (
+        "cuda: await of a 20 us kernel / cuEventSynchronize in a thread asyncio  1,000 awaits"
+        "       29.3 us    33.8 us    0.87  <= 1.5         ok; every goal met"
+    )

@@ -100,6 +100,9 @@ async def test_cancelled_requests_leave_their_batch_and_nothing_pending(
             for i in range(20):
                 clients.start_soon(impatient, i)
         assert answered == []
+        # the 12 behind the running batch left the queue as their clients gave up: they count
+        # neither as queued nor against max_queue
+        assert (batcher.queued, batcher.dropped) == (0, 12)
         # The requests still queued were dropped unrun; the one batch launched completed.
         await anyio.sleep(1.0)
         assert (batcher.in_flight, batcher.queued) == (0, 0)
@@ -198,6 +201,28 @@ async def test_a_failing_batch_shows_in_health_until_a_batch_succeeds(
         assert n == 1 and (y == 1).all()
         assert batcher.health() == (200, {"ok": True})
         tg.cancel_scope.cancel()
+
+
+async def test_a_failing_batch_shows_in_health_for_a_while_without_traffic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no batch to clear it (a load balancer heeding the 503 sends none), /health says
+    the failure for FAILING_S, then 200 again; through HTTP the request got a 500 naming the
+    error, not a server error page."""
+    import httpx
+
+    monkeypatch.setattr(server, "FAILING_S", 0.2)
+    _Flaky.broken = True
+    app = server.create_app(_Flaky(), "virtual:0")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            reply = await http.post("/infer", json={"x": [1, 2, 3, 4]})
+            assert reply.status_code == 500
+            assert reply.json() == {"detail": "RuntimeError: the model's weights are not loaded"}
+            assert (await http.get("/health")).status_code == 503
+            await anyio.sleep(0.3)
+            assert (await http.get("/health")).status_code == 200
 
 
 async def test_a_full_queue_refuses_at_once_and_bad_options_are_named() -> None:

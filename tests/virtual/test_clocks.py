@@ -96,6 +96,31 @@ async def test_any_callable_can_be_the_clock() -> None:
     assert ais.virtual.now() == 10.25
 
 
+async def test_a_clock_with_attributes_of_its_own_is_just_a_clock() -> None:
+    """A user's clock object whose attributes happen to be named like aiostream's words
+    (``stopped``) is read, never asked anything else."""
+
+    class Clock:
+        stopped = True  # the user's own flag, not a question aiostream asks
+
+        def __init__(self) -> None:
+            self.t = 0.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock = Clock()
+    ais.virtual.reset(clock=clock)
+    s = ais.Stream()
+    ais.delay(0.5, stream=s)
+    waiting = s.record_event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting.synchronize)  # a wait on unfinished work: the clock is asked
+        await anyio.sleep(0.01)
+        clock.t = 0.5
+    assert ais.virtual.now() == 0.5
+
+
 async def test_a_callable_clock_advanced_from_a_task_resumes_waits(anyio_backend: object) -> None:
     """A clock callable that a task moves (a fake-time loop's clock, say): awaits resume at
     the next call into aiostream after the work's end, here another task's query."""

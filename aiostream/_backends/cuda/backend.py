@@ -223,6 +223,7 @@ class CudaBackend(
             )
         self._drv.check(result, stream.index, "cuLaunchKernel")
         stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+        dev.watch_unowned(stream)  # a stream of another's: close is to see this kernel
 
     # ------------------------------------------------------------------ memory and copies
 

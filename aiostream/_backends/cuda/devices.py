@@ -199,6 +199,17 @@ class Device:
         if tail is not None:
             self.tails.append(tail)
 
+    def watch_unowned(self, stream: Stream) -> None:
+        """Work of aiostream's (the sleep kernel) was just submitted to ``stream``. Close sees
+        whether aiostream's streams and the null stream are idle, not a stream made
+        elsewhere (its owner may have destroyed it): there, a marker after that work joins
+        the tails, so that close sees it pending and leaves the kernel's module alone."""
+        if stream.owned or stream is self.default:
+            return
+        with self.lock:
+            self.tails = self._pending_tails()
+            self.tails.append(self.record_marker(stream))
+
     def _pending_tails(self) -> list[Any]:
         """The tails still pending; the others go back to the pool."""
         pending = []

@@ -68,9 +68,11 @@ class Simulation:
     def __init__(self, options: VirtualOptions, clock: object) -> None:
         self.lock = threading.RLock()
         self.clock_ns, self.manual = resolve_clock(clock)
-        # a clock may say why it stands still now (``stopped()``: a reason, or None), as the
-        # pytest plugin's virtual_time clock does outside the test body: no wait could end
-        self.stopped: Callable[[], str | None] | None = getattr(clock, "stopped", None)
+        # a clock may say why it stands still now (``_aiostream_stopped()``: a reason, or
+        # None), as the pytest plugin's virtual_time clock does outside the test body: no
+        # wait could end. A name of aiostream's own: a user's clock that happens to have a
+        # ``stopped`` attribute is never taken for one
+        self.stopped: Callable[[], str | None] | None = getattr(clock, "_aiostream_stopped", None)
         slots = options.slots()
         self.devices = [Device(i, slots) for i in range(options.devices)]
         self.sched = Scheduler(self.devices, self.clock_ns())

@@ -67,6 +67,28 @@ def test_bench_marks_a_missed_goal_and_exits_1(
     assert capsys.readouterr().out.splitlines()[-1] == "every goal met"
 
 
+def test_the_bench_table_fits_80_columns_with_long_sizes_and_many_gpus() -> None:
+    """A size wider than its column (the CUDA rows') goes with its measure; a long list of
+    GPUs wraps."""
+    from aiostream._bench import suite
+
+    long = dict(_row(0.9, "<= 2"), section="cuda", size="1,000 waits, 100 streams")
+    report = {
+        "machine": {
+            "platform": "Linux-x86_64", "cpus": 16, "versions": {"aiostream": "0"},
+            "gpus": ["NVIDIA H200 (143771 MiB, driver 580.159.04)"] * 2, "cuda": "available",
+        },
+        "quick": False, "seconds": 1.0, "clock": "real time", "skipped": [],
+        "rows": [_row(1.2, "<= 1.5"), long],
+    }  # fmt: skip
+    lines = suite.table(report, 80).splitlines()
+    assert max(len(line) for line in lines) <= 80, "\n".join(lines)
+    assert any(line.endswith("(1,000 waits, 100 streams)") for line in lines), lines
+    gpus = lines.index(next(line for line in lines if line.startswith("GPUs: ")))
+    assert lines[gpus + 1].startswith("  ")  # wrapped, both named
+    assert " ".join(lines[gpus : gpus + 2]).count("NVIDIA H200") == 2
+
+
 @pytest.mark.parametrize("columns", [40, 60, 80, 200])
 def test_a_live_progress_line_never_wraps(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redrawn in place, a line must fit the terminal: a wrapped one leaves stale lines."""

@@ -191,6 +191,7 @@ def _venv_with(tmp_path: Path, first: str, then: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a wheel built, two venvs, installs from the index: a minute idle
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the venv layout of Linux")
 def test_two_real_installs_in_either_order_say_the_fix(
     wheel: Path, other: str, tmp_path: Path

@@ -95,18 +95,17 @@ class VirtualTime:
         seconds = self._read() if self._read is not None else self._frozen
         return round(seconds * 1_000_000_000)
 
-    def stopped(self) -> str | None:
-        """Why the clock stands still now (outside the test body), or None while it runs: the
-        device's clock (``VirtualBackend(clock=vtime)``) refuses a wait that could not end."""
-        if self._read is not None:
-            return None
-        return STOPPED
-
     def __call__(self) -> float:
         """The device's clock: :meth:`now`."""
         return self.now()
 
-    _aiostream_stopped = stopped  # what the virtual device asks a clock (simulation.py)
+    def _aiostream_stopped(self) -> str | None:
+        """Why the clock stands still now (outside the test body), or None while it runs:
+        what the virtual device asks its clock (``simulation.py``), refusing a wait that
+        could not end."""
+        if self._read is not None:
+            return None
+        return STOPPED
 
 
 @contextlib.contextmanager

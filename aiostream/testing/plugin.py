@@ -206,7 +206,7 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
     if in_virtual_time:
         vtime = VirtualTime()
         request.node.stash[_TIME_KEY] = vtime
-        clock = vtime  # its stopped() refuses waits outside the test body
+        clock = vtime  # it refuses waits outside the test body, which could not end
     backend = VirtualBackend(virtual_options, clock=clock)
     isolation = backend.isolation = Isolation(clock, virtual_time=in_virtual_time)
     previous = _backends.replace("virtual", backend)

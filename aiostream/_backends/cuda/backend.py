@@ -145,10 +145,7 @@ class CudaBackend(
 
     def stream_wait_event(self, stream: Stream, event: Event) -> None:
         self._graphs.check_wait(stream, event)
-        with self._devices[stream.index].pushed:
-            result = self._cu.cuStreamWaitEvent(stream.ptr, event.ptr, 0)
-        self._drv.check(result, stream.index, "cuStreamWaitEvent")
-        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+        self._devices[stream.index].wait_for(stream, event.ptr)
 
     def stream_capture(self, stream: Stream, wake: bool) -> Target:
         return self._waits.stream_capture(stream, wake)

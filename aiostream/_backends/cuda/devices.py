@@ -162,6 +162,13 @@ class Device:
             raise
         return marker
 
+    def wait_for(self, stream: Stream, event: Any) -> None:
+        """Later work on ``stream`` waits, on the device, for ``event``'s last record."""
+        with self.pushed:
+            result = self.drv.cu.cuStreamWaitEvent(stream.ptr, event, 0)
+        self.drv.check(result, self.index, "cuStreamWaitEvent")
+        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+
     def over(self, marker: Any) -> bool:
         """Whether ``marker``'s work is over, completed or failed; never raises."""
         try:

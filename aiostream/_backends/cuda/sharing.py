@@ -163,10 +163,7 @@ class Sharing:
                 self.memories.releasers[id(mem)] = self._close
                 self.memories.use(mem, stream)  # its allocation stream: freeing waits for it
                 try:
-                    self.drv.check(
-                        cu.cuStreamWaitEvent(stream.ptr, after, 0), index, "cuStreamWaitEvent"
-                    )
-                    stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+                    dev.wait_for(stream, after)
                     mem.alloc_marker = dev.record_marker(stream)  # other streams wait for it
                 except CudaError:
                     self.memories.device_free(mem)
@@ -193,10 +190,7 @@ class Sharing:
                 )
             after = self.exported.get(event)
             if after is not None and after.alive:  # the exporter's event, shared too
-                with self.devices[index].pushed:
-                    result = self.drv.cu.cuStreamWaitEvent(stream.ptr, after.ptr, 0)
-                self.drv.check(result, index, "cuStreamWaitEvent")
-                stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+                self.devices[index].wait_for(stream, after.ptr)
             self.memories.use(mem, stream)
             mem.shares += 1
             return mem

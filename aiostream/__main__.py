@@ -275,6 +275,45 @@ def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     return 1 if suite.missed(report) else 0
 
 
+def _run_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ._bench import calibrate  # numpy and the testing clock: only for this command
+
+    if not args.device.strip().startswith("cuda"):
+        parser.error(
+            f"--device {args.device}: calibrate measures a CUDA device; a virtual device's "
+            "figures are the ones it was given"
+        )
+    ok, why = _backends.probe("cuda")
+    if not ok:
+        parser.error(f"no CUDA device to measure: {why}")
+    device = _device(parser, args.device)
+    plan = calibrate.QUICK if args.quick else calibrate.FULL
+    if args.check is not None:
+        try:
+            profile = ais.virtual.DeviceProfile.load(args.check)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--check {args.check}: {exc}")
+        result = calibrate.check(device, profile, plan)
+        print(_fit(calibrate.agreement_report(device, profile, result)))
+        return 0 if result["calibrated"].met() else 1
+    backend = _backends.get("cuda")
+    out = Path(args.out or f"aiostream-{calibrate.slug(backend.device_name(device.index))}.json")
+    folder = out.resolve().parent
+    if not (folder.is_dir() and os.access(folder, os.W_OK)):
+        parser.error(f"--out {out}: {folder} is not a folder this user can write in")
+    profile = calibrate.calibrate(device, plan, sys.stderr)
+    profile.dump(out)
+    print(_fit(f"{profile.describe()}: written to {out}"))
+    print("\n".join(calibrate.describe(profile)))
+    print(
+        _fit(
+            f"use it: aiostream.virtual.reset(profile={str(out)!r}); check it: {_prog()} "
+            f"calibrate --check {out}"
+        )
+    )
+    return 0
+
+
 def _positive(kind: type, name: str, most: float):  # type: ignore[no-untyped-def]
     """An argparse type: a ``kind`` above 0 and at most ``most`` (a bound past any demo's need,
     that keeps a typo from hanging the run or allocating everything up front)."""
@@ -436,6 +475,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"comma-separated sections (default: {','.join(suite.SECTIONS)})",
     )
     p_bench.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p_cal = sub.add_parser(
+        "calibrate",
+        help="measure a CUDA device and write a profile a virtual device can take",
+        description=(
+            "Measure a CUDA device (copies each way from pinned and pageable memory, 4 KiB to "
+            "256 MiB; kernel launch overhead; how many kernels and copies run at once; a "
+            "waiter's wake-up) and write a profile (JSON): aiostream.virtual.reset(profile="
+            "FILE) then makes virtual devices that take their time model from it. About a "
+            "minute; --quick, seconds. With --check FILE, run one reference workload on the "
+            "device and on virtual devices (the profile's and the default) and print how far "
+            "apart they are; exit status 1 when the profile misses the goal (end to end within "
+            "5%%, median start error within 10%% of each operation's time). Exit status 2 on "
+            "a usage error, a bad profile, or no CUDA device."
+        ),
+    )
+    p_cal.add_argument("--device", default="cuda:0", help="the CUDA device (default cuda:0)")
+    p_cal.add_argument(
+        "--out", metavar="FILE", help="where to write the profile (default: aiostream-<gpu>.json)"
+    )
+    p_cal.add_argument("--quick", action="store_true", help="fewer sizes and repeats: seconds")
+    p_cal.add_argument(
+        "--check", metavar="FILE", help="compare this profile's virtual device with the device"
+    )
     args = parser.parse_args(argv)
 
     if args.command == "info":
@@ -443,6 +505,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "bench":
         return _run_bench(p_bench, args)
+    if args.command == "calibrate":
+        return _run_calibrate(p_cal, args)
     command = p_demo if args.command == "demo" else p_streams
     try:
         ais.get_wait_strategy()  # AIOSTREAM_WAIT_STRATEGY, read now rather than at a wait

@@ -429,6 +429,12 @@ class Profiler:
             state = f"ended, {len(self._spans)} spans over {(self.end - self.start) * 1e3:.3f} ms"
         return f"<aiostream.Profiler of {self.device}: {state}>"
 
+    def device_name(self) -> str:
+        """What the profiled device is: the GPU's name, or how a virtual device simulates
+        (``"simulated from a profile of NVIDIA H200 (driver ..., cuda:0, ...)"``, where its
+        time model comes from a profile measured on another device)."""
+        return _backends.get(self.device.type).device_name(self.device.index)
+
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
         """Write the Chrome trace event format (JSON), which Perfetto and chrome://tracing open:
         one track per host task, one per device stream; times in microseconds from the start.
@@ -441,7 +447,8 @@ class Profiler:
         path = _check_path(path)
         t0 = self._check_ran()
         events = _trace_events(self.spans, t0, self._names)
-        doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"source": "aiostream"}}
+        other = {"source": "aiostream", "device": f"{self.device} ({self.device_name()})"}
+        doc = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
         text = json.dumps(doc, indent=0, allow_nan=False)  # before the file is opened
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -33,6 +34,8 @@ from ._backends.virtual import (
     ENGINES,
     POISON,
     PRIORITY_RANGE,
+    PROFILE_VARIABLE,
+    DeviceProfile,
     OpRecord,
     Race,
     VirtualBackend,
@@ -47,6 +50,8 @@ from .stream import Stream
 
 __all__ = [
     "ENGINES",
+    "PROFILE_VARIABLE",
+    "DeviceProfile",
     "POISON",
     "PRIORITY_RANGE",
     "OpRecord",
@@ -89,6 +94,7 @@ def reset(
     latency: float = DEFAULT_LATENCY,
     d2d_bandwidth: float = DEFAULT_D2D_BANDWIDTH,
     memory: int = DEFAULT_MEMORY,
+    profile: DeviceProfile | str | os.PathLike[str] | None = None,
 ) -> None:
     """Replace the virtual backend with a fresh one.
 
@@ -115,6 +121,13 @@ def reset(
         memory: bytes of memory per device (default 16 GiB); an allocation past what is free
             raises ``DeviceError`` (out of memory), as on a GPU. The bytes allocated live in
             host memory.
+        profile: a device profile (:class:`DeviceProfile`, or the path of the file that
+            ``python -m aiostream calibrate`` wrote): each engine's concurrency, each copy's
+            latency and bandwidth (by direction, from pinned or pageable memory) and the
+            kernels' launch overhead come from it, in place of ``compute_slots`` to
+            ``d2d_bandwidth`` (giving one of those too is a ``ValueError``). None: the file
+            named by the environment variable ``AIOSTREAM_VIRTUAL_PROFILE``, if set. A file
+            that is not a profile raises ``ValueError`` naming the file and the field.
     """
     options = VirtualOptions(
         devices=devices,
@@ -125,6 +138,7 @@ def reset(
         latency=latency,
         d2d_bandwidth=d2d_bandwidth,
         memory=memory,
+        profile=profile,
     )
     current = _backends.installed("virtual")
     isolation = current.isolation if isinstance(current, VirtualBackend) else None

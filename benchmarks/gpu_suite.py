@@ -111,11 +111,13 @@ def _cuda_test_args(quick: bool) -> list[str]:
     return args + CUDA_TEST_FOLDERS
 
 
-def steps(quick: bool) -> list[Step]:
+def steps(quick: bool, outdir: Path = Path("gpu-suite")) -> list[Step]:
     """The steps, most telling first: a suite cut short by its budget loses benchmarks, not the
     driver's contract."""
     py = sys.executable
     q = ["--quick"] if quick else []
+    profile = str(outdir.resolve() / "profile.json")
+    calibrate = [py, "-m", "aiostream", "calibrate"]
     out = [
         Step("info", [py, "-m", "aiostream", "info"], 120, needs_gpu=False),
         # every test marked cuda (tests/cuda/, the conformance suite on cuda:0, DLPack, the
@@ -125,6 +127,9 @@ def steps(quick: bool) -> list[Step]:
         Step("cuda-tests", [py, *_cuda_test_args(quick)], 540, share=CUDA_TESTS_SHARE),
         Step("graphs", [py, "benchmarks/gpu_graphs.py"], 240),
         Step("contract", [py, "benchmarks/gpu_contract.py"], 540),
+        # the device's profile (outdir/profile.json), then how close its virtual device is
+        Step("calibrate", [*calibrate, "--out", profile, *q], 180),
+        Step("calibrate-check", [*calibrate, "--check", profile, *q], 120),
         Step("interop-pipeline", [py, "benchmarks/gpu_suite.py", "--pipeline"], 300),
         Step("bench-cuda", [py, "benchmarks/bench_cuda.py", *q], 540),
         Step("bench-graph", [py, "benchmarks/bench_graph.py", "--device", "cuda:0", *q], 240),
@@ -211,10 +216,15 @@ def summarize(step: Step, output: str, rc: int) -> None:
         step.summary = skipped.group(1)
         return
     elif (
-        step.name == "aiostream-bench"
-        and rc == 1
-        and re.search(r"^\d+ of \d+ goals? missed$", output, re.MULTILINE)
+        rc == 1
         and "fake_cuda: violation" not in output
+        and (
+            (
+                step.name == "aiostream-bench"
+                and re.search(r"^\d+ of \d+ goals? missed$", output, re.MULTILINE)
+            )
+            or (step.name == "calibrate-check" and re.search(r"^goal .*: MISS$", output, re.M))
+        )
     ):
         # measured and reported, which is the step's job: a figure off its goal (on a loaded
         # machine, or on the stand-in) is no failure of it. The verdict is looked for in the
@@ -234,6 +244,9 @@ def summarize(step: Step, output: str, rc: int) -> None:
     elif step.name == "contract":
         step.summary = last
         step.notes = [line for line in lines if ": failed," in line or ": skipped," in line]
+    elif step.name == "calibrate-check":
+        keep = ("  device ", "  virtual, ", "goal ")
+        step.summary = "; ".join(" ".join(line.split()) for line in lines if line.startswith(keep))
     elif step.name.startswith("demo-"):
         keep = ("efficiency against the bound", "speed-up", "bottleneck")
         step.summary = "; ".join(line for line in lines if line.startswith(keep))
@@ -339,7 +352,7 @@ def main() -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     begun = time.monotonic()  # the budget counts the device's probe too
     gpu, device = cuda_state()
-    all_steps = steps(args.quick)
+    all_steps = steps(args.quick, args.outdir)
     deadline = begun + args.budget if args.budget else float("inf")
     for step in all_steps:
         if step.needs_gpu and not gpu:

@@ -17,10 +17,10 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import aiostream as ais
 
@@ -218,6 +218,15 @@ def steps(loops: list[str], sections: list[str], quick: bool) -> list[Step]:
 # ---------------------------------------------------------------------- running and printing
 
 
+class Weighted(Protocol):
+    """What the progress bar reads of a step."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def seconds(self) -> float: ...
+
+
 class Progress:
     """A text progress bar weighted by the steps' expected seconds: redrawn in place on a
     terminal, a line per step otherwise. On a terminal it also moves while a step runs (a
@@ -227,7 +236,7 @@ class Progress:
     TICK = 0.5
     AHEAD = 0.95
 
-    def __init__(self, todo: list[Step], out: TextIO) -> None:
+    def __init__(self, todo: Sequence[Weighted], out: TextIO) -> None:
         self.todo, self.out, self.live = todo, out, out.isatty()
         self.total = sum(s.seconds for s in todo) or 1.0
         self.done = 0.0

@@ -104,6 +104,11 @@ EXCLUDED: dict[str, str] = {
     "aiostream.virtual": "a submodule: its own names are fuzzed as aiostream.virtual.*",
     "aiostream.virtual.ENGINES": "a tuple constant",
     "aiostream.virtual.POISON": "an int constant",
+    "aiostream.virtual.PROFILE_VARIABLE": "a str constant",
+    "aiostream.virtual.DeviceProfile.*": (
+        "a record read from a file: each field's refusal (the file and the field named) is "
+        "tested in tests/virtual/test_profile.py; reset(profile=...) is fuzzed"
+    ),
     "aiostream.virtual.PRIORITY_RANGE": "a tuple constant",
     # Only a live CUDA stream makes one (a made-up handle may crash the driver), and there is
     # none on a virtual device. Its constructor is fuzzed (on virtual:0 only, refused there);

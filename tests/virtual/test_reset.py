@@ -88,7 +88,7 @@ def test_options_are_one_frozen_record() -> None:
         ais.virtual.VirtualOptions.from_kwargs(zz=1, slots=2)
     assert str(info.value) == (
         "unknown virtual backend option(s) 'slots', 'zz'; accepted: devices, compute_slots, "
-        "h2d_slots, d2h_slots, bandwidth, latency, d2d_bandwidth, memory"
+        "h2d_slots, d2h_slots, bandwidth, latency, d2d_bandwidth, memory, profile"
     )
     assert ais.virtual.VirtualOptions.names()[:2] == ("devices", "compute_slots")
     # rates and times given as ints are kept as the floats the time model computes with

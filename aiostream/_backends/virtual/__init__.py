@@ -2,6 +2,7 @@
 
 - ``clock``: integer-nanosecond time, :class:`VirtualClock`, listener lists;
 - ``options``: :class:`VirtualOptions`, the one validated record of a backend's options;
+- ``profile``: :class:`DeviceProfile`, a device's measured figures (``calibrate``'s file);
 - ``model``: devices, engines, streams, items, events, memory, and the public records;
 - ``scheduler``: the discrete-event core (pure: no lock, no clock), O(log n) per event;
 - ``inspect``: the leak listing;
@@ -19,8 +20,10 @@ from .options import (
     DEFAULT_LATENCY,
     DEFAULT_MEMORY,
     MAX_DEVICES,
+    PROFILE_VARIABLE,
     VirtualOptions,
 )
+from .profile import DeviceProfile
 from .scheduler import TIMELINE_LIMIT, Scheduler
 
 __all__ = [
@@ -32,6 +35,8 @@ __all__ = [
     "Isolation",
     "MAX_DEVICES",
     "POISON",
+    "PROFILE_VARIABLE",
+    "DeviceProfile",
     "PRIORITY_RANGE",
     "TIMELINE_LIMIT",
     "OpRecord",

@@ -68,9 +68,8 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
         options = options if options is not None else VirtualOptions()
         self.options = options
         self._sim = sim = Simulation(options, clock)
-        bandwidth = {"h2d": options.bandwidth, "d2h": options.bandwidth}
-        bandwidth["d2d"] = options.d2d_bandwidth
-        self._memory = Memories(sim, options.memory, bandwidth, options.latency)
+        profiled = options.profile is not None
+        self._memory = Memories(sim, options.memory, options.copies(), profiled)
         self._live_streams: set[Stream] = set()
         self._live_events: set[Event] = set()
         self._event_ids = itertools.count(1)
@@ -81,6 +80,9 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
         return len(self._sim.devices)
 
     def device_name(self, index: int) -> str:
+        profile = self.options.profile
+        if profile is not None:  # the device it was measured on, which may not be this one
+            return f"simulated from a profile of {profile.describe()}"
         return "simulated"
 
     def close(self) -> None:
@@ -248,7 +250,7 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
     # ------------------------------------------------------------------ memory and copies
 
     def host_alloc(self, index: int, nbytes: int, *, pinned: bool) -> Memory:
-        return self._memory.host_alloc(index, nbytes)
+        return self._memory.host_alloc(index, nbytes, pinned)
 
     def host_view(self, host: Memory) -> memoryview:
         return memoryview(host.data)

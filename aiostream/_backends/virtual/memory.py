@@ -34,23 +34,26 @@ def _user_stack(frames: int) -> str:
 class Memories:
     """The live buffers, the allocation accounting per device, copies and races."""
 
-    def __init__(self, sim: Simulation, size: int, bandwidth: dict[str, float], latency: float):
+    def __init__(
+        self, sim: Simulation, size: int, copies: dict[str, tuple[float, float]], profiled: bool
+    ):
         self.sim = sim
         self.size = size  # bytes of memory per device
-        self.bandwidth = bandwidth  # bytes per second, by copy kind
-        self.latency = latency
+        #: (latency in seconds, bytes per second) by copy kind (profile.COPY_KINDS)
+        self.copies = copies
+        self.profiled = profiled  # the figures come from a device profile
         self.live: set[Memory] = set()
         self.races: list[Race] = []
         #: device memory shared through IPC handles, by key, until it is freed
         self.shared: dict[int, Memory] = {}
 
-    def host_alloc(self, index: int, nbytes: int) -> Memory:
+    def host_alloc(self, index: int, nbytes: int, pinned: bool) -> Memory:
         with self.sim.lock:
             self.sim.check_open()
             try:
                 # equivalent mutant (unmarked): the device -> None: host memory's device is never
                 # read
-                mem = Memory(nbytes, self.sim.devices[index], host=True)
+                mem = Memory(nbytes, self.sim.devices[index], host=True, pinned=pinned)
             except (MemoryError, OverflowError):  # as the driver refuses pinned memory
                 raise DeviceError(
                     f"{self.sim.devices[index].name}: cannot allocate {nbytes} bytes of host "
@@ -159,6 +162,7 @@ class Memories:
                 f"{len(source.data)}: pass the handle unchanged"
             )
         alias = Memory.__new__(Memory)
+        alias.pinned = False
         alias.data, alias.device, alias.host, alias.writers = (
             source.data,
             device,
@@ -172,19 +176,28 @@ class Memories:
     # ------------------------------------------------------------------ copies
 
     def check_copy(self, nbytes: int, kind: str) -> float:
-        """The seconds a copy takes; raise if a device clock cannot hold them."""
-        seconds = self.latency + nbytes / self.bandwidth[kind]
+        """The seconds a copy of ``kind`` (profile.COPY_KINDS) takes; raise if a device clock
+        cannot hold them."""
+        latency, bandwidth = self.copies[kind]
+        seconds = latency + nbytes / bandwidth
         if seconds > MAX_SECONDS:
+            fix = (
+                "the profile's figures cannot simulate it: copy less at once"
+                if self.profiled
+                else "raise the bandwidth (aiostream.virtual.reset(bandwidth=..., "
+                "d2d_bandwidth=...))"
+            )
             raise ValueError(
-                f"a {kind} copy of {nbytes} bytes at {self.bandwidth[kind]:g} bytes/s would take "
-                f"{seconds:g} s, past the {MAX_SECONDS:g} s a device clock holds; raise the "
-                "bandwidth (aiostream.virtual.reset(bandwidth=..., d2d_bandwidth=...))"
+                f"a {kind.split('_')[0]} copy of {nbytes} bytes at {bandwidth:g} bytes/s would "
+                f"take {seconds:g} s, past the {MAX_SECONDS:g} s a device clock holds; {fix}"
             )
         return seconds
 
     def copy_op(self, dst: Memory, src: Memory, nbytes: int, kind: str) -> Op:
         """A copy, to submit (here, or at each launch of a graph that captured it)."""
-        seconds = self.check_copy(nbytes, kind)
+        host = src if kind == "h2d" else dst
+        model = kind if kind == "d2d" else f"{kind}_{'pinned' if host.pinned else 'pageable'}"
+        seconds = self.check_copy(nbytes, model)
 
         # Both run on whichever thread advances the simulation, usually the host's own: in
         # place (a fill and a memcpy), never building a temporary of the copy's size, whose

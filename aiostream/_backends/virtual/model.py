@@ -118,6 +118,8 @@ class Engine:
     __slots__ = (
         "busy",
         "dirty",
+        "gap",
+        "launch",
         "name",
         "provisional",
         "provisional_t",
@@ -126,9 +128,13 @@ class Engine:
         "stalled",
     )
 
-    def __init__(self, name: str, slots: int) -> None:
+    def __init__(self, name: str, slots: int, launch: int = 0, gap: int = 0) -> None:
         self.name = name
         self.slots = slots
+        # a device profile's launch overhead (ns): what the engine takes starts no sooner than
+        # ``launch`` after its submission and ``gap`` after the engine took it (a slot held)
+        self.launch = launch
+        self.gap = gap
         self.busy = 0
         self.stalled = 0  # stalls held on it (they nest): it starts nothing while > 0
         # may be able to start something: the scheduler will look
@@ -182,10 +188,11 @@ class Device:
         "stream_ids",
     )
 
-    def __init__(self, index: int, slots: dict[str, int]) -> None:
+    def __init__(self, index: int, slots: dict[str, int], lead: tuple[int, int] = (0, 0)) -> None:
         self.index = index
         self.name = f"virtual:{index}"
         self.engines = {name: Engine(name, n) for name, n in slots.items()}
+        self.engines["compute"].launch, self.engines["compute"].gap = lead
         self.failure: Failure | None = None
         self.faults: list[Fault] = []
         self.stream_ids = itertools.count(1)
@@ -322,11 +329,12 @@ class Event:
 class Memory:
     """Host or device memory of the simulator: bytes, and the copies that will write them."""
 
-    __slots__ = ("data", "device", "host", "writers")
+    __slots__ = ("data", "device", "host", "pinned", "writers")
 
-    def __init__(self, nbytes: int, device: Device, *, host: bool) -> None:
+    def __init__(self, nbytes: int, device: Device, *, host: bool, pinned: bool = False) -> None:
         self.data = bytearray(nbytes)
         self.device = device
         self.host = host
+        self.pinned = pinned  # host memory page-locked: a profile's copies from it differ
         #: copies into it submitted and not completed, in submission order
         self.writers: dict[Item, None] = {}

@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from .clock import seconds_to_ns
+from .profile import COPY_KINDS, DeviceProfile
 
 __all__ = [
     "DEFAULT_BANDWIDTH",
@@ -21,8 +23,14 @@ __all__ = [
     "DEFAULT_LATENCY",
     "DEFAULT_MEMORY",
     "MAX_DEVICES",
+    "PROFILE_VARIABLE",
     "VirtualOptions",
 ]
+
+#: The environment variable naming a profile for every virtual backend made without one.
+PROFILE_VARIABLE = "AIOSTREAM_VIRTUAL_PROFILE"
+#: The options a profile sets: giving one of them beside a profile is a contradiction.
+_PROFILED = ("compute_slots", "h2d_slots", "d2h_slots", "bandwidth", "latency", "d2d_bandwidth")
 
 #: Bytes per second of host-device copies: near a PCIe 4.0 x16 link in practice.
 DEFAULT_BANDWIDTH = 25e9
@@ -85,9 +93,16 @@ class VirtualOptions:
     """Bytes per second of device-to-device copies, which run on the compute engine."""
     memory: int = DEFAULT_MEMORY
     """Bytes of memory per device; an allocation past what is free raises ``DeviceError``."""
+    profile: Any = None
+    """A :class:`DeviceProfile` or the path of one (``python -m aiostream calibrate`` writes
+    them): the engines' concurrency, each copy's latency and bandwidth (by direction, pinned
+    or pageable) and the kernels' launch overhead come from it. None: the file named by the
+    environment variable ``AIOSTREAM_VIRTUAL_PROFILE`` if it is set, else none; False: none,
+    whatever the environment says."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise through the base class
+        set_(self, "profile", self._profile())
         set_(self, "devices", _count(self.devices, "devices", MAX_DEVICES))
         for name in ("compute_slots", "h2d_slots", "d2h_slots"):
             set_(self, name, _count(getattr(self, name), name, _MAX_SLOTS))
@@ -95,6 +110,29 @@ class VirtualOptions:
         set_(self, "bandwidth", _rate(self.bandwidth, "bandwidth"))
         set_(self, "d2d_bandwidth", _rate(self.d2d_bandwidth, "d2d_bandwidth"))
         set_(self, "latency", seconds_to_ns(self.latency, "latency") / 1e9)
+        if self.profile is not None:
+            given = [name for name in _PROFILED if getattr(self, name) != getattr(_DEFAULTS, name)]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} given beside a profile, which sets them: leave "
+                    "them out, or leave the profile out"
+                )
+
+    def _profile(self) -> DeviceProfile | None:
+        profile = self.profile
+        if profile is False:  # none, whatever the environment says
+            return None
+        if profile is None:
+            profile = os.environ.get(PROFILE_VARIABLE) or None
+            if profile is None:
+                return None
+        if isinstance(profile, DeviceProfile):
+            return profile
+        if isinstance(profile, (str, os.PathLike)):
+            return DeviceProfile.load(profile)
+        raise TypeError(
+            f"profile must be a DeviceProfile or a file's path, got {type(profile).__name__}"
+        )
 
     @classmethod
     def from_kwargs(cls, **options: Any) -> VirtualOptions:
@@ -114,4 +152,29 @@ class VirtualOptions:
 
     def slots(self) -> dict[str, int]:
         """Slots per engine."""
+        p = self.profile
+        if p is not None:
+            return {name: int(p.value(f"{name}_slots")) for name in ("compute", "h2d", "d2h")}
         return {"compute": self.compute_slots, "h2d": self.h2d_slots, "d2h": self.d2h_slots}
+
+    def copies(self) -> dict[str, tuple[float, float]]:
+        """(latency in seconds, bytes per second) of each kind of copy (``COPY_KINDS``)."""
+        p = self.profile
+        if p is not None:
+            return {k: (p.value(f"{k}_latency_s"), p.value(f"{k}_bandwidth")) for k in COPY_KINDS}
+        model = {kind: (self.latency, self.bandwidth) for kind in COPY_KINDS}
+        model["d2d"] = (self.latency, self.d2d_bandwidth)
+        return model
+
+    def lead_ns(self) -> tuple[int, int]:
+        """The compute engine's (launch, gap) in nanoseconds: an operation starts no sooner
+        than ``launch`` after its submission, nor than ``gap`` after its engine took it."""
+        p = self.profile
+        if p is None:
+            return 0, 0
+        return round(p.value("launch_s") * 1e9), round(p.value("gap_s") * 1e9)
+
+
+_DEFAULTS = VirtualOptions.__new__(VirtualOptions)  # the fields' defaults, unchecked
+for _field in dataclasses.fields(VirtualOptions):
+    object.__setattr__(_DEFAULTS, _field.name, _field.default)

@@ -117,13 +117,16 @@ class _Starts:
     def _start(self, item: Item, engine: Engine, t: int) -> None:
         engine.busy += 1
         item.state = RUNNING
-        item.start = t
-        item.end = end = t + item.duration
+        start = t
+        if engine.launch or engine.gap:  # a profile's launch overhead, with the slot held
+            start += max(engine.gap, item.submit + engine.launch - t)
+        item.start = start
+        item.end = end = start + item.duration
         item.token += 1
         heapq.heappush(
             self.running, (end, item.device.index, item.stream.id, item.seq, item.token, item)
         )
-        if item.duration > 0:  # provisional while the clock stays at t (see _reopen)
+        if end > t:  # provisional while the clock stays at t (see _reopen)
             if engine.provisional_t != t:
                 engine.provisional_t = t
                 engine.provisional = []

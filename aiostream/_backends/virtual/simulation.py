@@ -74,7 +74,8 @@ class Simulation:
         # ``stopped`` attribute is never taken for one
         self.stopped: Callable[[], str | None] | None = getattr(clock, "_aiostream_stopped", None)
         slots = options.slots()
-        self.devices = [Device(i, slots) for i in range(options.devices)]
+        lead = options.lead_ns()
+        self.devices = [Device(i, slots, lead) for i in range(options.devices)]
         self.sched = Scheduler(self.devices, self.clock_ns())
         self.closed = False
         self.listeners = Listeners()

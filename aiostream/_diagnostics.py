@@ -126,6 +126,8 @@ class PendingWait:
     """Where the wait started (debug mode only)."""
     recorded_at: str | None
     """Where the awaited work was recorded or last submitted (debug mode only)."""
+    strategy: str = ""
+    """How the wait is watched (``"hybrid"``, ``"thread"``, ...; "" for a blocking wait)."""
 
     def __post_init__(self) -> None:
         for name in ("task", "subject", "device"):
@@ -172,6 +174,7 @@ class Record:
         "owner",
         "recorded",
         "start",
+        "strategy",
         "subject",
         "task_ref",
         "warned",
@@ -186,8 +189,10 @@ class Record:
         origin: Origin | None,
         recorded: Origin | None,
         owner: Owner | None = None,
+        strategy: str = "",
     ) -> None:
         self.owner = owner
+        self.strategy = strategy
         self.task_ref = task
         self.name_of = name_of
         self.subject = subject
@@ -209,6 +214,7 @@ class Record:
             waited=now - self.start,
             started_at=format_origin(self.origin),
             recorded_at=format_origin(self.recorded),
+            strategy=self.strategy,
         )
 
 

@@ -1,10 +1,11 @@
 """The instrumentation slots, at the ground floor of the package: the modules that wait, copy
-and launch call them; an observer (the profiler) and NVTX plug into them. This module imports
-nothing from the package, so every layer may call it.
+and launch call them; an observer (the profiler), NVTX and telemetry listeners (OpenTelemetry,
+Prometheus) plug into them. This module imports nothing from the package, so every layer may
+call it.
 
-While nothing is plugged in, a call costs one global check. An observer's own error is logged
-on the ``aiostream`` logger and never replaces the user's exception or result: instrumentation
-must not change what a program does.
+While nothing is plugged in, a call costs one global check. An observer's or listener's own
+error is logged on the ``aiostream`` logger (a listener's once per hook) and never replaces the
+user's exception or result: instrumentation must not change what a program does.
 """
 
 from __future__ import annotations
@@ -15,14 +16,23 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 __all__ = [
+    "Listener",
     "Observer",
+    "add_listener",
+    "copied",
     "device_range",
     "enable_nvtx",
     "failed",
     "install",
+    "listeners",
+    "loader_batch",
     "now",
     "on_await",
+    "region",
+    "remove_listener",
     "uninstall",
+    "wait_began",
+    "wait_ended",
 ]
 
 _log = logging.getLogger("aiostream")
@@ -70,6 +80,100 @@ def uninstall(obs: Observer) -> None:
     global observer
     if observer is obs:
         observer = None
+
+
+class Listener(Protocol):
+    """Told of waits, copies and loader batches as they happen (``aiostream.telemetry``'s
+    OpenTelemetry tracer and Prometheus metrics are listeners). Any number may listen."""
+
+    def wait_began(self, subject: str, device: str, strategy: str) -> object:
+        """A task began to wait on ``subject``; what it returns comes back to ``wait_ended``."""
+
+    def wait_ended(self, token: object, error: BaseException | None) -> None:
+        """That wait ended: completed (``error`` None), failed, cancelled or timed out."""
+
+    def copied(self, device: str, kind: str, nbytes: int) -> None:
+        """A copy of ``nbytes`` was submitted (``kind``: ``h2d``, ``d2h`` or ``d2d``)."""
+
+    def loader_batch(self, device: str, waited: float) -> None:
+        """A data loader handed a batch out, after its consumer waited ``waited`` seconds."""
+
+    def region(
+        self, name: str, stream: Any, start: Any, end: Any, host: tuple[float, float]
+    ) -> None:
+        """A ``record_function`` region on ``stream``, between timing events ``start`` and
+        ``end`` (None where the stream has no timing: host times only), over ``host``
+        (monotonic seconds)."""
+
+
+#: The listeners plugged in: a tuple, replaced whole, so a reader never sees one half-added.
+listeners: tuple[Listener, ...] = ()
+_failed_once: set[tuple[int, str]] = set()
+
+
+def add_listener(listener: Listener) -> None:
+    global listeners
+    if listener not in listeners:
+        listeners = (*listeners, listener)
+
+
+def remove_listener(listener: Listener) -> None:
+    global listeners
+    listeners = tuple(x for x in listeners if x is not listener)
+    _failed_once.difference_update({k for k in _failed_once if k[0] == id(listener)})
+
+
+def _listener_failed(listener: object, what: str) -> None:
+    key = (id(listener), what)
+    if key in _failed_once:
+        return
+    _failed_once.add(key)
+    _log.exception(
+        "aiostream: the listener %r failed in %s (said once); the program goes on", listener, what
+    )
+
+
+def wait_began(subject: str, device: str, strategy: str) -> list[tuple[Listener, object]]:
+    """Tell every listener a wait began; the tokens to hand to :func:`wait_ended`."""
+    tokens = []
+    for listener in listeners:
+        try:
+            tokens.append((listener, listener.wait_began(subject, device, strategy)))
+        except Exception:
+            _listener_failed(listener, "wait_began()")
+    return tokens
+
+
+def wait_ended(tokens: list[tuple[Listener, object]], error: BaseException | None) -> None:
+    for listener, token in tokens:
+        try:
+            listener.wait_ended(token, error)
+        except Exception:
+            _listener_failed(listener, "wait_ended()")
+
+
+def copied(device: str, kind: str, nbytes: int) -> None:
+    for listener in listeners:
+        try:
+            listener.copied(device, kind, nbytes)
+        except Exception:
+            _listener_failed(listener, "copied()")
+
+
+def loader_batch(device: str, waited: float) -> None:
+    for listener in listeners:
+        try:
+            listener.loader_batch(device, waited)
+        except Exception:
+            _listener_failed(listener, "loader_batch()")
+
+
+def region(name: str, stream: Any, start: Any, end: Any, host: tuple[float, float]) -> None:
+    for listener in listeners:
+        try:
+            listener.region(name, stream, start, end, host)
+        except Exception:
+            _listener_failed(listener, "region()")
 
 
 def enable_nvtx() -> None:

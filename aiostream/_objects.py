@@ -135,7 +135,7 @@ class Awaitable(DeviceObject):
         if strategy is not None:
             _waiting.check_strategy(strategy)
         if self.query():
-            if _hooks.observer is None:
+            if _hooks.observer is None and not _hooks.listeners:
                 await _waiting.checkpoint()
             else:
                 await _waiting.observed(self._subject(), str(self._device))

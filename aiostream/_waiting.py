@@ -157,14 +157,21 @@ def _task_name_of(task: object) -> str:
 
 
 async def observed(subject: str, device: str) -> None:
-    """The fast path's checkpoint, reported to the observer as a zero-wait await."""
+    """The fast path's checkpoint, reported to the observer as a zero-wait await and to the
+    listeners as a wait (with the strategy ``"complete"``: the work had completed)."""
     obs = _hooks.observer
-    if obs is None:
+    told = _hooks.wait_began(subject, device, "complete") if _hooks.listeners else None
+    start = _hooks.now(obs) if obs is not None else 0.0
+    try:
         await checkpoint()
-        return
-    start = _hooks.now(obs)
-    await checkpoint()
-    _hooks.on_await(obs, task_name(), subject, device, start)
+    except BaseException as exc:
+        if told is not None:
+            _hooks.wait_ended(told, exc)
+        raise
+    if obs is not None:
+        _hooks.on_await(obs, task_name(), subject, device, start)
+    if told is not None:
+        _hooks.wait_ended(told, None)
 
 
 class _Entry:
@@ -674,23 +681,32 @@ async def wait(
     task = _current_task()
     waiter = _waiter(backend, index)
     device = waiter.device
+    strategy = strategy or get_wait_strategy()
     record = _diagnostics.Record(
-        task, _task_name_of, subject, device, _diagnostics.capture(2), recorded, waiter
+        task, _task_name_of, subject, device, _diagnostics.capture(2), recorded, waiter, strategy
     )
     _diagnostics.register(record)
+    told = _hooks.wait_began(subject, device, strategy) if _hooks.listeners else None
+    outcome: BaseException | None = None
     try:
-        entry = waiter.add(target, record, strategy or get_wait_strategy())
+        entry = waiter.add(target, record, strategy)
         try:
             parked = entry.parked
             await (parked.wait() if waiter.on_trio else parked)
         except BaseException:
             waiter.discard(entry)
             raise
+    except BaseException as exc:
+        outcome = exc  # cancelled, timed out, or the wait could not begin
+        raise
     finally:
         target.release()
         _diagnostics.unregister(record)
         if obs is not None:  # its own failure is logged, never raised over the wait's outcome
             _hooks.on_await(obs, _task_name_of(task), subject, device, start)
+        if told is not None:  # likewise; the outcome: what propagates, else the wait's error
+            _hooks.wait_ended(told, outcome if outcome is not None else entry.error)
+        told = outcome = None  # the frame held by a kept error must not hold these
     error = entry.error
     if error is not None:
         # A program may keep the error: its traceback holds this frame, which must not hold

@@ -6,7 +6,7 @@ import math
 import struct
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _captures, _check, _dlpack, _objects
+from . import _backends, _captures, _check, _dlpack, _hooks, _objects
 from ._backends.base import Interop
 from ._dlpack import DLDeviceType
 from ._errors import pageable_copy
@@ -595,6 +595,8 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
     copy = _objects.backend(stream).copy
     dst_h, src_h = _objects.handle(dst), _objects.handle(src)
     _objects.submit(stream, f"copy {kind}", copy, dst_h, src_h, dst.nbytes, kind)
+    if _hooks.listeners and capturing is None:  # a captured copy moves bytes at its replays
+        _hooks.copied(str(stream.device), kind, dst.nbytes)
 
 
 def _capturing(stream: Stream) -> str | None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
@@ -51,7 +52,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from . import _check, _waiting
+from . import _check, _hooks, _waiting
 from ._errors import AiostreamError
 from .buffers import DeviceBuffer, HostBuffer, copy_async
 from .device import Device
@@ -477,6 +478,12 @@ class _Turn:
             self.scope.cancel()
 
 
+def _handed_out(device: Device, began: float) -> None:
+    """Tell the listeners a batch went out, and how long its consumer waited for it."""
+    if _hooks.listeners:
+        _hooks.loader_batch(str(device), time.monotonic() - began)
+
+
 class _Iteration(AsyncIterator[Batch]):
     """One pass over the source: run ahead in ``runner``'s tasks, or inside ``__anext__``."""
 
@@ -523,6 +530,7 @@ class _Iteration(AsyncIterator[Batch]):
         if self._closed:
             raise StopAsyncIteration
         self._turn.claim(holding=self.staging.held is not None)
+        began = time.monotonic()
         try:
             self.staging.release_held()
             batch = await self._turn.take(self._receive if self.run_ahead else self._produce_here)
@@ -532,6 +540,7 @@ class _Iteration(AsyncIterator[Batch]):
             consumer.wait_event(batch.ready)  # the host does not wait
             self.staging.hold(batch, consumer)
             self.batches += 1
+            _handed_out(self._device, began)
             return batch
         except BaseException as exc:
             await self.close_after(exc)
@@ -577,10 +586,8 @@ class _Iteration(AsyncIterator[Batch]):
         """The producer: keep up to ``prefetch`` items between the source and the consumer,
         each with a slot, queued for the workers; enqueue the copies of the prepared ones in
         source order and hand their batches (or the first error, in its turn) to the consumer.
-
         One task does all of it, woken by the consumer taking a batch (which returns a credit);
-        a worker done with an item hands out what is ready itself (:meth:`_prepared`).
-        """
+        a worker done with an item hands out what is ready itself (:meth:`_prepared`)."""
         plan = self._plan
         work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
         in_threads = plan.in_threads

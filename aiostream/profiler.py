@@ -745,6 +745,33 @@ def _active() -> Profiler | None:
     return obs if isinstance(obs, Profiler) else None
 
 
+def _told(stream: Stream | None) -> tuple[float, Event | None]:
+    """A region's start for the listeners: the host's time and, on a stream not capturing a
+    graph, a timing event recorded there (None if it cannot be: host times only)."""
+    start = None
+    if stream is not None and not _objects.capturing(stream):
+        try:
+            start = Event(stream.device, enable_timing=True)
+            start.record(stream)
+        except Exception:  # noqa: BLE001 - the region's device times are lost, not the program
+            _hooks.failed("record_function", "a listener's timing event")
+            start = None
+    return time.monotonic(), start
+
+
+def _tell(name: str, stream: Stream | None, told: tuple[float, Event | None]) -> None:
+    t0, start = told
+    end = None
+    if start is not None and stream is not None:
+        try:
+            end = Event(stream.device, enable_timing=True)
+            end.record(stream)
+        except Exception:  # noqa: BLE001
+            _hooks.failed("record_function", "a listener's timing event")
+            start = end = None
+    _hooks.region(name, stream, start, end, (t0, time.monotonic()))
+
+
 #: the NVTX domain of record_function's ranges (Nsight Systems groups them under it)
 NVTX_DOMAIN = "aiostream"
 
@@ -766,7 +793,7 @@ class record_function:  # named as torch.profiler.record_function
         **args: extra values shown with the span in traces.
     """
 
-    __slots__ = ("_ev", "_range", "_start", "args", "name", "stream")
+    __slots__ = ("_ev", "_range", "_start", "_told", "args", "name", "stream")
 
     def __init__(self, name: str, *, stream: Stream | None = None, **args: Any) -> None:
         if type(name) is not str:
@@ -778,8 +805,10 @@ class record_function:  # named as torch.profiler.record_function
         self.args = args
 
     def __enter__(self) -> record_function:
-        if _hooks.observer is None and _hooks.nvtx is None:
+        if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
             return self  # the cost with no profiler: this check, and the one in __exit__
+        if _hooks.listeners:
+            self._told = _told(self.stream)
         prof = _active()
         if _hooks.nvtx is not None:
             self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
@@ -800,8 +829,12 @@ class record_function:  # named as torch.profiler.record_function
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if _hooks.observer is None and _hooks.nvtx is None:
+        if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
             return
+        told = getattr(self, "_told", None)  # unset when the listener came inside the range
+        if told is not None:
+            del self._told
+            _tell(self.name, self.stream, told)
         prof = _active()
         if _hooks.nvtx is not None and hasattr(self, "_range"):  # not if NVTX began inside
             _hooks.nvtx.end_range(self._range)
@@ -837,7 +870,7 @@ class record_function:  # named as torch.profiler.record_function
 
             @functools.wraps(fn)
             async def async_wrapper(*a: Any, **k: Any) -> Any:
-                if _hooks.observer is None and _hooks.nvtx is None:
+                if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
                     return await fn(*a, **k)
                 with record_function(name, stream=stream, **args):
                     return await fn(*a, **k)
@@ -846,7 +879,7 @@ class record_function:  # named as torch.profiler.record_function
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **k: Any) -> Any:
-            if _hooks.observer is None and _hooks.nvtx is None:
+            if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
                 return fn(*a, **k)
             with record_function(name, stream=stream, **args):
                 return fn(*a, **k)

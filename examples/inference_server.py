@@ -21,8 +21,13 @@ Endpoints: ``POST /infer`` ``{"x": [FEATURES floats]}`` -> ``{"y": [...], "batch
 oldest wait on the device is older than ``--stuck-after`` seconds, naming its stream: a hung
 kernel; 200 again once it clears);
 ``GET /stats`` (served, dropped, batches, queued, in flight, pending waits, the device
-bound in requests/s). A full queue answers 503; a malformed request, 422. A request whose
-client disconnects leaves the queue (``dropped``): nobody computes it.
+bound in requests/s); ``GET /metrics``: aiostream's Prometheus metrics (``aiostream.metrics``:
+pending and stuck waits, wait latency, device errors, bytes copied), where prometheus-client
+is installed. ``--otel-console`` prints OpenTelemetry spans: each wait, and each batch's
+host and device time (``aiostream.tracing``). Each batch is a ``record_function`` region,
+which Nsight Systems shows as an NVTX range on CUDA. A full queue answers 503; a malformed
+request, 422. A request whose client disconnects leaves the queue (``dropped``): nobody
+computes it.
 
 Limits: a number that is not finite as float32 (JSON ``NaN``, ``Infinity``, ``1e400``,
 ``"nan"``, ``3.5e38``) answers 422 naming its place in ``x``; a 422 shows at most
@@ -227,9 +232,12 @@ class Batcher:
             x = lane.host_in.numpy(np.float32, lane.shape)
             for i, request in enumerate(batch):
                 x[i] = request.x
-            ais.copy_async(lane.dev, lane.host_in, stream=lane.stream)
-            ais.delay(self.model.cost(n), stream=lane.stream)  # the model's kernels
-            ais.copy_async(lane.host_out, lane.dev, stream=lane.stream)
+            # a region: an NVTX range in Nsight Systems (CUDA, with nvtx installed), and with
+            # tracing on, a span of the batch's device time beside the host's
+            with ais.record_function("batch", stream=lane.stream, n=n):
+                ais.copy_async(lane.dev, lane.host_in, stream=lane.stream)
+                ais.delay(self.model.cost(n), stream=lane.stream)  # the model's kernels
+                ais.copy_async(lane.host_out, lane.dev, stream=lane.stream)
             done = lane.stream.record_event()
             if self.blocking:
                 # What a blocking sync in a handler does (torch.cuda.synchronize(), say): every
@@ -471,10 +479,13 @@ def create_app(
     device: str | None = None,
     *,
     max_body_bytes: int = MAX_BODY_BYTES,
+    tracer_provider: Any = None,
     **batcher_options: Any,
 ) -> FastAPI:
     """The FastAPI app; its lifespan owns the batcher and its task. A request body over
-    ``max_body_bytes`` answers 413."""
+    ``max_body_bytes`` answers 413. ``/metrics`` serves aiostream's Prometheus metrics (where
+    prometheus-client is installed); with an OpenTelemetry ``tracer_provider``, every wait
+    and batch is a span (``aiostream.tracing``)."""
     model = model or Model()
     if not (isinstance(max_body_bytes, int) and max_body_bytes >= 1):
         raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
@@ -483,13 +494,19 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         batcher = Batcher(model, ais.device(device), **batcher_options)
         app.state.batcher = batcher
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(batcher.run)
-                yield
-                tg.cancel_scope.cancel()
-        finally:
-            del app.state.batcher  # its streams and buffers go with it, not with the app
+        with contextlib.ExitStack() as telemetry:
+            app.state.metrics = _metrics(batcher, telemetry)
+            if tracer_provider is not None:  # spans of every wait and batch
+                import aiostream.tracing
+
+                telemetry.enter_context(aiostream.tracing.instrument(tracer_provider))
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(batcher.run)
+                    yield
+                    tg.cancel_scope.cancel()
+            finally:
+                del app.state.batcher  # its streams and buffers go with it, not with the app
 
     app = FastAPI(title="aiostream inference server", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, validation_error)
@@ -532,7 +549,33 @@ def create_app(
     async def stats() -> dict[str, Any]:
         return app.state.batcher.stats()  # type: ignore[no-any-return]
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if app.state.metrics is None:
+            raise HTTPException(404, f"no Prometheus client here: {_PROMETHEUS}")
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = generate_latest(app.state.metrics.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
     return app
+
+
+_PROMETHEUS = 'pip install prometheus-client (from a checkout: pip install ".[server]")'
+
+
+def _metrics(batcher: Batcher, stack: contextlib.ExitStack) -> Any:
+    """aiostream's Prometheus metrics on a registry of the app's own, their stuck waits by
+    the server's threshold; None where prometheus-client is not installed."""
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError:
+        return None
+    import aiostream.metrics
+
+    registry = CollectorRegistry()
+    made = aiostream.metrics.PrometheusMetrics(registry, stuck_after=batcher.stuck_after_s)
+    return stack.enter_context(made)
 
 
 def _number(kind: type, low: float, high: float = math.inf, *, low_ok: bool = True) -> Any:
@@ -602,6 +645,11 @@ def main(argv: list[str] | None = None) -> None:
         help="/health answers 503 while a device wait is older than this (seconds)",
     )
     parser.add_argument(
+        "--otel-console",
+        action="store_true",
+        help="print OpenTelemetry spans (each wait, each batch's host and device time)",
+    )
+    parser.add_argument(
         "--max-body-bytes",
         type=int,
         default=MAX_BODY_BYTES,
@@ -615,6 +663,15 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, ais.AiostreamError) as exc:
         parser.error(f"--device {args.device}: {exc}")
     model = Model(launch_s=args.launch_ms / 1e3, per_item_s=args.per_item_ms / 1e3)
+    provider = None
+    if args.otel_console:
+        try:
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+        except ImportError:
+            parser.error('--otel-console needs the OpenTelemetry SDK: pip install ".[server]"')
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     app = create_app(
         model,
         args.device,
@@ -625,6 +682,7 @@ def main(argv: list[str] | None = None) -> None:
         blocking=args.blocking,
         stuck_after_s=args.stuck_after,
         max_body_bytes=args.max_body_bytes,
+        tracer_provider=provider,
     )
     sock = socket.create_server((args.host, args.port))
     host, port = sock.getsockname()[:2]

@@ -36,7 +36,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import aiostream as ais
+import aiostream.metrics
 import aiostream.testing
+import aiostream.tracing
 from tests.helpers import lanes
 from tests.helpers.fuzzing import (
     DOCUMENTED,
@@ -94,6 +96,8 @@ MODULES: dict[str, ModuleType] = {
     "aiostream": ais,
     "aiostream.virtual": ais.virtual,
     "aiostream.testing": aiostream.testing,
+    "aiostream.tracing": aiostream.tracing,
+    "aiostream.metrics": aiostream.metrics,
 }
 
 
@@ -105,6 +109,14 @@ EXCLUDED: dict[str, str] = {
     "aiostream.virtual.ENGINES": "a tuple constant",
     "aiostream.virtual.POISON": "an int constant",
     "aiostream.virtual.PROFILE_VARIABLE": "a str constant",
+    "aiostream.tracing.Tracing.*": (
+        "a listener made by instrument() (fuzzed), closed or used as a context manager: "
+        "tests/profiler/test_tracing.py"
+    ),
+    "aiostream.metrics.PrometheusMetrics.*": (
+        "close() and the context manager of the constructor fuzzed here: "
+        "tests/profiler/test_metrics.py"
+    ),
     "aiostream.virtual.DeviceProfile.*": (
         "a record read from a file: each field's refusal (the file and the field named) is "
         "tested in tests/virtual/test_profile.py; reset(profile=...) is fuzzed"

@@ -360,6 +360,20 @@ def test_core_benchmark_smoke_run() -> None:
 
 
 @pytest.mark.slow
+def test_telemetry_benchmark_smoke_run() -> None:
+    """The telemetry benchmark runs end to end: off against the revision before the hooks
+    (where this clone has it), tracing and metrics on against off; each row judged."""
+    proc = run_python("benchmarks/bench_telemetry.py", "--quick", "--rounds", "1", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "1. telemetry off" in out and "2. telemetry on" in out
+    off = len(re.findall(r"^(await of complete work|a pending wait) .*(ok|MISS)$", out, re.M))
+    assert off == 4 or "is not in this clone's history" in out, out
+    assert len(re.findall(r"^(tracing|metrics): .*  (ok|MISS)$", out, re.M)) == 8, out
+    assert re.search(r"^\d+ goal\(s\) missed$", out, re.M)
+
+
+@pytest.mark.slow
 def test_import_benchmark_smoke_run() -> None:
     """The import benchmark runs end to end (one interpreter per figure; not judged here)."""
     proc = run_python("benchmarks/bench_import.py", "--runs", "1")

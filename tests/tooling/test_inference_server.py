@@ -531,6 +531,31 @@ def test_the_server_under_load_batches_and_leaves_nothing_behind(url: str) -> No
     assert (stats["queued"], stats["in_flight"], stats["pending_waits"]) == (0, 0, 0)
 
 
+def test_metrics_are_served_for_prometheus(url: str) -> None:
+    """/metrics over loopback, as Prometheus scrapes it: every batch's wait in the latency
+    histogram, the bytes the batches copied each way, no wait pending between requests."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for _ in range(3):
+        assert httpx.post(url + "/infer", json={"x": [1, 2, 3, 4]}).status_code == 200
+    scrape = httpx.get(url + "/metrics")
+    assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(scrape.text)
+        for s in family.samples
+    }
+
+    def total(name: str, **labels: str) -> float:
+        return sum(v for (n, ls), v in samples.items() if n == name and labels.items() <= set(ls))
+
+    assert total("aiostream_wait_seconds_count", device="virtual:0", outcome="completed") >= 3
+    assert total("aiostream_copied_bytes_total", device="virtual:0", direction="h2d") > 0
+    assert total("aiostream_copied_bytes_total", device="virtual:0", direction="d2h") > 0
+    assert total("aiostream_stuck_waits") == 0
+
+
 def _give_up(url: str, count: int) -> list[socket.socket]:
     """``count`` clients that each send a whole /infer request (and will not wait for it)."""
     host, port = url.removeprefix("http://").split(":")

@@ -38,6 +38,7 @@ MAX_LINES = 800
 INSIDE = ("internals", "helpers")
 #: the package's public modules (README's API tables); the CLI's entry module is public too
 PUBLIC = {"aiostream", "aiostream.virtual", "aiostream.testing", "aiostream.testing.plugin"}
+PUBLIC |= {"aiostream.tracing", "aiostream.metrics"}
 PUBLIC |= {"aiostream.__main__"}
 
 SOURCES = sorted(TESTS.rglob("*.py"))

@@ -1,0 +1,202 @@
+"""What aiostream's telemetry hooks cost: nothing when off, at most 2x a wait when tracing.
+
+1. Off: no listener plugged in. Two figures, in this checkout against a baseline revision
+   (default ``68ba744``, the last commit before the hooks), each in child processes run
+   alternately (``git worktree`` checks the baseline out in a temporary folder): an await of
+   complete work (seconds per await, over N awaits), and a pending wait's CPU (process CPU
+   seconds per wait for N tasks awaiting work that ends 20 ms later). Goal: within 3%.
+2. On: the same figures in one process with ``aiostream.tracing`` on (the OpenTelemetry SDK,
+   a span processor whose exporter does nothing) and with ``aiostream.metrics`` on, against
+   off. Goal: tracing costs a wait at most 2x.
+
+Sizes: N = 1,000, 10,000 and 100,000 (``--quick``: 1,000 and 10,000); each row prints its
+ratio, so the cost per wait is seen to stay flat as N grows. Real time on the virtual
+backend; asyncio's loop. The exit status is 0 either way (a shared machine misses goals).
+
+Usage: python benchmarks/bench_telemetry.py [--quick] [--baseline REV] [--rounds R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "68ba744"
+
+
+# ---------------------------------------------------------------------- the measurements
+
+
+def measure(kind: str, n: int, mode: str) -> float:
+    """Seconds per await (``fast``) or CPU seconds per wait (``pending``), with ``mode``'s
+    telemetry (``off``, ``tracing``, ``metrics``)."""
+    import anyio
+
+    import aiostream as ais
+
+    with _telemetry(mode):
+
+        async def fast() -> float:
+            e = ais.Stream("virtual:0").record_event()
+            for _ in range(1000):  # warm
+                await e.synchronize()
+            t = time.perf_counter()
+            for _ in range(n):
+                await e.synchronize()
+            return (time.perf_counter() - t) / n
+
+        async def pending() -> float:
+            s = ais.Stream("virtual:0")
+            ais.delay(0.02, stream=s)
+            events = [s.record_event() for _ in range(n)]
+            t = time.process_time()
+            async with anyio.create_task_group() as tg:
+                for e in events:
+                    tg.start_soon(e.synchronize)
+            return (time.process_time() - t) / n
+
+        return anyio.run(fast if kind == "fast" else pending)
+
+
+@contextlib.contextmanager
+def _telemetry(mode: str) -> Iterator[None]:
+    if mode == "off":
+        yield
+        return
+    if mode == "metrics":
+        import prometheus_client
+
+        import aiostream.metrics
+
+        with aiostream.metrics.PrometheusMetrics(prometheus_client.CollectorRegistry()):
+            yield
+        return
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+    import aiostream.tracing
+
+    class Nothing(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Nothing()))
+    with aiostream.tracing.instrument(provider):
+        yield
+
+
+# ---------------------------------------------------------------------- off: against a baseline
+
+
+def child(tree: Path, kind: str, n: int) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree), "AIOSTREAM_DEVICE": "virtual"}
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, str(n)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tree,
+        check=True,
+    )
+    return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@contextlib.contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="aiostream-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev],
+            check=True,
+            capture_output=True,
+        )
+        try:
+            yield tree
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                check=False,
+                capture_output=True,
+            )
+
+
+def _row(label: str, n: int, ours: float, base: float, unit: str, goal: float) -> str:
+    ratio = ours / base
+    verdict = "ok" if ratio <= goal else "MISS"
+    return (
+        f"{label:34} {n:>8,} {ours * 1e6:9.2f} {base * 1e6:9.2f} {unit:7} {ratio:6.3f}"
+        f"  <= {goal:<5} {verdict}"
+    )
+
+
+def off_rows(baseline: str, sizes: tuple[int, ...], rounds: int, header: str) -> int:
+    """Part 1's rows; the goals missed."""
+    missed = 0
+    print(header)
+    with worktree(baseline) as base_tree:
+        for kind, unit in (("fast", "µs/aw"), ("pending", "µs CPU")):
+            for n in sizes:
+                ours, base = [], []
+                for _ in range(rounds):
+                    ours.append(child(ROOT, kind, n))
+                    base.append(child(base_tree, kind, n))
+                label = "await of complete work" if kind == "fast" else "a pending wait"
+                row = _row(label, n, statistics.median(ours), statistics.median(base), unit, 1.03)
+                missed += row.endswith("MISS")
+                print(row, flush=True)
+    return missed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--baseline", default=BASELINE, help=f"the revision (default {BASELINE})")
+    parser.add_argument("--rounds", type=int, default=None, help="child runs per figure")
+    parser.add_argument("--child", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child[0], int(args.child[1]), "off")))
+        return
+    sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
+    rounds = args.rounds or (3 if args.quick else 7)
+    header = f"{'':34} {'N':>8} {'ours':>9} {'baseline':>9} {'unit':7} {'ratio':>6}  goal"
+    missed = 0
+    print(f"1. telemetry off: this checkout against {args.baseline}, {rounds} rounds, alternated")
+    known = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{args.baseline}^{{commit}}"],
+        capture_output=True,
+        check=False,
+    )
+    if known.returncode != 0:
+        print(f"skipped: {args.baseline} is not in this clone's history (a shallow clone?)")
+    else:
+        missed += off_rows(args.baseline, sizes, rounds, header)
+    print("\n2. telemetry on, against off, in this process (median of rounds)")
+    print(header.replace("baseline", "off"))
+    for mode, goal in (("tracing", 2.0), ("metrics", 2.0)):
+        for kind, unit in (("fast", "µs/aw"), ("pending", "µs CPU")):
+            for n in sizes:
+                on, off = [], []
+                for _ in range(rounds):
+                    off.append(measure(kind, n, "off"))
+                    on.append(measure(kind, n, mode))
+                label = f"{mode}: " + ("await of complete work" if kind == "fast" else "a wait")
+                row = _row(label, n, statistics.median(on), statistics.median(off), unit, goal)
+                missed += row.endswith("MISS")
+                print(row, flush=True)
+    print(f"\n{missed} goal(s) missed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""``aiostream.metrics``: Prometheus metrics of waits, stuck waits, device errors, copies and
+loader batches, read from a registry as a scrape reads them, on every loop and backend."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import anyio
+import numpy as np
+import prometheus_client
+import pytest
+
+import aiostream as ais
+import aiostream.metrics
+from tests.helpers.deadlines import until
+from tests.helpers.stand_in import hurry
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def registry() -> Iterator[prometheus_client.CollectorRegistry]:
+    registry = prometheus_client.CollectorRegistry()
+    with aiostream.metrics.PrometheusMetrics(registry, stuck_after=0.2):
+        yield registry
+
+
+def value(registry: prometheus_client.CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_waits_are_counted_by_outcome_and_pending_ones_are_seen(
+    aiostream_device: ais.Device, registry: prometheus_client.CollectorRegistry
+) -> None:
+    """A wait in progress shows as pending, then as stuck past the threshold; once it ends,
+    in the latency histogram, as completed; a timed-out one as cancelled."""
+    dev = str(aiostream_device)
+    strategy = ais.get_wait_strategy()
+    s = ais.Stream(aiostream_device)
+    virtual = aiostream_device.type == "virtual"
+    held = ais.virtual.stall("compute") if virtual else None  # the work waits meanwhile
+    ais.delay(0.01 if virtual else 60.0, stream=s)
+    with anyio.move_on_after(0.05):
+        await s
+    cancelled = {"device": dev, "strategy": strategy, "outcome": "cancelled"}
+    assert value(registry, "aiostream_wait_seconds_count", **cancelled) == 1
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.synchronize)
+        await until(
+            lambda: value(registry, "aiostream_pending_waits", device=dev, strategy=strategy) == 1,
+            "the wait to be pending",
+        )  # noqa: E501
+        assert value(registry, "aiostream_stuck_waits", device=dev) == 0
+        await until(
+            lambda: value(registry, "aiostream_stuck_waits", device=dev) == 1,
+            "the wait to be older than 0.2 s",
+        )  # noqa: E501
+        assert value(registry, "aiostream_oldest_wait_seconds", device=dev) > 0.2
+        if held is not None:
+            held.release()
+        else:
+            hurry()  # the stand-in ends the long kernel now
+    completed = {"device": dev, "strategy": strategy, "outcome": "completed"}
+    assert value(registry, "aiostream_wait_seconds_count", **completed) == 1
+    assert value(registry, "aiostream_wait_seconds_sum", **completed) > 0.2
+    assert value(registry, "aiostream_pending_waits", device=dev, strategy=strategy) == 0
+    await s  # complete: the fast path counts as a wait too
+    done = {"device": dev, "strategy": "complete", "outcome": "completed"}
+    assert value(registry, "aiostream_wait_seconds_count", **done) == 1
+
+
+async def test_copies_and_loader_batches_are_counted(
+    aiostream_device: ais.Device, registry: prometheus_client.CollectorRegistry
+) -> None:
+    dev = str(aiostream_device)
+    host, d = (
+        ais.HostBuffer(4096, device=aiostream_device),
+        ais.DeviceBuffer(4096, aiostream_device),
+    )
+    s = ais.Stream(aiostream_device)
+    ais.copy_async(d, host, stream=s)
+    ais.copy_async(host, d, stream=s)
+    ais.copy_async(host, d, stream=s)
+    await s
+    assert value(registry, "aiostream_copied_bytes_total", device=dev, direction="h2d") == 4096
+    assert value(registry, "aiostream_copied_bytes_total", device=dev, direction="d2h") == 8192
+    items = [np.full(256, i, np.float32) for i in range(5)]
+    async with ais.DataLoader(items, device=aiostream_device) as loader:
+        async for batch in loader:
+            await batch.ready
+    assert value(registry, "aiostream_loader_batches_total", device=dev) == 5
+    assert value(registry, "aiostream_loader_stall_seconds_total", device=dev) > 0
+
+
+async def test_device_errors_are_counted(registry: prometheus_client.CollectorRegistry) -> None:
+    s = ais.Stream()
+    ais.virtual.submit(s, 0.05, error="boom")
+    with pytest.raises(ais.DeviceError):
+        await s  # pending when awaited: a wait that ends with the device's error
+    assert value(registry, "aiostream_device_errors_total", device="virtual:0") == 1
+    failed = {"device": "virtual:0", "outcome": "failed", "strategy": ais.get_wait_strategy()}
+    assert value(registry, "aiostream_wait_seconds_count", **failed) == 1
+
+
+def test_registered_twice_or_without_the_client_it_says_what_to_do(
+    registry: prometheus_client.CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="registered on this registry already"):
+        aiostream.metrics.PrometheusMetrics(registry)
+    with pytest.raises(ValueError, match="stuck_after"):
+        aiostream.metrics.PrometheusMetrics(prometheus_client.CollectorRegistry(), stuck_after=-1)
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ais.AiostreamError, match=r"pip install prometheus-client .*\[prometheus\]"):
+        aiostream.metrics.PrometheusMetrics()
+
+
+def test_closed_it_leaves_the_registry(registry: prometheus_client.CollectorRegistry) -> None:
+    other = prometheus_client.CollectorRegistry()
+    metrics = aiostream.metrics.PrometheusMetrics(other)
+    assert "aiostream_pending_waits" in prometheus_client.generate_latest(other).decode()
+    metrics.close()
+    metrics.close()
+    assert prometheus_client.generate_latest(other) == b""

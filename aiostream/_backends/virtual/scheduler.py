@@ -379,7 +379,7 @@ class Scheduler(_Starts):
             engine.provisional.clear()
             engine.busy = 0
         for item in aborted:  # all done first, so that none of them is started by another
-            if item.state != RUNNING:
+            if item.state != RUNNING or item.start > t:  # not started, or in its launch lead
                 item.start = t
             item.state = DONE
             item.end = t

@@ -46,6 +46,7 @@ class RItem:
     state: int = PENDING
     start: int = -1
     end: int = -1
+    taken: int = -1  # when it took its engine's slot (its start, but for a launch overhead)
 
     def ready(self) -> int:
         return max([self.submit] + [d.end for d in self.deps])
@@ -63,8 +64,9 @@ class RStream:
 class Reference:
     """Every rule applied by scanning every item: slow, and plain to check by eye."""
 
-    def __init__(self, devices: int, slots: dict[str, int]) -> None:
+    def __init__(self, devices: int, slots: dict[str, int], lead: tuple[int, int]) -> None:
         self.slots = slots
+        self.launch, self.gap = lead  # the compute engine's (a device profile's)
         self.items: list[RItem] = []
         self.t = 0
         self.stalled: Counter[tuple[int, str]] = Counter()  # stalls held, per engine
@@ -96,7 +98,11 @@ class Reference:
             ready.sort(key=lambda i: (i.prio, i.ready(), i.submit, i.dev, i.sid, i.seq))
             for i in ready:
                 if self._busy(i.dev, i.engine) < self.slots[i.engine]:  # type: ignore[index]
-                    i.state, i.start, i.end = RUNNING, t, t + i.duration
+                    # a compute operation starts launch after its submission, gap after its
+                    # slot was taken, whichever is later
+                    lead = max(self.gap, i.submit + self.launch - t) if i.engine == "compute" else 0
+                    i.state, i.taken, i.start = RUNNING, t, t + lead
+                    i.end = i.start + i.duration
                     changed = True
             if not changed:
                 return
@@ -123,7 +129,7 @@ class Reference:
         self.faults[dev] = []
         for i in self.items:
             if i.dev == dev and i.state != DONE:
-                if i.state == PENDING:
+                if i.state == PENDING or i.start > t:  # not started, or still in its lead
                     i.start = t
                 i.state, i.end = DONE, t
                 if i.engine is not None:
@@ -155,10 +161,10 @@ class Reference:
                         i.state == RUNNING
                         and i.dev == s.dev
                         and i.engine == engine
-                        and i.start == t
-                        and i.duration > 0
+                        and i.taken == t
+                        and i.end > t
                     ):
-                        i.state, i.start, i.end = PENDING, -1, -1
+                        i.state, i.start, i.end, i.taken = PENDING, -1, -1, -1
         deps = [d for d in s.waits if d.state != DONE]
         if s.last is not None and s.last.state != DONE:
             deps.append(s.last)
@@ -198,6 +204,8 @@ program = st.tuples(
     st.fixed_dictionaries({e: st.integers(1, 3) for e in ENGINES}),  # slots
     st.lists(st.sampled_from([0, -1, -2]), min_size=1, max_size=6),  # stream priorities
     st.lists(step, min_size=8, max_size=40),
+    # the compute engine's launch overhead and gap (a device profile's); none most often
+    st.one_of(st.just((0, 0)), st.tuples(st.integers(0, 3), st.integers(0, 2))),
 )
 
 
@@ -225,6 +233,7 @@ def _state(item: Item | RItem) -> tuple[int, int, int]:
             ("stall", 0, "compute", False),
             ("advance", 7),
         ],
+        (0, 0),
     )
 )
 @example(  # waiting work goes by ready time, not by submission time
@@ -240,13 +249,14 @@ def _state(item: Item | RItem) -> tuple[int, int, int]:
             ("op", 2, "compute", 1, False),  # submitted later, but ready at 2
             ("advance", 20),
         ],
+        (0, 0),
     )
 )
 def test_scheduler_agrees_with_the_reference(prog: tuple[object, ...]) -> None:
-    n_devices, slots, priorities, steps = prog  # type: ignore[misc]
-    devices = [Device(d, slots) for d in range(n_devices)]
+    n_devices, slots, priorities, steps, lead = prog  # type: ignore[misc]
+    devices = [Device(d, slots, lead) for d in range(n_devices)]
     sched = Scheduler(devices, 0)
-    ref = Reference(n_devices, slots)
+    ref = Reference(n_devices, slots, lead)
     # streams spread over the devices; the reference keeps its own twins
     streams = [
         Stream(devices[i % n_devices], i // n_devices + 1, p) for i, p in enumerate(priorities)

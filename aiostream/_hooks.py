@@ -123,6 +123,58 @@ def remove_listener(listener: Listener) -> None:
     _failed_once.difference_update({k for k in _failed_once if k[0] == id(listener)})
 
 
+class Listening:
+    """A public object that listens until it is closed (``aiostream.tracing.Tracing``,
+    ``aiostream.metrics.PrometheusMetrics``): its hooks are its private methods
+    (``_wait_began``, ``_wait_ended``, ``_copied``, ``_loader_batch``, ``_region``), plugged
+    in through an adapter so that they stay off its public face."""
+
+    closed = True
+
+    def _listen(self) -> None:
+        self.closed = False
+        self._adapter = _Adapter(self)
+        add_listener(self._adapter)
+
+    def close(self) -> None:
+        """Stop listening (a second close does nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        remove_listener(self._adapter)
+        self._stopped()
+
+    def _stopped(self) -> None:
+        """What a subclass lets go of once closed."""
+
+    def _failed(self, what: str) -> None:
+        """Log, once, that this listener failed in ``what``."""
+        _listener_failed(self._adapter, what)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = type(self)
+        return f"<{kind.__module__}.{kind.__qualname__} {'closed' if self.closed else 'on'}>"
+
+
+class _Adapter:
+    def __init__(self, owner: Any) -> None:
+        self.owner = owner
+        self.wait_began = owner._wait_began  # noqa: SLF001 - the owner's hooks
+        self.wait_ended = owner._wait_ended  # noqa: SLF001 - the owner's hooks
+        self.copied = owner._copied  # noqa: SLF001 - the owner's hooks
+        self.loader_batch = owner._loader_batch  # noqa: SLF001 - the owner's hooks
+        self.region = owner._region  # noqa: SLF001 - the owner's hooks
+
+    def __repr__(self) -> str:
+        return repr(self.owner)
+
+
 def _listener_failed(listener: object, what: str) -> None:
     key = (id(listener), what)
     if key in _failed_once:

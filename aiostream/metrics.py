@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
-from types import TracebackType
 from typing import Any
 
 from . import _check, _diagnostics, _hooks
@@ -58,7 +57,7 @@ def _client() -> Any:
     return prometheus_client
 
 
-class PrometheusMetrics:
+class PrometheusMetrics(_hooks.Listening):
     """aiostream's metrics on a Prometheus registry (see the module's text for each).
 
     Args:
@@ -109,31 +108,17 @@ class PrometheusMetrics:
                 f"aiostream's metrics are registered on this registry already ({exc}); make "
                 "one PrometheusMetrics per registry, or close() the other first"
             ) from None
-        self.closed = False
-        self._listener = _Listener(self)
-        _hooks.add_listener(self._listener)
+        self._listen()
 
     def close(self) -> None:
         """Stop counting and unregister (a second close does nothing)."""
-        if self.closed:
-            return
-        self.closed = True
-        _hooks.remove_listener(self._listener)
+        super().close()
+
+    def _stopped(self) -> None:
         self.registry.unregister(self._collector)
 
     def __enter__(self) -> PrometheusMetrics:
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<aiostream.metrics.PrometheusMetrics {'closed' if self.closed else 'on'}>"
 
     def _add(self, name: str, labels: tuple[str, ...], value: float) -> None:
         counts = self._counters[name]
@@ -237,18 +222,3 @@ class _Collector:
             stuck.add_metric([device], count.get(device, 0))
         yield stuck
         yield oldest
-
-
-class _Listener:
-    """The hooks the package calls (``_hooks.Listener``), kept off the public class."""
-
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
-        self.wait_began = owner._wait_began  # noqa: SLF001 - its owner's hooks
-        self.wait_ended = owner._wait_ended  # noqa: SLF001 - its owner's hooks
-        self.copied = owner._copied  # noqa: SLF001 - its owner's hooks
-        self.loader_batch = owner._loader_batch  # noqa: SLF001 - its owner's hooks
-        self.region = owner._region  # noqa: SLF001 - its owner's hooks
-
-    def __repr__(self) -> str:
-        return repr(self.owner)

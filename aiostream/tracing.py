@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import threading
 import time
-from types import TracebackType
 from typing import Any
 
 from . import _hooks, _objects
@@ -83,7 +82,7 @@ class _Anchor:
         return self.host + self.event.elapsed_time(event) / 1e3
 
 
-class Tracing:
+class Tracing(_hooks.Listening):
     """The OpenTelemetry listener that :func:`instrument` plugs in; see the module's text."""
 
     def __init__(self, tracer_provider: Any = None) -> None:
@@ -101,30 +100,18 @@ class Tracing:
         self._epoch = time.time_ns() - time.monotonic_ns()
         self._anchors: dict[Device, _Anchor] = {}
         self._lock = threading.Lock()
-        self.closed = False
-        self._listener = _Listener(self)
-        _hooks.add_listener(self._listener)
+        self._listen()
 
     def close(self) -> None:
-        """Stop making spans (those begun end as they would)."""
-        self.closed = True
-        _hooks.remove_listener(self._listener)
+        """Stop making spans (those begun end as they would; a second close does nothing)."""
+        super().close()
+
+    def _stopped(self) -> None:
         with self._lock:
             self._anchors.clear()  # their events go: nothing of the devices' stays held
 
     def __enter__(self) -> Tracing:
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        return f"<aiostream.tracing.Tracing {'closed' if self.closed else 'on'}>"
 
     def _ns(self, host: float) -> int:
         return self._epoch + round(host * 1e9)
@@ -201,7 +188,7 @@ class Tracing:
                 )
                 device_span.end(end_time=self._ns(b))
             except Exception:  # noqa: BLE001 - a failed device span is logged, once
-                _hooks._listener_failed(self._listener, "a device span")  # noqa: SLF001
+                self._failed("a device span")
 
         _objects.when_done(end, landed)
 
@@ -236,18 +223,3 @@ def instrument(tracer_provider: Any = None) -> Tracing:
         TypeError: ``tracer_provider`` is not a tracer provider.
     """
     return Tracing(tracer_provider)
-
-
-class _Listener:
-    """The hooks the package calls (``_hooks.Listener``), kept off the public class."""
-
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
-        self.wait_began = owner._wait_began  # noqa: SLF001 - its owner's hooks
-        self.wait_ended = owner._wait_ended  # noqa: SLF001 - its owner's hooks
-        self.copied = owner._copied  # noqa: SLF001 - its owner's hooks
-        self.loader_batch = owner._loader_batch  # noqa: SLF001 - its owner's hooks
-        self.region = owner._region  # noqa: SLF001 - its owner's hooks
-
-    def __repr__(self) -> str:
-        return repr(self.owner)

@@ -290,12 +290,13 @@ def test_driver_errors_become_cuda_errors() -> None:
 async def test_ipc_handles_round_trip(anyio_backend: object) -> None:
     s = ais.Stream(DEV)
     e = ais.Event(DEV, interprocess=True)
-    ais.delay(0.01, stream=s)
+    ais.delay(3600.0, stream=s)  # pending however busy the machine: ended below
     e.record(s)
     handle = e.ipc_handle()
     assert isinstance(handle, bytes) and len(handle) == 64
     opened = ais.Event.from_ipc_handle(DEV, handle)
     assert opened.query() is False
+    hurry()  # the stand-in ends the work now
     await opened.synchronize()
     assert e.query()
 
@@ -313,9 +314,10 @@ def test_an_event_handle_opened_in_its_own_process_shares_the_event(dropped_firs
     opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())
     assert FAKE.fake_cuda_live(EVENTS) == live + 1  # one event, shared
     assert opened.event_id == exported.event_id
-    ais.delay(0.05, stream=s)
+    ais.delay(3600.0, stream=s)  # pending however busy the machine: ended below
     opened.record(s)
     assert not exported.query()
+    hurry()
     exported.synchronize_blocking()
     assert opened.query()
     first, last = (exported, opened) if dropped_first == "exported" else (opened, exported)

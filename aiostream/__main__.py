@@ -482,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "Measure a CUDA device (copies each way from pinned and pageable memory, 4 KiB to "
             "256 MiB; kernel launch overhead; how many kernels and copies run at once; a "
             "waiter's wake-up) and write a profile (JSON): aiostream.virtual.reset(profile="
-            "FILE) then makes virtual devices that take their time model from it. About a "
+            "FILE) then makes virtual devices that take their time model from it. Under a "
             "minute; --quick, seconds. With --check FILE, run one reference workload on the "
             "device and on virtual devices (the profile's and the default) and print how far "
             "apart they are; exit status 1 when the profile misses the goal (end to end within "

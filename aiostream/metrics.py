@@ -94,6 +94,7 @@ class PrometheusMetrics(_hooks.Listening):
             buckets=BUCKETS,
             registry=None,
         )
+        self._children: dict[tuple[str, str, str], Any] = {}
         self._counters: dict[str, dict[tuple[str, ...], float]] = {
             "device_errors": {},
             "copied_bytes": {},
@@ -143,7 +144,11 @@ class PrometheusMetrics(_hooks.Listening):
             from .tracing import _cancelled
 
             outcome = "cancelled" if _cancelled(error) else "error"
-        self._wait.labels(device, strategy, outcome).observe(time.monotonic() - start)
+        key = (device, strategy, outcome)
+        child = self._children.get(key)
+        if child is None:  # labels() takes a lock and builds a key: once per label set
+            child = self._children[key] = self._wait.labels(*key)
+        child.observe(time.monotonic() - start)
 
     def _copied(self, device: str, kind: str, nbytes: int) -> None:
         self._add("copied_bytes", (device, kind), nbytes)

@@ -47,7 +47,7 @@ def test_check_compares_the_device_with_both_virtual_devices(
     verdict, and every operation's start and end on both; exit 0 when met, 1 when missed (on
     a busy machine the stand-in's real-time run may miss it: the figures are what counts)."""
     args = ("-m", "aiostream", "calibrate", "--check", str(measured), "--quick")
-    proc = run_on(stand_in_folder, *args)
+    proc = run_on(stand_in_folder, *args, COLUMNS="200")  # whole lines, whatever the terminal
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     out = proc.stdout
     assert re.search(r"^  device cuda:0 +[\d.]+ ms$", out, re.M), out

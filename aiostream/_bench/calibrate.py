@@ -4,8 +4,10 @@ device and on virtual devices (the profile's, and the default one) and say how f
 their timelines are.
 
 Every device time here is read from timing events around the work, on the device's own
-clock: what a figure includes is what the events bracket, on the device and in the model
-alike (a copy's "latency" includes the cost of its call, as the virtual device's does).
+clock: what a figure includes is what the events bracket. Work timed queued behind a holding
+kernel is the device's time alone (pinned and device-to-device copies, the gap between
+kernels); work timed on an idle stream includes the calls' cost (a kernel's launch overhead,
+a pageable copy's staging), which the model then puts between a submission and its start.
 """
 
 from __future__ import annotations
@@ -103,9 +105,9 @@ def _timed(stream: ais.Stream, submit: Callable[[], object], queued: bool = Fals
     return before.elapsed_time(after) / 1e3
 
 
-def _figure(samples: Sequence[float], floor: float = 0.0) -> Figure:
-    """The median of ``samples`` (at least ``floor``), spread half their range."""
-    return Figure(max(floor, statistics.median(samples)), (max(samples) - min(samples)) / 2)
+def _figure(samples: Sequence[float]) -> Figure:
+    """The median of ``samples`` (at least 0: a time), spread half their range."""
+    return Figure(max(0.0, statistics.median(samples)), (max(samples) - min(samples)) / 2)
 
 
 # ---------------------------------------------------------------------- copies
@@ -244,8 +246,8 @@ def _engines(device: ais.Device, plan: Plan) -> dict[str, Figure]:
         kind = f"{direction}_pinned"
         pairs = [_buffers(device, kind, plan.copy_bytes) for _ in range(max(plan.copies))]
         stream = ais.Stream(device)
-        one = statistics.median(
-            _timed(stream, partial(ais.copy_async, *pairs[0], stream=stream))
+        one = statistics.median(  # the device's time alone, as the gated copies' is
+            _timed(stream, partial(ais.copy_async, *pairs[0], stream=stream), queued=True)
             for _ in range(plan.repeats)
         )
         it = itertools.count()

@@ -14,6 +14,8 @@ import pytest
 import aiostream as ais
 from tests.helpers.fake_cuda import run_on
 
+pytestmark = pytest.mark.slow  # whole programs, on the stand-in driver
+
 
 @pytest.fixture(scope="module")
 def measured(stand_in_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:

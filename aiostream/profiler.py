@@ -748,6 +748,7 @@ def _active() -> Profiler | None:
 def _told(stream: Stream | None) -> tuple[float, Event | None]:
     """A region's start for the listeners: the host's time and, on a stream not capturing a
     graph, a timing event recorded there (None if it cannot be: host times only)."""
+    t0 = time.monotonic()  # before the record: the device reaches it no sooner
     start = None
     if stream is not None and not _objects.capturing(stream):
         try:
@@ -756,7 +757,7 @@ def _told(stream: Stream | None) -> tuple[float, Event | None]:
         except Exception:  # noqa: BLE001 - the region's device times are lost, not the program
             _hooks.failed("record_function", "a listener's timing event")
             start = None
-    return time.monotonic(), start
+    return t0, start
 
 
 def _tell(name: str, stream: Stream | None, told: tuple[float, Event | None]) -> None:

@@ -360,6 +360,7 @@ def test_core_benchmark_smoke_run() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a minute idle; child processes, rounds of 10,000 waits, under load
 def test_telemetry_benchmark_smoke_run() -> None:
     """The telemetry benchmark runs end to end: off against the revision before the hooks
     (where this clone has it), tracing and metrics on against off; each row judged."""

@@ -212,7 +212,7 @@ def test_the_environment_names_a_profile_for_every_backend_made_without_one(
     ais.virtual.reset(clock=VirtualClock(), profile=False)
     assert _name() == "simulated"
     monkeypatch.setenv("AIOSTREAM_VIRTUAL_PROFILE", str(profile_file.parent / "missing.json"))
-    with pytest.raises(OSError, match="missing.json"):
+    with pytest.raises(ValueError, match="missing.json: not a profile: the file cannot be read"):
         ais.virtual.reset()
 
 

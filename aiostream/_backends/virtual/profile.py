@@ -133,11 +133,14 @@ class DeviceProfile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
-        """Read and check a profile; ``ValueError`` naming the file and the field if it is
-        not one (``OSError`` if it cannot be read)."""
+        """Read and check a profile; ``ValueError`` naming the file (and the field) if it is
+        not one, or cannot be read."""
         where = os.fspath(path)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{where}: not a profile: the file cannot be read ({exc})") from None
         try:
             data = json.loads(text)
         except ValueError as exc:

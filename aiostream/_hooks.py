@@ -83,14 +83,15 @@ def uninstall(obs: Observer) -> None:
 
 
 class Listener(Protocol):
-    """Told of waits, copies and loader batches as they happen (``aiostream.telemetry``'s
-    OpenTelemetry tracer and Prometheus metrics are listeners). Any number may listen."""
+    """Told of waits, copies and loader batches as they happen (``aiostream.tracing`` and
+    ``aiostream.metrics`` are listeners). Any number may listen."""
 
     def wait_began(self, subject: str, device: str, strategy: str) -> object:
         """A task began to wait on ``subject``; what it returns comes back to ``wait_ended``."""
 
-    def wait_ended(self, token: object, error: BaseException | None) -> None:
-        """That wait ended: completed (``error`` None), failed, cancelled or timed out."""
+    def wait_ended(self, token: object, error: BaseException | None, outcome: str) -> None:
+        """That wait ended with ``error`` (None: it completed); ``outcome`` says how:
+        ``completed``, ``failed`` (a ``DeviceError``), ``cancelled`` or ``error``."""
 
     def copied(self, device: str, kind: str, nbytes: int) -> None:
         """A copy of ``nbytes`` was submitted (``kind``: ``h2d``, ``d2h`` or ``d2d``)."""
@@ -196,36 +197,35 @@ def wait_began(subject: str, device: str, strategy: str) -> list[tuple[Listener,
     return tokens
 
 
-def wait_ended(tokens: list[tuple[Listener, object]], error: BaseException | None) -> None:
+def wait_ended(
+    tokens: list[tuple[Listener, object]], error: BaseException | None, outcome: str
+) -> None:
     for listener, token in tokens:
         try:
-            listener.wait_ended(token, error)
+            listener.wait_ended(token, error, outcome)
         except Exception:
             _listener_failed(listener, "wait_ended()")
 
 
-def copied(device: str, kind: str, nbytes: int) -> None:
+def _tell(hook: str, *args: Any) -> None:
+    """Call ``hook`` of every listener with ``args``; each one's error is logged once."""
     for listener in listeners:
         try:
-            listener.copied(device, kind, nbytes)
+            getattr(listener, hook)(*args)
         except Exception:
-            _listener_failed(listener, "copied()")
+            _listener_failed(listener, f"{hook}()")
+
+
+def copied(device: str, kind: str, nbytes: int) -> None:
+    _tell("copied", device, kind, nbytes)
 
 
 def loader_batch(device: str, waited: float) -> None:
-    for listener in listeners:
-        try:
-            listener.loader_batch(device, waited)
-        except Exception:
-            _listener_failed(listener, "loader_batch()")
+    _tell("loader_batch", device, waited)
 
 
 def region(name: str, stream: Any, start: Any, end: Any, host: tuple[float, float]) -> None:
-    for listener in listeners:
-        try:
-            listener.region(name, stream, start, end, host)
-        except Exception:
-            _listener_failed(listener, "region()")
+    _tell("region", name, stream, start, end, host)
 
 
 def enable_nvtx() -> None:

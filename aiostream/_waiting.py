@@ -52,7 +52,7 @@ import anyio.lowlevel
 import sniffio
 
 from . import _diagnostics, _hooks
-from ._errors import AiostreamError
+from ._errors import AiostreamError, DeviceError
 
 if TYPE_CHECKING:
     from ._backends.base import AnyBackend, WaitTarget
@@ -156,6 +156,19 @@ def _task_name_of(task: object) -> str:
     return name or f"task {id(task)}"
 
 
+def outcome(error: BaseException | None) -> str:
+    """How a wait that ended with ``error`` ended, as the listeners are told (called in the
+    waiting task): ``completed``, ``failed`` (a ``DeviceError``), ``cancelled`` (the loop's
+    cancellation, a timeout's) or ``error``."""
+    if error is None:
+        return "completed"
+    if isinstance(error, DeviceError):
+        return "failed"
+    if isinstance(error, (TimeoutError, anyio.get_cancelled_exc_class())):
+        return "cancelled"
+    return "error"
+
+
 async def observed(subject: str, device: str) -> None:
     """The fast path's checkpoint, reported to the observer as a zero-wait await and to the
     listeners as a wait (with the strategy ``"complete"``: the work had completed)."""
@@ -166,12 +179,12 @@ async def observed(subject: str, device: str) -> None:
         await checkpoint()
     except BaseException as exc:
         if told is not None:
-            _hooks.wait_ended(told, exc)
+            _hooks.wait_ended(told, exc, outcome(exc))
         raise
     if obs is not None:
         _hooks.on_await(obs, task_name(), subject, device, start)
     if told is not None:
-        _hooks.wait_ended(told, None)
+        _hooks.wait_ended(told, None, "completed")
 
 
 class _Entry:
@@ -687,7 +700,7 @@ async def wait(
     )
     _diagnostics.register(record)
     told = _hooks.wait_began(subject, device, strategy) if _hooks.listeners else None
-    outcome: BaseException | None = None
+    raised: BaseException | None = None
     try:
         entry = waiter.add(target, record, strategy)
         try:
@@ -697,7 +710,7 @@ async def wait(
             waiter.discard(entry)
             raise
     except BaseException as exc:
-        outcome = exc  # cancelled, timed out, or the wait could not begin
+        raised = exc  # cancelled, timed out, or the wait could not begin
         raise
     finally:
         target.release()
@@ -705,8 +718,9 @@ async def wait(
         if obs is not None:  # its own failure is logged, never raised over the wait's outcome
             _hooks.on_await(obs, _task_name_of(task), subject, device, start)
         if told is not None:  # likewise; the outcome: what propagates, else the wait's error
-            _hooks.wait_ended(told, outcome if outcome is not None else entry.error)
-        told = outcome = None  # the frame held by a kept error must not hold these
+            ended = raised if raised is not None else entry.error
+            _hooks.wait_ended(told, ended, outcome(ended))
+        told = raised = ended = None  # the frame held by a kept error must not hold these
     error = entry.error
     if error is not None:
         # A program may keep the error: its traceback holds this frame, which must not hold

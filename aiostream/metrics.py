@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _check, _diagnostics, _hooks
-from ._errors import AiostreamError, DeviceError
+from ._errors import AiostreamError
 
 __all__ = ["PrometheusMetrics"]
 
@@ -130,20 +130,13 @@ class PrometheusMetrics(_hooks.Listening):
     def _wait_began(self, subject: str, device: str, strategy: str) -> object:
         return time.monotonic(), device, strategy
 
-    def _wait_ended(self, token: object, error: BaseException | None) -> None:
+    def _wait_ended(self, token: object, error: BaseException | None, outcome: str) -> None:
         start: float
         device: str
         strategy: str
         start, device, strategy = token  # type: ignore[misc]
-        if error is None:
-            outcome = "completed"
-        elif isinstance(error, DeviceError):
-            outcome = "failed"
+        if outcome == "failed":  # a DeviceError
             self._add("device_errors", (device,), 1)
-        else:
-            from .tracing import _cancelled
-
-            outcome = "cancelled" if _cancelled(error) else "error"
         key = (device, strategy, outcome)
         child = self._children.get(key)
         if child is None:  # labels() takes a lock and builds a key: once per label set

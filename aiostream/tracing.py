@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 from . import _hooks, _objects
-from ._errors import AiostreamError, DeviceError
+from ._errors import AiostreamError
 from .device import Device
 from .event import Event
 from .stream import Stream
@@ -130,24 +130,19 @@ class Tracing(_hooks.Listening):
             },
         )
 
-    def _wait_ended(self, token: object, error: BaseException | None) -> None:
+    def _wait_ended(self, token: object, error: BaseException | None, outcome: str) -> None:
         span: Any = token
         if span is None:
             return
-        status, code = self._status
-        if error is None:
-            span.set_attribute("aiostream.outcome", "completed")
-        elif isinstance(error, DeviceError):
-            span.set_attribute("aiostream.outcome", "failed")
-            span.record_exception(error)
-            span.set_status(status(code.ERROR, f"DeviceError: {error}"))
-        elif _cancelled(error):
-            span.set_attribute("aiostream.outcome", "cancelled")
-            span.set_status(status(code.ERROR, "cancelled (a timeout or a cancel scope)"))
-        else:
-            span.set_attribute("aiostream.outcome", "error")
-            span.record_exception(error)
-            span.set_status(status(code.ERROR, f"{type(error).__name__}: {error}"))
+        span.set_attribute("aiostream.outcome", outcome)
+        if error is not None:
+            status, code = self._status
+            if outcome == "cancelled":
+                span.set_status(status(code.ERROR, "cancelled (a timeout or a cancel scope)"))
+            else:  # failed (a DeviceError), or another error
+                kind = "DeviceError" if outcome == "failed" else type(error).__name__
+                span.record_exception(error)
+                span.set_status(status(code.ERROR, f"{kind}: {error}"))
         span.end()
 
     def _copied(self, device: str, kind: str, nbytes: int) -> None:
@@ -200,17 +195,6 @@ class Tracing(_hooks.Listening):
             if anchor is None or _objects.backend(anchor.event) is not _objects.backend(stream):
                 anchor = self._anchors[device] = _Anchor(device)
             return anchor
-
-
-def _cancelled(error: BaseException) -> bool:
-    if isinstance(error, TimeoutError):
-        return True
-    try:
-        import anyio
-
-        return isinstance(error, anyio.get_cancelled_exc_class())
-    except Exception:  # noqa: BLE001 - no async library running: not a cancellation
-        return False
 
 
 def instrument(tracer_provider: Any = None) -> Tracing:

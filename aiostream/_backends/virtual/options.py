@@ -111,7 +111,8 @@ class VirtualOptions:
         set_(self, "d2d_bandwidth", _rate(self.d2d_bandwidth, "d2d_bandwidth"))
         set_(self, "latency", seconds_to_ns(self.latency, "latency") / 1e9)
         if self.profile is not None:
-            given = [name for name in _PROFILED if getattr(self, name) != getattr(_DEFAULTS, name)]
+            defaults = {f.name: f.default for f in dataclasses.fields(self)}
+            given = [name for name in _PROFILED if getattr(self, name) != defaults[name]]
             if given:
                 raise ValueError(
                     f"{', '.join(given)} given beside a profile, which sets them: leave "
@@ -173,8 +174,3 @@ class VirtualOptions:
         if p is None:
             return 0, 0
         return round(p.value("launch_s") * 1e9), round(p.value("gap_s") * 1e9)
-
-
-_DEFAULTS = VirtualOptions.__new__(VirtualOptions)  # the fields' defaults, unchecked
-for _field in dataclasses.fields(VirtualOptions):
-    object.__setattr__(_DEFAULTS, _field.name, _field.default)

@@ -29,6 +29,16 @@ def _id(example: CodeExample) -> str:
     return f"{example.path.relative_to(ROOT)}:{example.start_line}"
 
 
+def _is_test_file(source: str) -> bool:
+    return "\ndef test_" in source or "\nasync def test_" in source
+
+
+def _param(example: CodeExample) -> object:
+    # a block that is a test file runs pytest in a child process: the full lane's
+    marks = [pytest.mark.slow] if _is_test_file(example.source) else []
+    return pytest.param(example, id=_id(example), marks=marks)
+
+
 def _missing(source: str) -> str | None:
     """Why a block cannot run here, or None."""
     if "torch" in source and importlib.util.find_spec("torch") is None:
@@ -44,7 +54,7 @@ def test_every_python_block_is_found() -> None:
     assert len(EXAMPLES) == fences > 0
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=_id)
+@pytest.mark.parametrize("example", [_param(e) for e in EXAMPLES])
 def test_code_block_runs(
     example: CodeExample,
     eval_example: EvalExample,
@@ -56,7 +66,7 @@ def test_code_block_runs(
     if why is not None:
         compile(example.source, _id(example), "exec")  # valid Python, at least
         pytest.skip(why)
-    if "\ndef test_" in example.source or "\nasync def test_" in example.source:
+    if _is_test_file(example.source):
         test = tmp_path / "test_block.py"
         test.write_text(example.source)
         proc = subprocess.run(

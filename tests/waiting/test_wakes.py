@@ -22,6 +22,7 @@ pytestmark = pytest.mark.anyio
 # ---------------------------------------------------------------------- what a look checks
 
 
+@pytest.mark.slow  # 10,000 waits: a test at scale
 async def test_sweeps_check_one_wait_per_stream(
     clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:

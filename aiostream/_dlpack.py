@@ -6,9 +6,13 @@ capsules are made and read through CPython's capsule API, so no compiled code is
 
 Exporting: :func:`export` fills a tensor that lives in Python memory, wraps its address in a
 capsule named ``dltensor_versioned`` (or ``dltensor``), and keeps the tensor, its shape and
-strides, and the *owner* (the object whose memory it is) in a table until the consumer calls
-the tensor's deleter, or until the capsule is collected unconsumed (its destructor then calls
-the deleter). The owner thereby outlives every array a consumer made of it.
+strides, the capsule and the *owner* (the object whose memory it is) in a table until the
+consumer calls the tensor's deleter. The owner thereby outlives every array a consumer made of
+it. The capsule has no destructor: a consumer that refuses a capsule drops it with its own
+error set, and a destructor written in Python (a ctypes callback) would run with that error
+pending and replace it with a ``SystemError``. The table holds the capsule instead, and a
+capsule that only the table still holds, never consumed (it keeps its first name), is
+released by a sweep: at each garbage collection, each export and each count of the exports.
 
 Importing: :func:`consume` reads a producer's capsule, renames it ``used_dltensor(_versioned)``
 as the protocol asks, and returns what it describes with a function that calls the producer's
@@ -24,7 +28,9 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import gc
 import math
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,12 +127,6 @@ _api = ctypes.pythonapi
 _capsule_new = ctypes.PYFUNCTYPE(
     ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p
 )(("PyCapsule_New", _api))
-_capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_IsValid", _api)
-)
-_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", _api)
-)
 _capsule_set_name = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
     ("PyCapsule_SetName", _api)
 )
@@ -144,16 +144,26 @@ _CALL_DELETER = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
 
 
 class _Export:
-    """What an exported tensor needs alive: the structure, its shape and strides, and the
-    owner of the memory (released when the consumer calls the deleter)."""
+    """What an exported tensor needs alive: the structure, its shape and strides, the owner of
+    the memory (released when the consumer calls the deleter) and the capsule (``None`` until
+    it is made)."""
 
-    __slots__ = ("managed", "owner", "shape", "strides")
+    __slots__ = ("capsule", "managed", "name", "owner", "shape", "strides")
 
-    def __init__(self, managed: ctypes.Structure, owner: object, ndim: int) -> None:
+    def __init__(self, managed: ctypes.Structure, owner: object, ndim: int, name: bytes) -> None:
         self.managed = managed
         self.owner = owner
+        self.name = name
+        self.capsule: object = None
         self.shape = (ctypes.c_int64 * max(ndim, 1))()
         self.strides = (ctypes.c_int64 * max(ndim, 1))()
+
+    def abandoned(self) -> bool:
+        """Whether the capsule was never consumed and nothing but this table holds it."""
+        # two references: the slot and getrefcount's own argument
+        return sys.getrefcount(self.capsule) <= 2 and bool(
+            _capsule_is_valid_object(self.capsule, self.name)
+        )
 
 
 #: The exported tensors whose deleter has not run yet, by address.
@@ -174,21 +184,30 @@ def _deleter(address: int | None) -> None:
     _forget(address or 0)
 
 
-def _capsule_destructor(capsule: int | None) -> None:
-    """A capsule collected: if no consumer took it (it still has its first name), its tensor
-    is released here, as the protocol asks of producers."""
-    for name in (_NAME_VERSIONED, _NAME):
-        if _capsule_is_valid(capsule, name):
-            _forget(_capsule_pointer(capsule, name) or 0)
-            return
+def _sweep(*, blocking: bool = True) -> None:
+    """Release the exports whose capsule was dropped unconsumed (dropped outside the lock).
+    Not ``blocking``: skipped while the table is in use (a collection can start inside a
+    sweep, on its own thread)."""
+    if not _exports or not _exports_lock.acquire(blocking=blocking):
+        return
+    try:
+        gone = [address for address, keep in _exports.items() if keep.abandoned()]
+        released = [_exports.pop(address) for address in gone]
+    finally:
+        _exports_lock.release()
+    del released
 
 
-#: The C function pointers of the two (kept alive with the module: C may call them any time).
-_C_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_deleter_c = _C_CALLBACK(_deleter)
-_capsule_destructor_c = _C_CALLBACK(_capsule_destructor)
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "stop":
+        _sweep(blocking=False)
+
+
+gc.callbacks.append(_on_collection)
+
+#: The deleter's C function pointer (kept alive with the module: C may call it any time).
+_deleter_c = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_deleter)
 _DELETER_ADDRESS = ctypes.cast(_deleter_c, ctypes.c_void_p).value
-_DESTRUCTOR_ADDRESS = ctypes.cast(_capsule_destructor_c, ctypes.c_void_p).value
 
 _CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}  # kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool
 _KINDS = {code: kind for kind, code in _CODES.items()}
@@ -231,7 +250,8 @@ def export(
         managed.flags = _READ_ONLY if read_only else 0
     else:
         managed = _Managed()
-    keep = _Export(managed, owner, len(shape))
+    name = _NAME_VERSIONED if versioned else _NAME
+    keep = _Export(managed, owner, len(shape), name)
     stride = 1
     for i in reversed(range(len(shape))):  # in elements, C order
         keep.shape[i] = shape[i]
@@ -248,17 +268,16 @@ def export(
     managed.manager_ctx = None
     managed.deleter = _DELETER_ADDRESS
     pointer = ctypes.addressof(managed)
+    _sweep()
+    capsule = keep.capsule = _capsule_new(pointer, name, None)
     with _exports_lock:
         _exports[pointer] = keep
-    try:
-        return _capsule_new(pointer, _NAME_VERSIONED if versioned else _NAME, _DESTRUCTOR_ADDRESS)
-    except BaseException:
-        _forget(pointer)
-        raise
+    return capsule
 
 
 def pending_exports() -> int:
     """How many exported tensors are still held by their consumers (for tests)."""
+    _sweep()
     with _exports_lock:
         return len(_exports)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import sys
 import time
 import weakref
 from collections.abc import Iterator
@@ -180,6 +181,26 @@ def test_a_capsule_never_consumed_releases_the_buffer(
     assert ais.virtual.stats().buffers == before and exports.pending() == 0
 
 
+@pytest.mark.parametrize("device", ["virtual:0", pytest.param(DEV, marks=needs_cuda)])
+def test_a_consumer_that_refuses_the_capsule_raises_its_own_error(
+    device: str, exports: Exports, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NumPy refuses a tensor of 70 dimensions (and any CUDA memory) after taking the capsule,
+    and drops it with its error set: that error reaches the caller, nothing is reported as
+    unraisable, and the export is released."""
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    buf = ais.DeviceBuffer(4, device).view(np.float32, (1,) * 70)
+    with pytest.raises(RuntimeError) as refused:
+        np.from_dlpack(buf)
+    assert type(refused.value) is not SystemError  # noqa: E721
+    assert "DLPack" in str(refused.value) or "device" in str(refused.value)
+    del buf, refused
+    gc.collect()
+    assert unraisable == []
+    assert exports.pending() == 0
+
+
 def test_reading_an_export_while_a_copy_lands_is_a_race(clock: ais.virtual.VirtualClock) -> None:
     ais.virtual.reset(clock=clock, bandwidth=16.0)  # 16 bytes take a second
     buf = filled([5, 5, 5, 5], "virtual:0")
@@ -210,7 +231,7 @@ def test_versioned_capsules_when_the_consumer_reads_them() -> None:
     assert (shape, dtype, nbytes) == ((2, 2), (INT, 16, 1), 8)
     assert (tensor.device.device_type, tensor.device.device_id) == (1, 0)
     assert not read.flags & READ_ONLY
-    del read, tensor, capsule  # never consumed: its destructor releases the export
+    del read, tensor, capsule  # never consumed: the next sweep releases the export
 
 
 def test_an_empty_virtual_buffer_is_exported_with_no_address() -> None:

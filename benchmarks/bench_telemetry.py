@@ -14,7 +14,14 @@ Sizes: N = 1,000, 10,000 and 100,000 (``--quick``: 1,000 and 10,000); each row p
 ratio, so the cost per wait is seen to stay flat as N grows. Real time on the virtual
 backend; asyncio's loop. The exit status is 0 either way (a shared machine misses goals).
 
+3. ``--instructions``: part 1's figures as instructions, which load does not change: each
+   tree's child runs N waits once under valgrind (``cachegrind``, no cache simulation; a fixed
+   hash seed), for N = 1,000, 5,000 and 25,000; the instructions per wait are the difference
+   between two sizes over the difference of their N (start-up and imports cancel), so each
+   row is the cost of one more wait at that scale. Needs valgrind; a few minutes.
+
 Usage: python benchmarks/bench_telemetry.py [--quick] [--baseline REV] [--rounds R]
+       python benchmarks/bench_telemetry.py --instructions [--baseline REV]
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import contextlib
 import json
 import math
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,6 +89,33 @@ def measure(kind: str, n: int, mode: str) -> float:
         return anyio.run(fast if kind == "fast" else pending)
 
 
+def run_once(kind: str, n: int) -> None:
+    """N awaits of complete work (``fast``) or N pending waits, once, with telemetry off: the
+    work whose instructions part 3 counts."""
+    import anyio
+
+    import aiostream as ais
+
+    async def fast() -> None:
+        e = ais.Stream("virtual:0").record_event()
+        for _ in range(n):
+            await e.synchronize()
+
+    async def pending() -> None:
+        s = ais.Stream("virtual:0")
+        held = ais.virtual.stall("compute")
+        ais.delay(0.001, stream=s)
+        events = [s.record_event() for _ in range(n)]
+        async with anyio.create_task_group() as tg:
+            for e in events:
+                tg.start_soon(e.synchronize)
+            while ais.virtual.stats().waits < n:
+                await anyio.sleep(0.01)
+            held.release()
+
+    anyio.run(fast if kind == "fast" else pending)
+
+
 @contextlib.contextmanager
 def _telemetry(mode: str) -> Iterator[None]:
     if mode == "off":
@@ -122,6 +158,69 @@ def child(tree: Path, kind: str, n: int) -> float:
         check=True,
     )
     return float(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def instructions(tree: Path, kind: str, n: int) -> int:
+    """The instructions a child running ``run_once(kind, n)`` in ``tree`` executes, start-up
+    included, as valgrind's cachegrind counts them."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "AIOSTREAM_DEVICE": "virtual",
+        "PYTHONHASHSEED": "0",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [
+                "valgrind",
+                "--tool=cachegrind",
+                "--cache-sim=no",
+                f"--cachegrind-out-file={tmp}/out",
+                sys.executable,
+                __file__,
+                "--once",
+                kind,
+                str(n),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tree,
+            check=True,
+        )
+    found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in valgrind's output:\n{out.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def instruction_rows(baseline: str) -> None:
+    """Part 3: instructions per wait, this checkout against the baseline."""
+    if shutil.which("valgrind") is None:
+        print("skipped: valgrind is not installed (Debian: apt install valgrind)")
+        return
+    sizes = (1_000, 5_000, 25_000)
+    print(f"3. telemetry off, instructions per wait (valgrind): this checkout against {baseline}")
+    print(f"{'':34} {'N':>15} {'ours':>9} {'baseline':>9} {'unit':7} {'ratio':>6}  goal")
+    with worktree(baseline) as base_tree:
+        for kind in ("fast", "pending"):
+            counts = {
+                tree: [instructions(tree, kind, n) for n in sizes] for tree in (ROOT, base_tree)
+            }
+            for i in range(1, len(sizes)):
+                step = sizes[i] - sizes[i - 1]
+                ours, base = (
+                    (counts[tree][i] - counts[tree][i - 1]) / step for tree in (ROOT, base_tree)
+                )
+                label = "await of complete work" if kind == "fast" else "a pending wait"
+                span = f"{sizes[i - 1]:,}-{sizes[i]:,}"
+                ratio = ours / base
+                verdict = "ok" if ratio <= 1.03 else "MISS"
+                print(
+                    f"{label:34} {span:>15} {ours:9,.0f} {base:9,.0f} {'instr':7} "
+                    f"{ratio:6.3f}  <= 1.03  {verdict}",
+                    flush=True,
+                )
 
 
 @contextlib.contextmanager
@@ -176,10 +275,20 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE, help=f"the revision (default {BASELINE})")
     parser.add_argument("--rounds", type=int, default=None, help="child runs per figure")
     parser.add_argument("--only", choices=("off", "on"), help="run one part")
+    parser.add_argument(
+        "--instructions", action="store_true", help="part 3 only: instructions, with valgrind"
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
+    parser.add_argument("--once", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child[0], int(args.child[1]), "off")))
+        return
+    if args.once:
+        run_once(args.once[0], int(args.once[1]))
+        return
+    if args.instructions:
+        instruction_rows(args.baseline)
         return
     sizes = (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000)
     rounds = args.rounds or (3 if args.quick else 7)

@@ -103,6 +103,46 @@ async def test_device_errors_are_counted(registry: prometheus_client.CollectorRe
     assert value(registry, "aiostream_wait_seconds_count", **failed) == 1
 
 
+async def test_a_cancelled_await_of_complete_work_and_a_wait_a_reset_ended_are_counted(
+    registry: prometheus_client.CollectorRegistry,
+) -> None:
+    """Every way a wait ends has its outcome: an await of complete work cancelled at its
+    checkpoint, and a wait whose backend a reset replaced (``StaleHandleError``: ``error``)."""
+    s = ais.Stream("virtual:0")
+    done = s.record_event()
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await done
+    fast = {"device": "virtual:0", "strategy": "complete"}
+    assert value(registry, "aiostream_wait_seconds_count", **fast, outcome="cancelled") == 1
+    assert value(registry, "aiostream_pending_waits", **fast) == 0
+    strategy = ais.get_wait_strategy()
+    ais.virtual.stall("compute")
+    ais.delay(0.01, stream=s)
+    async with anyio.create_task_group() as tg:
+        waited = anyio.Event()
+
+        async def wait() -> None:
+            with pytest.raises(ais.StaleHandleError):
+                await s
+            waited.set()
+
+        tg.start_soon(wait)
+        await until(
+            lambda: (
+                value(registry, "aiostream_pending_waits", device="virtual:0", strategy=strategy)
+                == 1
+            ),
+            "the wait to be pending",
+        )
+        ais.virtual.reset()
+        with anyio.fail_after(10, shield=True):
+            await waited.wait()
+    ended = {"device": "virtual:0", "strategy": strategy, "outcome": "error"}
+    assert value(registry, "aiostream_wait_seconds_count", **ended) == 1
+    assert value(registry, "aiostream_pending_waits", device="virtual:0", strategy=strategy) == 0
+
+
 def test_registered_twice_or_without_the_client_it_says_what_to_do(
     registry: prometheus_client.CollectorRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -121,6 +121,12 @@ class Batch:
             raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
         if stream.device != self.ready.device:
             raise ValueError(f"the batch is on {self.ready.device}, the stream on {stream.device}")
+        if self._slot.batch is not self:
+            raise RuntimeError(
+                f"batch {self.index} was given back when the next batch was asked for (or the "
+                "loader closed), and its buffers may hold another item already: call "
+                "record_stream before asking for the next batch"
+            )
         if stream not in self._slot.users:
             self._slot.users.append(stream)
 
@@ -131,9 +137,10 @@ class Batch:
 class _Slot:
     """Staging and device buffers for one item, and the events that order their reuse."""
 
-    __slots__ = ("copied", "device", "mark", "released", "staging", "users")
+    __slots__ = ("batch", "copied", "device", "mark", "released", "staging", "users")
 
     def __init__(self) -> None:
+        self.batch: Batch | None = None  # the batch of the slot's item, until given back
         self.staging: list[HostBuffer] = []
         self.device: list[DeviceBuffer] = []
         self.copied: Event | None = None  # after the last copy out of the staging buffers
@@ -348,7 +355,7 @@ class _Staging:
             copy_async(dev, host, stream=stream)
             views.append(dev.view(dtype, shape))
         slot.copied = stream.record_event()
-        batch = Batch(self.index, prepared.rebuild(views), slot.copied, slot)
+        batch = slot.batch = Batch(self.index, prepared.rebuild(views), slot.copied, slot)
         self.index += 1
         return batch
 
@@ -368,6 +375,7 @@ class _Staging:
                     buf.record_stream(stream)
             slot.released = released
             slot.users = []
+            slot.batch = None
             self.free.append(slot)
 
     def give_back(self) -> None:

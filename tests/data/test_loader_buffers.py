@@ -119,6 +119,22 @@ async def test_record_stream_protects_batches_read_on_another_stream(
         batch.record_stream("side")  # type: ignore[arg-type]
 
 
+async def test_record_stream_on_a_batch_given_back_is_refused(virtual_device: ais.Device) -> None:
+    """A batch's buffers go back to the pool when the next batch is asked for: naming a
+    stream then would protect nothing (the slot may hold the next item already)."""
+    side = ais.Stream()
+    async with ais.DataLoader(arrays(4, size=256), prefetch=1) as loader:
+        batches = aiter(loader)
+        first = await anext(batches)
+        first.record_stream(side)  # held: accepted
+        second = await anext(batches)
+        with pytest.raises(RuntimeError, match="batch 0 was given back .* before asking"):
+            first.record_stream(side)
+        second.record_stream(side)
+    with pytest.raises(RuntimeError, match="batch 1 was given back"):
+        second.record_stream(side)  # the loader closed
+
+
 def test_record_stream_refuses_a_stream_of_another_device() -> None:
     ais.virtual.reset(devices=2)
 

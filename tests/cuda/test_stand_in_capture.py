@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.stand_in import FAKE, SLEEP_PTX, take_violations
+from tests.helpers.driver_calls import Context, code, libc, ok
+from tests.helpers.stand_in import FAKE, take_violations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.stand_in]
 
@@ -35,18 +36,6 @@ INVALID_VALUE, ILLEGAL_STATE, NOT_READY = 1, 401, 600
 UNSUPPORTED, INVALIDATED_CODE, MERGE, UNMATCHED, UNJOINED = 900, 901, 902, 903, 904
 ISOLATION, IMPLICIT, CAPTURED_EVENT, WRONG_THREAD = 905, 906, 907, 908
 NON_BLOCKING, WAIT_EXTERNAL, PORTABLE, DEVICEMAP = 1, 1, 1, 2
-libc = ctypes.CDLL(None)
-libc.sem_post.argtypes = libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
-libc.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-
-
-def ok(result: tuple[Any, ...]) -> Any:
-    assert int(result[0]) == 0, result
-    return result[1] if len(result) == 2 else result[1:]
-
-
-def code(result: tuple[Any, ...]) -> int:
-    return int(result[0])
 
 
 def status(stream: Any) -> int:
@@ -58,36 +47,6 @@ def assert_violations(n: int, *phrases: str) -> None:
     assert got == n, log
     for phrase in phrases:
         assert phrase in log, log
-
-
-class Context:
-    """A device's primary context, retained for a test and pushed on demand."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.ctx = ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(index))))
-        self.module: Any = None
-
-    def __enter__(self) -> Context:
-        ok(cu.cuCtxPushCurrent(self.ctx))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        ok(cu.cuCtxPopCurrent())
-
-    def release(self) -> None:
-        if self.module is not None:
-            with self:
-                ok(cu.cuModuleUnload(self.module))
-        ok(cu.cuDevicePrimaryCtxRelease(ok(cu.cuDeviceGet(self.index))))
-
-    def sleep(self, stream: Any, seconds: float) -> int:
-        """The sleep kernel on ``stream`` (context pushed by the caller); its result code."""
-        if self.module is None:
-            self.module = ok(cu.cuModuleLoadData(SLEEP_PTX))
-        fn = ok(cu.cuModuleGetFunction(self.module, b"aiostream_sleep"))
-        args = ((round(seconds * 1e9),), (ctypes.c_uint64,))
-        return code(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))
 
 
 class Counter:

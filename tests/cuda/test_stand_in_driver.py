@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.driver_calls import Context, code, libc, ok
 from tests.helpers.process import run_python
-from tests.helpers.stand_in import FAKE, SLEEP_PTX, take_violations
+from tests.helpers.stand_in import FAKE, take_violations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.stand_in]
 
@@ -24,48 +25,6 @@ if FAKE is not None:
     from cuda.bindings import driver as cu
 
 INVALID_VALUE, INVALID_CONTEXT, INVALID_HANDLE, NOT_READY, LAUNCH_FAILED = 1, 201, 400, 600, 719
-libc = ctypes.CDLL(None)
-libc.sem_post.argtypes = libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
-libc.sem_getvalue.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-
-
-def ok(result: tuple[Any, ...]) -> Any:
-    assert int(result[0]) == 0, result
-    return result[1] if len(result) == 2 else result[1:]
-
-
-def code(result: tuple[Any, ...]) -> int:
-    return int(result[0])
-
-
-class Context:
-    """A device's primary context, retained for a test and pushed on demand."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.ctx = ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(index))))
-        self.module: Any = None
-
-    def __enter__(self) -> Context:
-        ok(cu.cuCtxPushCurrent(self.ctx))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        ok(cu.cuCtxPopCurrent())
-
-    def release(self) -> None:
-        if self.module is not None:
-            with self:
-                ok(cu.cuModuleUnload(self.module))
-        ok(cu.cuDevicePrimaryCtxRelease(ok(cu.cuDeviceGet(self.index))))
-
-    def sleep(self, stream: Any, seconds: float) -> None:
-        """The sleep kernel on ``stream`` (context pushed by the caller)."""
-        if self.module is None:
-            self.module = ok(cu.cuModuleLoadData(SLEEP_PTX))
-        fn = ok(cu.cuModuleGetFunction(self.module, b"aiostream_sleep"))
-        ns = round(seconds * 1e9)
-        ok(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, ((ns,), (ctypes.c_uint64,)), 0))
 
 
 @pytest.fixture
@@ -158,7 +117,7 @@ def test_a_wait_for_a_pending_record_keeps_its_stream_busy(ctx0: Context) -> Non
     with ctx0:
         busy, waiting = ok(cu.cuStreamCreate(1)), ok(cu.cuStreamCreate(1))
         event = ok(cu.cuEventCreate(2))
-        ctx0.sleep(busy, 0.2)
+        assert ctx0.sleep(busy, 0.2) == 0
         ok(cu.cuEventRecord(event, busy))
         for stream in (waiting, cu.CUstream(0)):
             ok(cu.cuStreamWaitEvent(stream, event, 0))
@@ -182,7 +141,7 @@ def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
         dst = ok(cu.cuMemHostAlloc(16, 1))
         dev = ok(cu.cuMemAllocAsync(16, stream))
         ctypes.memset(src, 7, 16)
-        ctx0.sleep(stream, 0.05)
+        assert ctx0.sleep(stream, 0.05) == 0
         ok(cu.cuMemcpyHtoDAsync(dev, src, 16, stream))
         ok(cu.cuMemcpyDtoHAsync(dst, dev, 16, stream))
         assert ctypes.string_at(dst, 16) == bytes(16)  # not at the call
@@ -213,7 +172,7 @@ def test_a_value_written_without_a_barrier_may_be_seen_before_the_work_before_it
         ctypes.memset(src, 7, 16)
         ctypes.memset(flag, 0, 4)
         dev = ok(cu.cuMemAllocAsync(16, stream))
-        ctx0.sleep(stream, 0.02)
+        assert ctx0.sleep(stream, 0.02) == 0
         ok(cu.cuMemcpyHtoDAsync(dev, src, 16, stream))
         ok(cu.cuMemcpyDtoHAsync(dst, dev, 16, stream))
         address = ok(cu.cuMemHostGetDevicePointer(flag, 0))
@@ -248,7 +207,7 @@ def test_freeing_memory_that_pending_work_uses_is_reported(ctx0: Context) -> Non
         stream = ok(cu.cuStreamCreate(1))
         host = ok(cu.cuMemHostAlloc(16, 1))
         dev = ok(cu.cuMemAllocAsync(16, stream))
-        ctx0.sleep(stream, 0.02)
+        assert ctx0.sleep(stream, 0.02) == 0
         ok(cu.cuMemcpyHtoDAsync(dev, host, 16, stream))
         ok(cu.cuMemFreeHost(host))  # the copy has not run yet
         other = ok(cu.cuStreamCreate(1))
@@ -267,13 +226,13 @@ def test_a_stream_ordered_allocation_is_used_elsewhere_only_after_it(ctx0: Conte
     with ctx0:
         alloc, other = ok(cu.cuStreamCreate(1)), ok(cu.cuStreamCreate(1))
         host = ok(cu.cuMemHostAlloc(16, 1))
-        ctx0.sleep(alloc, 0.02)
+        assert ctx0.sleep(alloc, 0.02) == 0
         unordered = ok(cu.cuMemAllocAsync(16, alloc))
         ok(cu.cuMemcpyHtoDAsync(unordered, host, 16, other))
         ok(cu.cuStreamSynchronize(other))
         n, log = take_violations()
         assert n == 1 and "before the allocation completed" in log
-        ctx0.sleep(alloc, 0.02)
+        assert ctx0.sleep(alloc, 0.02) == 0
         ordered = ok(cu.cuMemAllocAsync(16, alloc))
         after = ok(cu.cuEventCreate(2))
         ok(cu.cuEventRecord(after, alloc))
@@ -328,7 +287,7 @@ def test_a_sticky_error_belongs_to_its_context_and_stops_host_functions(ctx0: Co
         assert launch(int(stream), post, ctypes.addressof(sem)) == 0  # runs: a C function
         ok(cu.cuStreamSynchronize(stream))
         FAKE.fake_cuda_fail_next_launch(LAUNCH_FAILED)
-        ctx0.sleep(stream, 0.01)
+        assert ctx0.sleep(stream, 0.01) == 0
         assert launch(int(stream), post, ctypes.addressof(sem)) == 0  # after the fault
         assert code(cu.cuStreamSynchronize(stream)) == LAUNCH_FAILED
         assert code(cu.cuStreamCreate(1)) == LAUNCH_FAILED  # every later call in the context
@@ -393,7 +352,7 @@ def test_kernel_launches_keep_the_device_limits(ctx0: Context) -> None:
     memory; a launch it takes is recorded for the tests, grid, block and shared memory."""
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
-        ctx0.sleep(stream, 0.0)
+        assert ctx0.sleep(stream, 0.0) == 0
         fn = ok(cu.cuModuleGetFunction(ctx0.module, b"aiostream_sleep"))
         args = ((0,), (ctypes.c_uint64,))
         for dims in (
@@ -425,7 +384,7 @@ def test_a_failed_call_has_no_effect(ctx0: Context) -> None:
         assert code(cu.cuStreamCreateWithPriority(1, 0)) == 2  # CUDA_ERROR_OUT_OF_MEMORY
         assert FAKE.fake_cuda_live(0) == live
         start = time.perf_counter()
-        ctx0.sleep(stream, 0.01)
+        assert ctx0.sleep(stream, 0.01) == 0
         assert FAKE.fake_cuda_fail_call(b"cuLaunchKernel", 1, 999)
         fn = ok(cu.cuModuleGetFunction(ctx0.module, b"aiostream_sleep"))
         args = ((60 * 10**9,), (ctypes.c_uint64,))  # a minute's sleep, were it launched
@@ -616,7 +575,7 @@ def test_time_passes_for_device_work_as_it_does_on_a_gpu(ctx0: Context) -> None:
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         start = time.perf_counter()
-        ctx0.sleep(stream, 0.05)
+        assert ctx0.sleep(stream, 0.05) == 0
         assert code(cu.cuStreamQuery(stream)) == NOT_READY
         ok(cu.cuStreamSynchronize(stream))
         assert 0.045 <= time.perf_counter() - start < 1.0

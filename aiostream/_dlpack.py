@@ -158,16 +158,20 @@ class _Export:
         self.shape = (ctypes.c_int64 * max(ndim, 1))()
         self.strides = (ctypes.c_int64 * max(ndim, 1))()
 
+    def consumed(self) -> bool:
+        """Whether a consumer took the capsule (it renamed it)."""
+        return not _capsule_is_valid_object(self.capsule, self.name)
+
     def abandoned(self) -> bool:
-        """Whether the capsule was never consumed and nothing but this table holds it."""
-        # two references: the slot and getrefcount's own argument
-        return sys.getrefcount(self.capsule) <= 2 and bool(
-            _capsule_is_valid_object(self.capsule, self.name)
-        )
+        """Whether nothing but this table holds the capsule (which was never consumed)."""
+        return sys.getrefcount(self.capsule) <= 2  # the slot, and getrefcount's argument
 
 
 #: The exported tensors whose deleter has not run yet, by address.
 _exports: dict[int, _Export] = {}
+#: Those of them whose capsule no consumer has been seen to take yet: what a sweep looks at
+#: (so its cost is that of the capsules in hand, not of every export consumers hold).
+_fresh: dict[int, _Export] = {}
 _exports_lock = threading.Lock()
 
 
@@ -176,6 +180,7 @@ def _forget(address: int) -> None:
     the lock, as dropping it may free memory, which may export or forget others)."""
     with _exports_lock:
         keep = _exports.pop(address, None)
+        _fresh.pop(address, None)
     del keep
 
 
@@ -188,11 +193,17 @@ def _sweep(*, blocking: bool = True) -> None:
     """Release the exports whose capsule was dropped unconsumed (dropped outside the lock).
     Not ``blocking``: skipped while the table is in use (a collection can start inside a
     sweep, on its own thread)."""
-    if not _exports or not _exports_lock.acquire(blocking=blocking):
+    if not _fresh or not _exports_lock.acquire(blocking=blocking):
         return
+    released = []
     try:
-        gone = [address for address, keep in _exports.items() if keep.abandoned()]
-        released = [_exports.pop(address) for address in gone]
+        for address, keep in list(_fresh.items()):
+            if keep.consumed():  # the consumer calls the deleter when done
+                del _fresh[address]
+                keep.capsule = None
+            elif keep.abandoned():
+                del _fresh[address]
+                released.append(_exports.pop(address))
     finally:
         _exports_lock.release()
     del released
@@ -271,7 +282,7 @@ def export(
     _sweep()
     capsule = keep.capsule = _capsule_new(pointer, name, None)
     with _exports_lock:
-        _exports[pointer] = keep
+        _exports[pointer] = _fresh[pointer] = keep
     return capsule
 
 

@@ -174,6 +174,7 @@ async def observed(subject: str, device: str) -> None:
     listeners as a wait (with the strategy ``"complete"``: the work had completed)."""
     obs = _hooks.observer
     told = _hooks.wait_began(subject, device, "complete") if _hooks.listeners else None
+    # equivalent mutant (unmarked): 0.0 -> 1.0: start is read only when there is an observer
     start = _hooks.now(obs) if obs is not None else 0.0
     try:
         await checkpoint()
@@ -223,7 +224,9 @@ class _Entry:
         self.finished = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
         )
-        self.dead = False
+        self.dead = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         #: whether the wait's event loop has closed (``WaitTarget.watch``): one function per
         #: waiter, so a backend that asks counts waiters, not waits
         self.gone = waiter.gone
@@ -316,7 +319,9 @@ class _Waiter:
         self._by_age: deque[_Entry] = deque()  # every unsettled wait, oldest first
         self._due: deque[_Entry] = deque()  # told complete, not finished yet (any thread appends)
         self._pending = 0
-        self._running = False
+        self._running = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         # equivalent under mutation: _watch clears it before any kick can matter
         self._kicked = False  # pragma: no mutate
         self._kick_sent = False  # a wake-up from another thread is on its way to the loop
@@ -406,10 +411,12 @@ class _Waiter:
         entries, self._by_age = self._by_age, deque()
         for entry in entries:
             if not (entry.dead or entry.finished):
-                entry.dead = True
+                # equivalent under mutation: the waiter has left the registry; a discard then
+                # changes its counts only, which nothing reads (the loop is closed)
+                entry.dead = True  # pragma: no mutate
                 entry.target.release()
                 _diagnostics.unregister(entry.record)
-        self._pending = 0
+        self._pending = 0  # pragma: no mutate (equivalent: the loop is closed: nothing reads it)
         self._abandoned()
         if self._registry.get(self._key) is self:
             del self._registry[self._key]
@@ -657,7 +664,7 @@ class _StrategyWaiter(_Waiter):
         self._lanes.clear()
         self._due_at.clear()
         self._schedule.clear()
-        self._dead = 0
+        self._dead = 0  # pragma: no mutate (equivalent: its waits are settled: none is discarded)
 
 
 def _waiter(backend: AnyBackend, index: int) -> _Waiter:

@@ -77,7 +77,9 @@ class Simulation:
         lead = options.lead_ns()
         self.devices = [Device(i, slots, lead) for i in range(options.devices)]
         self.sched = Scheduler(self.devices, self.clock_ns())
-        self.closed = False
+        self.closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
         self.listeners = Listeners()
         self._unlisten = listen(self.manual, self._advanced) if self.manual else None
         self._advancing = False  # the scheduler is moving (a host function may advance)

@@ -34,8 +34,11 @@ async def test_the_leak_listing_names_each_thing_left(clock: VirtualClock) -> No
     host, big, buf = ais.HostBuffer(8), ais.DeviceBuffer(32), ais.DeviceBuffer(16)
     async with anyio.create_task_group() as tg:
         tg.start_soon(later.synchronize)
+        tg.start_soon(first.synchronize)  # waits by their work's submission, not their own
         await anyio.wait_all_tasks_blocked()
         assert backend.leaks() == [
+            "pending wait on virtual:0 stream 1 (for the work up to its 'record', submitted at "
+            "t=0.000000000s)",
             "pending wait on virtual:0 stream 1 (for the work up to its 'record', submitted at "
             "t=0.500000000s)",
             "pending operation 'delay' on virtual:0 stream 1, engine compute, submitted at "

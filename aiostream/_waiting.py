@@ -328,10 +328,6 @@ class _Waiter:
         self._scope: anyio.CancelScope | None = None
         # The task, strongly referenced: asyncio keeps only weak references to its tasks.
         self._task: object = None
-        #: how many times a target was checked, and how many times the waiter looked; the tests
-        #: read them to prove that a wake visits only what can have progressed
-        self.checks = 0
-        self.wakes = 0
 
     # ------------------------------------------------------------------ called by waiting tasks
 
@@ -454,7 +450,6 @@ class _Waiter:
 
     def _check(self, entry: _Entry) -> bool:
         """Check one wait; finish it if its work completed or failed. Return whether it did."""
-        self.checks += 1
         try:
             done = entry.target.done()
         except AiostreamError as exc:  # the device failed, or the backend was reset
@@ -502,7 +497,6 @@ class _Waiter:
             self._kicked = (  # pragma: no mutate (equivalent: None: read only as a truth value)
                 False
             )
-            self.wakes += 1
             delay = self._sweep()
             if not self._pending:
                 return

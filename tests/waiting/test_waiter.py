@@ -127,7 +127,8 @@ async def test_a_failed_waiter_fails_its_waits_instead_of_leaving_them_parked(
         assert str(exc) == (
             "aiostream's waiter failed: RuntimeError(\"a bug in the waiter's look\")"
         )
-    assert "aiostream waiter failed; failing its pending waits" in caplog.text
+    logged = [r.getMessage() for r in caplog.records if r.name == "aiostream"]
+    assert logged == ["aiostream waiter failed; failing its pending waits"]
     assert ais.virtual.stats().waits == 0
     assert spy.subscriptions and spy.running == 0
     assert not any(s.query() for s in streams)  # the device work goes on

@@ -48,12 +48,17 @@ BASELINE = "68ba744"
 # ---------------------------------------------------------------------- the measurements
 
 
-def measure(kind: str, n: int, mode: str) -> float:
+def measure(kind: str, n: int, mode: str, passes: int | None = None) -> float:
     """Seconds per await (``fast``) or CPU seconds per wait (``pending``), with ``mode``'s
-    telemetry (``off``, ``tracing``, ``metrics``)."""
+    telemetry (``off``, ``tracing``, ``metrics``): the best of ``passes`` (default 5 for
+    ``fast``, 3 for ``pending``, 1 at 100,000). Part 3 runs it with one pass: its count
+    of instructions per wait is a difference between sizes, which the warm-up cancels."""
     import anyio
 
     import aiostream as ais
+
+    if passes is None:
+        passes = 5 if kind == "fast" else (3 if n <= 10_000 else 1)
 
     with _telemetry(mode):
 
@@ -62,7 +67,7 @@ def measure(kind: str, n: int, mode: str) -> float:
             for _ in range(1000):  # warm
                 await e.synchronize()
             best = math.inf
-            for _ in range(5):  # the least disturbed of five passes
+            for _ in range(passes):  # the least disturbed pass
                 t = time.perf_counter()
                 for _ in range(n):
                     await e.synchronize()
@@ -71,7 +76,7 @@ def measure(kind: str, n: int, mode: str) -> float:
 
         async def pending() -> float:
             best = math.inf
-            for _ in range(3 if n <= 10_000 else 1):  # the least disturbed pass
+            for _ in range(passes):  # the least disturbed pass
                 s = ais.Stream("virtual:0")
                 held = ais.virtual.stall("compute")  # pending until every task waits
                 ais.delay(0.001, stream=s)
@@ -87,33 +92,6 @@ def measure(kind: str, n: int, mode: str) -> float:
             return best
 
         return anyio.run(fast if kind == "fast" else pending)
-
-
-def run_once(kind: str, n: int) -> None:
-    """N awaits of complete work (``fast``) or N pending waits, once, with telemetry off: the
-    work whose instructions part 3 counts."""
-    import anyio
-
-    import aiostream as ais
-
-    async def fast() -> None:
-        e = ais.Stream("virtual:0").record_event()
-        for _ in range(n):
-            await e.synchronize()
-
-    async def pending() -> None:
-        s = ais.Stream("virtual:0")
-        held = ais.virtual.stall("compute")
-        ais.delay(0.001, stream=s)
-        events = [s.record_event() for _ in range(n)]
-        async with anyio.create_task_group() as tg:
-            for e in events:
-                tg.start_soon(e.synchronize)
-            while ais.virtual.stats().waits < n:
-                await anyio.sleep(0.01)
-            held.release()
-
-    anyio.run(fast if kind == "fast" else pending)
 
 
 @contextlib.contextmanager
@@ -147,13 +125,17 @@ def _telemetry(mode: str) -> Iterator[None]:
 # ---------------------------------------------------------------------- off: against a baseline
 
 
+def _child_env(tree: Path, **extra: str) -> dict[str, str]:
+    """The environment of a child that imports aiostream from ``tree``."""
+    return {**os.environ, "PYTHONPATH": str(tree), "AIOSTREAM_DEVICE": "virtual", **extra}
+
+
 def child(tree: Path, kind: str, n: int) -> float:
-    env = {**os.environ, "PYTHONPATH": str(tree), "AIOSTREAM_DEVICE": "virtual"}
     out = subprocess.run(
         [sys.executable, __file__, "--child", kind, str(n)],
         capture_output=True,
         text=True,
-        env=env,
+        env=_child_env(tree),
         cwd=tree,
         check=True,
     )
@@ -161,14 +143,8 @@ def child(tree: Path, kind: str, n: int) -> float:
 
 
 def instructions(tree: Path, kind: str, n: int) -> int:
-    """The instructions a child running ``run_once(kind, n)`` in ``tree`` executes, start-up
-    included, as valgrind's cachegrind counts them."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tree),
-        "AIOSTREAM_DEVICE": "virtual",
-        "PYTHONHASHSEED": "0",
-    }
+    """The instructions a child running one pass of ``measure(kind, n, "off")`` in ``tree``
+    executes, start-up included, as valgrind's cachegrind counts them."""
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
             [
@@ -184,7 +160,7 @@ def instructions(tree: Path, kind: str, n: int) -> int:
             ],
             capture_output=True,
             text=True,
-            env=env,
+            env=_child_env(tree, PYTHONHASHSEED="0"),
             cwd=tree,
             check=True,
         )
@@ -285,7 +261,7 @@ def main() -> None:
         print(json.dumps(measure(args.child[0], int(args.child[1]), "off")))
         return
     if args.once:
-        run_once(args.once[0], int(args.once[1]))
+        measure(args.once[0], int(args.once[1]), "off", passes=1)
         return
     if args.instructions:
         instruction_rows(args.baseline)

@@ -285,6 +285,41 @@ async def test_a_cancelled_wait_is_forgotten_at_once(anyio_backend: object) -> N
     work.complete.set()
 
 
+@pytest.mark.parametrize("strategy", ["thread", "callback"])
+async def test_a_wait_told_complete_after_its_cancellation_counts_once(
+    anyio_backend: object, strategy: str
+) -> None:
+    """A wait's task is cancelled, and the backend tells of its completion anyway (a
+    watcher thread that took the callback before the wait released it): the waiter's sweep
+    must pass the told wait by. Finishing it too would take it off the waiter's count a
+    second time, and the waiter would stop with another wait still pending, which would
+    then sleep for good."""
+    backend = _ManualBackend()
+    first, second = _Told(0), _Told(1)
+    ended: list[str] = []
+
+    async def wait(t: _Told, name: str) -> None:
+        await _waiting.wait(backend, 0, t, name, strategy=strategy)  # type: ignore[arg-type]
+        ended.append(name)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as doomed:
+                doomed.start_soon(wait, first, "first")
+                tg.start_soon(wait, second, "second")
+                await anyio.wait_all_tasks_blocked()
+                taken = first.callback  # the watcher's copy
+                doomed.cancel_scope.cancel()
+            assert first.callback is None  # cancelled: released, and off the count
+            first.complete = True
+            taken()  # told all the same
+            await anyio.wait_all_tasks_blocked()
+            assert the_waiter()._pending == 1  # the second wait, still counted
+            second.complete = True
+            second.callback()
+    assert ended == ["second"]
+
+
 async def test_waits_on_different_lanes_do_not_queue_behind_each_other(
     anyio_backend: object,
 ) -> None:

@@ -24,7 +24,10 @@ def _create(kind: str) -> AnyBackend:
         from .virtual import VirtualBackend
 
         return VirtualBackend()
-    from .cuda import CudaBackend
+    from .cuda.driver import check_library
+
+    check_library()  # no driver library: said before the backend's modules (and numpy) load
+    from .cuda.backend import CudaBackend
 
     return CudaBackend()
 

@@ -75,22 +75,26 @@ def test_every_documented_name_is_there_and_others_are_not() -> None:
     assert proc.stdout.strip() == "module 'aiostream' has no attribute 'Streem'"
 
 
-def test_without_a_driver_library_the_default_device_never_imports_the_bindings(
+def test_without_a_driver_library_the_default_device_loads_no_cuda_and_no_numpy(
     tmp_path: Path,
 ) -> None:
     """No libcuda.so.1 to load: the default device is virtual:0, found without importing
-    cuda-python's bindings (a first use on the loop does not pay for them), and the reason
-    says what is missing."""
+    cuda-python's bindings, the CUDA backend's modules or numpy (the quick start's first
+    stream on the loop does not pay for them), and the reason says what is missing."""
     if ctypes.util.find_library("cuda") is not None:
         pytest.skip("this machine has an NVIDIA driver library")
     code = (
-        "import aiostream as ais\n"
+        "import anyio, aiostream as ais\n"
         "from aiostream import _backends\n"
+        "s = ais.Stream()\n"
+        "ais.delay(0.001, stream=s)\n"
+        "anyio.run(s.synchronize)\n"
         "print(ais.device())\n"
         "print(_backends.probe('cuda')[1])\n"
     )
     modules = loaded_after(code, tmp_path)  # a folder without a driver library on the path
-    assert "cuda.bindings" not in modules
+    loaded = modules & {"cuda.bindings", "numpy", "aiostream._backends.cuda.backend"}
+    assert not loaded, sorted(loaded)
     proc = run_on(tmp_path, "-c", code)
     first, reason = proc.stdout.splitlines()[:2]
     assert first == "virtual:0"

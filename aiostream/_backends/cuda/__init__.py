@@ -25,7 +25,24 @@ The modules:
 
 from __future__ import annotations
 
-from .backend import CudaBackend
-from .driver import load_driver
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import CudaBackend
+    from .driver import load_driver
 
 __all__ = ["CudaBackend", "load_driver"]
+
+
+def __getattr__(name: str) -> Any:
+    # Loaded when first asked for: the registry asks ``driver`` whether a driver library is
+    # there at all before the backend's modules (numpy among them) load.
+    if name == "CudaBackend":
+        from .backend import CudaBackend
+
+        return CudaBackend
+    if name == "load_driver":
+        from .driver import load_driver
+
+        return load_driver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

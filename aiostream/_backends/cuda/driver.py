@@ -11,7 +11,15 @@ from typing import Any
 
 from ..._errors import AiostreamError, BackendUnavailableError, CudaError
 
-__all__ = ["CAPTURE_CODES", "NOT_READY", "NOT_SUPPORTED", "SUCCESS", "Driver", "load_driver"]
+__all__ = [
+    "CAPTURE_CODES",
+    "NOT_READY",
+    "NOT_SUPPORTED",
+    "SUCCESS",
+    "Driver",
+    "check_library",
+    "load_driver",
+]
 
 logger = logging.getLogger("aiostream")
 
@@ -56,8 +64,9 @@ def _no_driver_library() -> str | None:
     return None
 
 
-def load_driver() -> Any:
-    """Import the bindings and initialise the driver, or say why CUDA cannot be used here."""
+def check_library() -> None:
+    """Raise :class:`BackendUnavailableError` where the driver's library cannot be loaded;
+    nothing but this module is imported to find out (not the bindings, nor numpy)."""
     missing = _no_driver_library()
     if missing is not None:
         raise BackendUnavailableError(
@@ -65,6 +74,11 @@ def load_driver() -> Any:
             f"no NVIDIA driver library (libcuda.so.1) could be loaded ({missing}); install the "
             "NVIDIA driver, or use a virtual device ('virtual:0')",
         )
+
+
+def load_driver() -> Any:
+    """Import the bindings and initialise the driver, or say why CUDA cannot be used here."""
+    check_library()
     try:
         from cuda.bindings import driver
     except ImportError as exc:

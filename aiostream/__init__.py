@@ -8,6 +8,10 @@ import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
+#: which distribution wrote this file: another project's ``aiostream/__init__.py`` has none
+#: (``_clash.shadowed`` reads it)
+_DISTRIBUTION = "aiostream-cuda"
+
 try:  # the core: devices, streams, events and waits
     from ._diagnostics import PendingWait, pending_waits, set_debug, set_watchdog
     from ._errors import (

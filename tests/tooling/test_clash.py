@@ -56,6 +56,41 @@ def test_an_import_broken_by_the_other_project_names_it_and_the_fix(tmp_path: Pa
     assert "not on PyPI yet" in then
 
 
+@pytest.mark.parametrize("how", ["python -m aiostream", "the aiostream script"])
+def test_the_command_line_says_the_fix_without_a_traceback_when_files_are_mixed(
+    tmp_path: Path, how: str
+) -> None:
+    """This project installed after the other: the package cannot be imported, and its
+    command line says why and what to run, as a message and exit status 1 (the import
+    happens before any of the command line's code runs)."""
+    site = tmp_path / "site"
+    _mixed_install(site)
+    if how == "python -m aiostream":
+        cmd = [sys.executable, "-m", "aiostream", "info"]
+    else:  # what pip writes for the [project.scripts] entry
+        script = tmp_path / "bin" / "aiostream"
+        script.parent.mkdir()
+        script.write_text(
+            f"#!{sys.executable}\nimport sys\nfrom aiostream.__main__ import main\n"
+            "sys.exit(main())\n"
+        )
+        script.chmod(0o755)
+        cmd = [str(script), "info"]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": ""},
+        timeout=60,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("python -m aiostream: aiostream could not be imported (")
+    assert f"The distribution aiostream 0.6.4 (in {site})" in proc.stderr
+    assert "    python -m pip uninstall -y aiostream aiostream-cuda\n" in proc.stderr
+
+
 def test_an_import_error_of_another_cause_is_left_as_it_is(tmp_path: Path) -> None:
     site = tmp_path / "site"
     shutil.copytree(ROOT / "aiostream", site / "aiostream")
@@ -114,6 +149,28 @@ def test_the_command_line_says_when_the_other_project_replaced_the_package(
         f"aiostream 0.6.4 (in {site}) is installed here too"
     ), proc.stderr
     assert "    python -m pip uninstall -y aiostream aiostream-cuda\n" in proc.stderr
+
+
+def test_a_release_of_the_other_project_with_our_names_is_still_found_out(
+    tmp_path: Path,
+) -> None:
+    """The other project's ``__init__.py`` defining a ``Stream`` and a ``device`` of its own
+    (0.8.1 has a ``Stream``) is not taken for this project's: only ours names its
+    distribution."""
+    site = tmp_path / "site"
+    _installed_after(site)
+    (site / "aiostream" / "__init__.py").write_text("Stream = device = None\n")
+    code = "import aiostream, aiostream._clash as c\nprint(c.shadowed(aiostream))\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": ""},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "which is not aiostream-cuda's: the other project replaced it." in proc.stdout
 
 
 def test_the_pytest_plugin_says_when_the_other_project_replaced_the_package(
@@ -200,24 +257,30 @@ def test_two_real_installs_in_either_order_say_the_fix(
     index): this one after the other, ``import aiostream`` fails naming the other and the
     fix; the other after this one, ``import aiostream`` quietly gives it, and
     ``python -m aiostream info`` says so, with the fix."""
+    # the venvs' own packages only: a PYTHONPATH of the test's run would bring the checkout
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"COLUMNS": "500"}
     ours_last = _venv_with(tmp_path / "a", other, str(wheel))
-    proc = subprocess.run(
-        [str(ours_last), "-c", "import aiostream"], capture_output=True, text=True, cwd=tmp_path
-    )
-    assert proc.returncode == 1
-    assert "The distribution aiostream 0.8.1 (in " in proc.stderr, proc.stderr
-    assert "python -m pip uninstall -y aiostream aiostream-cuda" in proc.stderr
+    for cmd in (["-c", "import aiostream"], ["-m", "aiostream", "info"]):
+        proc = subprocess.run(
+            [str(ours_last), *cmd], capture_output=True, text=True, cwd=tmp_path, env=env
+        )
+        assert proc.returncode == 1
+        assert "The distribution aiostream 0.8.1 (in " in proc.stderr, proc.stderr
+        assert "python -m pip uninstall -y aiostream aiostream-cuda" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr  # the command line's: a message
 
     theirs_last = _venv_with(tmp_path / "b", str(wheel), other)
     check = "import aiostream; print(aiostream.__version__)"
-    quiet = _run(str(theirs_last), "-c", check, cwd=tmp_path)  # not the checkout's folder
-    assert quiet.stdout.strip() == "0.8.1"  # the other project: nothing of ours runs here
+    quiet = subprocess.run(
+        [str(theirs_last), "-c", check], capture_output=True, text=True, cwd=tmp_path, env=env
+    )  # not the checkout's folder
+    assert quiet.stdout.strip() == "0.8.1", quiet.stderr  # the other: nothing of ours runs
     proc = subprocess.run(
         [str(theirs_last), "-m", "aiostream", "info"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "500"},
+        env=env,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr

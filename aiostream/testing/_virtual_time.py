@@ -57,9 +57,9 @@ def format_timeline(records: Sequence[OpRecord]) -> str:
 
 STOPPED = (
     "this wait would never end: virtual_time's clock runs only while the test function runs "
-    "(an async fixture's setup and teardown run before and after it, on a clock standing "
-    "still); await device work in the test function itself, or submit it in the fixture and "
-    "await it in the test, or use virtual_device without virtual_time (real time)"
+    "(fixtures' setup and teardown run before and after it, on a clock standing still); "
+    "await device work in the test function itself, or submit it in the fixture and await "
+    "it in the test, or use virtual_device without virtual_time (real time)"
 )
 
 
@@ -81,6 +81,7 @@ class VirtualTime:
     def __init__(self) -> None:
         self._read: Any = None
         self._frozen = 0.0
+        self._stopped_callbacks: list[Callable[[], None]] = []
         self.loop: str | None = None
         """``"asyncio"`` or ``"trio"`` once the test runs."""
 
@@ -107,6 +108,11 @@ class VirtualTime:
             return None
         return STOPPED
 
+    def _aiostream_on_stop(self, callback: Callable[[], None]) -> None:
+        """Have ``callback`` called when the clock stops (the test body ended): the virtual
+        device wakes the waits still pending then, which raise why."""
+        self._stopped_callbacks.append(callback)
+
 
 @contextlib.contextmanager
 def running(vtime: VirtualTime) -> Iterator[None]:
@@ -118,6 +124,22 @@ def running(vtime: VirtualTime) -> Iterator[None]:
             yield
         finally:
             vtime._frozen, vtime._read = vtime.now(), None  # noqa: SLF001 (this module's)
+            # The waits pending now wake on the loop's next turn, which is the next of
+            # pytest's steps (a fixture's teardown): anyio's runner runs the test and its
+            # fixtures in one task, and a fixture's task group whose task failed between two
+            # steps would cancel that task while it waits for the next one, which then hangs.
+            soon = _soon(vtime.loop)
+            for callback in vtime._stopped_callbacks:  # noqa: SLF001 (this module's)
+                soon(callback)
+
+
+def _soon(library: str) -> Callable[[Callable[[], None]], object]:
+    """What schedules a callback on the running loop's next turn."""
+    if library == "trio":
+        import trio
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    return asyncio.get_running_loop().call_soon
 
 
 @contextlib.contextmanager

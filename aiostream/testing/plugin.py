@@ -49,6 +49,8 @@ __all__ = ["aiostream_device", "virtual_device", "virtual_time"]
 _OPTIONS = (*VirtualOptions.names(), "check_leaks", "check_races")
 _TIME_KEY = pytest.StashKey[VirtualTime]()
 _REPORT_KEY = pytest.StashKey[pytest.TestReport]()
+#: the timelines --aiostream-timelines could not write: each test's id and the error
+_UNWRITTEN_KEY = pytest.StashKey[list[str]]()
 _NO_CUDA_KEY = pytest.StashKey[str]()
 #: the skip reason of a cuda:0 parameter where CUDA does not work; why it does not is said
 #: once, in the terminal summary, not in every skip line
@@ -112,6 +114,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     reason = config.stash.get(_NO_CUDA_KEY, None)
     if reason is not None:
         terminalreporter.write_line(f"aiostream: the cuda:0 tests skipped: {reason}")
+    unwritten = config.stash.get(_UNWRITTEN_KEY, [])
+    if unwritten:  # the tests' outcomes and checks stand: only their timelines are missing
+        terminalreporter.write_line(
+            f"aiostream: {len(unwritten)} timeline(s) could not be written; the first: "
+            f"{unwritten[0]}"
+        )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -119,8 +127,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if report.when == "call":
-        item.stash[_REPORT_KEY] = report
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        item.stash[_REPORT_KEY] = report  # a setup that failed: the test never ran
     return report
 
 
@@ -172,20 +180,17 @@ _NAME_MAX = 150
 
 
 def _timeline_path(config: pytest.Config, nodeid: str) -> Path | None:
-    """The file of a test's timeline: its id, the path's separators and characters a file
-    name cannot hold replaced by ``_``; where the id held others than the path's (in its
-    parameters), or is long, shortened and followed by a hash of the whole id, so that two
-    tests never share a file and no name is too long."""
+    """The file of a test's timeline: its id, with the path's separators and characters a
+    file name cannot hold replaced by ``_``, cut to ``_NAME_MAX`` characters, and a hash of
+    the whole id. The hash is always there: replaced characters (``a/b.py`` and ``a_b.py``),
+    a cut, or ids that differ in case only (one file on macOS and Windows) would otherwise
+    give two tests one file."""
     folder = config.getoption("aiostream_timelines")
     if not folder:
         return None
     name = re.sub(r"[^A-Za-z0-9_.\-\[\]]+", "_", nodeid).strip("_")
-    head, _, params = nodeid.partition("[")
-    replaced = re.search(r"[^A-Za-z0-9_.\-/:]", head) or re.search(r"[^A-Za-z0-9_.\-\]]", params)
-    if replaced or len(name) > _NAME_MAX:
-        digest = hashlib.sha1(nodeid.encode(), usedforsecurity=False).hexdigest()[:12]
-        name = f"{name[:_NAME_MAX]}-{digest}"
-    return Path(folder) / f"{name}.timeline"
+    digest = hashlib.sha1(nodeid.encode(), usedforsecurity=False).hexdigest()[:12]
+    return Path(folder) / f"{name[:_NAME_MAX]}-{digest}.timeline"
 
 
 @pytest.fixture
@@ -227,7 +232,11 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
         backend.close()
     path = _timeline_path(request.config, request.node.nodeid)
     if path is not None:
-        path.write_text(format_timeline(timeline))
+        try:
+            path.write_text(format_timeline(timeline))
+        except OSError as exc:  # the folder went, the disk is full: said at the end
+            unwritten = request.config.stash.setdefault(_UNWRITTEN_KEY, [])
+            unwritten.append(f"{request.node.nodeid}: {exc}")
     report = request.node.stash.get(_REPORT_KEY, None)
     passed = report is None or report.passed
     if races and check_races and passed:

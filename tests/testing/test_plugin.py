@@ -470,31 +470,62 @@ def test_without_the_fixture():
 
 
 def test_every_test_s_timeline_has_a_file_of_its_own(pytester: pytest.Pytester) -> None:
-    """Ids that differ only in characters a file name cannot hold, and an id longer than a
-    file name may be, each get a file of their own; the test passes, and plain ids keep
-    their names."""
+    """Ids that differ only in characters a file name cannot hold (in the parameters or in
+    the path: ``test_a/test_b.py`` and ``test_a_test_b.py``), or only in case, and an id longer
+    than a file name may be, each get a file of their own, named for the id; the tests
+    pass."""
     out = pytester.path / "timelines"
-    result = run(
-        pytester,
-        """
+    body = """
 import pytest
 import aiostream as ais
 
-@pytest.mark.parametrize("case", ["a/b", "a:b", "a b", "x" * 300])
+@pytest.mark.parametrize("case", ["a/b", "a:b", "a b", "A b", "x" * 300])
 def test_one(virtual_device, case):
     ais.Stream().synchronize_blocking()
 
 def test_plain(virtual_device):
     pass
+"""
+    pytester.makepyfile(**{"test_a/test_b": "def test_x(virtual_device):\n    pass\n"})
+    pytester.makepyfile(test_a_test_b="def test_x(virtual_device):\n    pass\n")
+    result = run(pytester, body, f"--aiostream-timelines={out}", "-q")
+    result.assert_outcomes(passed=8)
+    names = sorted(path.name for path in out.iterdir())
+    assert len({name.lower() for name in names}) == 8, names
+    assert any(name.startswith("test_inner.py_test_plain-") for name in names), names
+    assert all(len(name) <= 200 for name in names), names
+
+
+def test_a_timeline_that_cannot_be_written_is_a_warning_and_the_checks_run(
+    pytester: pytest.Pytester,
+) -> None:
+    """The timelines' folder removed during the run: the tests' outcomes and their leak
+    checks stand, and the end of the run says which timelines are missing (a warning would
+    be an error where warnings are, and skip the checks after it)."""
+    out = pytester.path / "timelines"
+    result = run(
+        pytester,
+        f"""
+import shutil
+import aiostream as ais
+
+def test_removes_the_folder(virtual_device):
+    shutil.rmtree({str(out)!r})
+
+def test_leaks(virtual_device):
+    ais.delay(10.0)
 """,
         f"--aiostream-timelines={out}",
         "-q",
     )
-    result.assert_outcomes(passed=5)
-    names = sorted(path.name for path in out.iterdir())
-    assert len(names) == 5, names
-    assert "test_inner.py_test_plain.timeline" in names
-    assert all(len(name) <= 200 for name in names), names
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*the test leaked 1 thing(s)*"])
+    result.stdout.fnmatch_lines(
+        [
+            "aiostream: 2 timeline(s) could not be written; the first: "
+            "test_inner.py::test_removes_the_folder: *No such file or directory*"
+        ]
+    )
 
 
 def test_a_timelines_option_naming_a_file_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -40,7 +40,10 @@ class Target:
         self.seq = item.seq
 
     def done(self) -> bool:
-        return self.sim.item_done(self.item)
+        if self.sim.item_done(self.item):
+            return True
+        self.sim.check_moving(self.item)  # pending on a clock that stopped: it never will be
+        return False
 
     def watch(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, from any thread, when the work completes or fails or the
@@ -73,6 +76,11 @@ class Simulation:
         # wait could end. A name of aiostream's own: a user's clock that happens to have a
         # ``stopped`` attribute is never taken for one
         self.stopped: Callable[[], str | None] | None = getattr(clock, "_aiostream_stopped", None)
+        # ... and tells when it stops (the test body ended): the waits pending then wake and
+        # raise the reason, as a wait begun then would
+        on_stop = getattr(clock, "_aiostream_on_stop", None)
+        if on_stop is not None:
+            on_stop(self.clock_stopped)
         slots = options.slots()
         lead = options.lead_ns()
         self.devices = [Device(i, slots, lead) for i in range(options.devices)]
@@ -85,6 +93,23 @@ class Simulation:
         self._advancing = False  # the scheduler is moving (a host function may advance)
         self._hinted: float = _NEVER  # the earliest completion a waiter was told to sleep until
         self.targets: dict[Target, None] = {}
+
+    def clock_stopped(self) -> None:
+        """The clock stands still from now on: wake every pending wait, which raises why
+        (:meth:`Target.done`)."""
+        with self.lock:
+            targets = list(self.targets)
+        for target in targets:
+            target()
+        self.listeners()
+
+    def check_moving(self, item: Item) -> None:
+        """Raise :class:`AiostreamError` when ``item`` is pending and the clock stands still
+        (it would never complete)."""
+        if self.stopped is not None and item.state != DONE and item.device.failure is None:
+            why = self.stopped()
+            if why is not None:  # a wait now would never end: say so rather than hang
+                raise AiostreamError(why)
 
     def close(self) -> bool:
         """Retire the simulation and wake every pending wait; False if already closed."""
@@ -195,10 +220,7 @@ class Simulation:
     # ------------------------------------------------------------------ waits
 
     def target_locked(self, item: Item) -> Target:
-        if self.stopped is not None and item.state != DONE and item.device.failure is None:
-            why = self.stopped()
-            if why is not None:  # a wait now would never end: say so rather than hang
-                raise AiostreamError(why)
+        self.check_moving(item)
         target = Target(self, item)
         self.targets[target] = None
         return target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import json
 import os
@@ -132,15 +133,25 @@ async def streams_demo(device: ais.Device, tasks: int, base_ms: float, out: list
         ]
         what = "as run on the compute engine"
     horizon = max(end for _, _, _, end, _ in rows) or 1.0
-    # the chart fits the terminal: a row is the bar and 44 columns of labels
-    width = max(10, min(50, _columns() - 44))
+    # each label's column is as wide as its widest (its numbers right-aligned); the bar takes
+    # what the terminal has left, 10 columns at the least and 50 at the most
+    tasks_w = len(str(len(rows) - 1))
+    ids_w = max(3, *(len(str(s.stream_id)) for _, s, _, _, _ in rows))
+    starts = [f"{start:.2f}" for _, _, start, _, _ in rows]
+    ends = [f"{end:.2f}" for _, _, _, end, _ in rows]
+    starts_w, ends_w = max(7, *map(len, starts)), max(7, *map(len, ends))
+    fixed = len("  task ") + len(" stream ") + len(" |") + len("| ") + len(" .. ") + len(" ms")
+    width = max(10, min(50, _columns() - fixed - tasks_w - ids_w - starts_w - ends_w))
     out.append("")
     out.append(f"device timeline on {device}, {what} (0 to {horizon:.1f} ms):")
-    for i, stream, start, end, _ in rows:
-        a = round(start / horizon * width)
+    for (i, stream, start, end, _), start_ms, end_ms in zip(rows, starts, ends, strict=True):
+        a = min(width - 1, round(start / horizon * width))  # a bar is one column at the least
         b = max(a + 1, round(end / horizon * width))
         bar = " " * a + "#" * (b - a) + " " * (width - b)
-        out.append(f"  task {i} stream {stream.stream_id:>3} |{bar}| {start:7.2f} .. {end:7.2f} ms")
+        out.append(
+            f"  task {i:>{tasks_w}} stream {stream.stream_id:>{ids_w}} |{bar}| "
+            f"{start_ms:>{starts_w}} .. {end_ms:>{ends_w}} ms"
+        )
     out.append("")
     out.append(
         "Each task awaited its own event; the loop stayed free, and each resumed as its work "
@@ -226,10 +237,6 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         if tracing:
             with ais.profile(device) as prof:
                 results["pipe"] = await _demo.run_pipeline(cfg, progress=bar)
-            if args.trace:
-                prof.export_chrome_trace(args.trace)
-            if args.svg:
-                prof.export_svg(args.svg)
             profiles.append(prof)
         else:
             results["pipe"] = await _demo.run_pipeline(cfg, progress=bar)
@@ -238,18 +245,108 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         results["seq"] = await _demo.run_sequential(cfg)
 
     profiles: list[ais.Profiler] = []
-    _run(run, args.loop)
+    try:
+        _run(run, args.loop)
+    except Exception as exc:
+        failure = _out_of_memory(exc)
+        if failure is None:
+            raise
+        if live:
+            sys.stderr.write("\n")
+        count = _demo.batch_buffers(prefetch, args.workers)
+        return _failed(
+            "demo",
+            f"{str(failure) or type(failure).__name__} (the demo holds up to {count} buffers "
+            f"of {args.batch_kb} KiB: lower --batch-kb, --prefetch or --workers)",
+        )
     print(_fit(_pipeline_report(results["seq"], results["pipe"])))
     if profiles:
         print("\nprofile of the pipelined run:")
-        print(profiles[0].summary())
-        for kind, path in (
-            ("trace (open in https://ui.perfetto.dev or chrome://tracing)", args.trace),
-            ("timeline picture", args.svg),
+        print(_fit(str(profiles[0].summary())))
+        for flag, kind, path, export in (
+            (
+                "--trace",
+                "trace (open in https://ui.perfetto.dev or chrome://tracing)",
+                args.trace,
+                profiles[0].export_chrome_trace,
+            ),
+            ("--svg", "timeline picture", args.svg, profiles[0].export_svg),
         ):
-            if path:
-                print(f"wrote the {kind}: {path}")
+            if path is None:
+                continue
+            try:
+                export(path)
+            except OSError as exc:
+                return _failed("demo", f"{flag} {path}: cannot write it: {exc.strerror or exc}")
+            print(_fit(f"wrote the {kind}: {path}"))
     return 0 if results["pipe"].checksum_ok and results["seq"].checksum_ok else 1
+
+
+def _out_of_memory(exc: BaseException) -> BaseException | None:
+    """The MemoryError, or the DeviceError refusing memory, that ``exc`` is or holds (an
+    exception group's, from the loader's tasks); None where there is none."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, ais.DeviceError) and "memory" in str(exc)):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _out_of_memory(inner)
+        if found is not None:
+            return found
+    return None
+
+
+def _failed(command: str, message: str) -> int:
+    """A run that failed after its checks passed: one line on stderr, exit status 1."""
+    print(_fit(f"{_prog()} {command}: error: {message}"), file=sys.stderr)
+    return 1
+
+
+#: the most seconds of device work ``streams`` runs (it runs them in real time)
+STREAMS_MOST_S = 600.0
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person reads it: seconds, with hours or days where it runs that long."""
+    text = f"{seconds:,.0f} s"
+    if seconds >= 86_400:
+        return f"{text} ({seconds / 86_400:,.0f} days)"
+    if seconds >= 3_600:
+        return f"{text} ({seconds / 3_600:.1f} hours)"
+    return text
+
+
+def _physical_memory() -> int | None:
+    """Bytes of memory this machine has; None where it does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+#: the memory the demo's buffers may take where the machine does not say how much it has
+DEMO_MEMORY_UNKNOWN = 4 << 30
+
+
+def _check_demo_memory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a demo whose batch-sized buffers would take more than half of this machine's
+    memory (each counted as host memory, where a virtual device keeps its own), or more than
+    ``DEMO_MEMORY_UNKNOWN`` where the machine does not say how much it has."""
+    prefetch = 2 * args.workers if args.prefetch is None else args.prefetch
+    count = _demo.batch_buffers(prefetch, args.workers)
+    held = count * args.batch_kb * 1024
+    memory = _physical_memory()
+    bound = DEMO_MEMORY_UNKNOWN if memory is None else memory // 2
+    if held > bound:
+        whose = (
+            f"half of this machine's {memory / 2**30:.1f} GiB"
+            if memory is not None
+            else f"{bound / 2**30:.0f} GiB (this machine does not say how much it has)"
+        )
+        parser.error(
+            f"--batch-kb {args.batch_kb} with --prefetch {prefetch} and --workers "
+            f"{args.workers}: the demo would hold up to {count} buffers of {args.batch_kb} KiB "
+            f"({held / 2**30:.1f} GiB), more than {whose}: lower --batch-kb, --prefetch or "
+            "--workers"
+        )
 
 
 def _names(
@@ -265,7 +362,9 @@ def _names(
 
 def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     installed = suite.installed_loops()
-    loops = _names(parser, "--loops", args.loops or ",".join(installed), LOOPS)
+    loops = _names(
+        parser, "--loops", ",".join(installed) if args.loops is None else args.loops, LOOPS
+    )
     for loop in loops:
         if loop not in installed:
             parser.error(f"--loops {loop} needs the {loop!r} package: pip install {loop}")
@@ -283,6 +382,8 @@ def _run_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             f"--device {args.device}: calibrate measures a CUDA device; a virtual device's "
             "figures are the ones it was given"
         )
+    if args.out is not None:
+        _check_writable(parser, "--out", args.out)
     ok, why = _backends.probe("cuda")
     if not ok:
         parser.error(f"no CUDA device to measure: {why}")
@@ -298,11 +399,13 @@ def _run_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         return 0 if result["calibrated"].met() else 1
     backend = _backends.get("cuda")
     out = Path(args.out or f"aiostream-{calibrate.slug(backend.device_name(device.index))}.json")
-    folder = out.resolve().parent
-    if not (folder.is_dir() and os.access(folder, os.W_OK)):
-        parser.error(f"--out {out}: {folder} is not a folder this user can write in")
+    if args.out is None:
+        _check_writable(parser, "--out", str(out))
     profile = calibrate.calibrate(device, plan, sys.stderr)
-    profile.dump(out)
+    try:
+        profile.dump(out)
+    except OSError as exc:
+        return _failed("calibrate", f"--out {out}: cannot write it: {exc.strerror or exc}")
     print(_fit(f"{profile.describe()}: written to {out}"))
     print("\n".join(calibrate.describe(profile)))
     print(
@@ -314,12 +417,36 @@ def _run_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     return 0
 
 
+def _check_writable(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
+    """Refuse a file this run could not write, before any work: the path is opened for
+    appending (a file already there keeps its bytes; one made here is removed again)."""
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        parser.error(f"{flag} {path}: names a folder; name a file (in it)")
+    existed = os.path.lexists(path)
+    # not blocking: a FIFO with no reader is refused rather than waited on
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+    try:
+        os.close(os.open(path, flags, 0o666))
+    except OSError as exc:
+        folder = os.path.dirname(path) or os.curdir
+        if not os.path.isdir(folder):
+            parser.error(f"{flag} {path}: {folder} is not a folder this user can write in")
+        parser.error(f"{flag} {path}: cannot write it: {exc.strerror or exc}")
+    if not existed:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
 def _positive(kind: type, name: str, most: float):  # type: ignore[no-untyped-def]
     """An argparse type: a ``kind`` above 0 and at most ``most`` (a bound past any demo's need,
-    that keeps a typo from hanging the run or allocating everything up front)."""
+    that keeps a typo from hanging the run or allocating everything up front), written in
+    ASCII (``int`` and ``float`` alone also take other scripts' digits, as device indexes do
+    not)."""
 
     def parse(text: str):  # type: ignore[no-untyped-def]
         try:
+            if not text.isascii():
+                raise ValueError(text)
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be a number, got {text!r}") from None
@@ -339,8 +466,13 @@ def _prog() -> str:
 
 
 def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
-    """The device a ``--device`` names. A virtual device past the simulator's count is made:
-    the CLI's simulator has as many devices as the command asks for."""
+    """The device ``--device`` names, else ``$AIOSTREAM_DEVICE``, else the default device; an
+    error names where the spec came from. A virtual device past the simulator's count is made,
+    whichever names it: the CLI's simulator has as many devices as the command asks for."""
+    label = f"--device {spec}"
+    if spec is None and os.environ.get("AIOSTREAM_DEVICE"):
+        spec = os.environ["AIOSTREAM_DEVICE"]
+        label = f"AIOSTREAM_DEVICE={spec}"
     try:
         if spec is not None and spec.strip().startswith("virtual:"):
             index = spec.strip().partition(":")[2]
@@ -348,7 +480,7 @@ def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
                 ais.virtual.reset(devices=int(index) + 1)
         return ais.device(spec)
     except (ValueError, TypeError, ais.AiostreamError) as exc:
-        parser.error(f"--device {spec}: {exc}")
+        parser.error(f"{label}: {exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -378,7 +510,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=(
             "The end-to-end data pipeline on one device: a host transform, host-to-device "
             "copies, compute, device-to-host copies, the results checked against the host; "
-            "then the same work sequentially. Exit status 0 when both runs' results check out."
+            "then the same work sequentially. Exit status 0 when both runs' results check out, "
+            "1 when they do not or the run fails (out of memory, a file it cannot write), 2 on "
+            "a usage error."
         ),
     )
     p_demo.add_argument(
@@ -395,9 +529,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p_demo.add_argument(
         "--batch-kb",
-        type=_positive(int, "--batch-kb", 1 << 20),
+        type=_positive(int, "--batch-kb", 1 << 16),
         default=1024,
-        help="KiB per batch (default 1024)",
+        help="KiB per batch (default 1024, at most 65536; the buffers of every batch in "
+        "flight must fit in half of this machine's memory)",
     )
     p_demo.add_argument(
         "--host-ms",
@@ -440,7 +575,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--device", default=None, help="device, e.g. virtual:0 (default: as for demo)"
     )
     p_streams.add_argument(
-        "--tasks", type=_positive(int, "--tasks", 10_000), default=4, help="tasks (default 4)"
+        "--tasks",
+        type=_positive(int, "--tasks", 10_000),
+        default=4,
+        help="tasks (default 4); task i has tasks - i units of work, and the run takes their sum "
+        f"(at most {STREAMS_MOST_S:.0f} s)",
     )
     p_streams.add_argument(
         "--duration-ms",
@@ -503,20 +642,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "info":
         print(_fit(info()))
         return 0
+    command = {"demo": p_demo, "streams": p_streams, "bench": p_bench, "calibrate": p_cal}[
+        args.command
+    ]
+    try:  # every other command waits: AIOSTREAM_WAIT_STRATEGY, read now rather than at a wait
+        ais.get_wait_strategy()
+    except ValueError as exc:
+        command.error(str(exc))
     if args.command == "bench":
         return _run_bench(p_bench, args)
     if args.command == "calibrate":
         return _run_calibrate(p_cal, args)
-    command = p_demo if args.command == "demo" else p_streams
-    try:
-        ais.get_wait_strategy()  # AIOSTREAM_WAIT_STRATEGY, read now rather than at a wait
-    except ValueError as exc:
-        command.error(str(exc))
     for flag in ("trace", "svg"):
         path = getattr(args, flag, None)
-        folder = Path(path).resolve().parent if path else None
-        if folder is not None and not (folder.is_dir() and os.access(folder, os.W_OK)):
-            command.error(f"--{flag} {path}: {folder} is not a folder this user can write in")
+        if path is not None:
+            _check_writable(command, f"--{flag}", path)
     device = _device(command, args.device)
     if args.loop != "asyncio" and _dist_version(args.loop) is None:
         command.error(
@@ -529,8 +669,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--prefetch {args.prefetch} must be >= --workers {args.workers}: each worker "
                 "transforms an item ahead of the consumer"
             )
+        _check_demo_memory(p_demo, args)
         return _run_demo(args, device)
 
+    # task i has (tasks - i) units of work, and a virtual device runs them one after another
+    work_s = args.duration_ms * args.tasks * (args.tasks + 1) / 2 / 1000
+    if work_s > STREAMS_MOST_S:
+        p_streams.error(
+            f"--tasks {args.tasks} with --duration-ms {args.duration_ms:g}: the device work "
+            f"would take up to {_duration(work_s)} (duration x tasks x (tasks + 1) / 2); at "
+            f"most {STREAMS_MOST_S:.0f} s: lower --tasks or --duration-ms"
+        )
     out: list[str] = []
     print(_fit(f"aiostream streams demo on {device}, {args.tasks} tasks, {args.loop} loop"))
 

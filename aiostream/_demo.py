@@ -18,7 +18,14 @@ import numpy as np
 
 import aiostream as ais
 
-__all__ = ["PipelineConfig", "PipelineResult", "bound", "run_pipeline", "run_sequential"]
+__all__ = [
+    "PipelineConfig",
+    "PipelineResult",
+    "batch_buffers",
+    "bound",
+    "run_pipeline",
+    "run_sequential",
+]
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,16 @@ def bound(seq: PipelineResult, pipe: PipelineResult) -> tuple[str, float]:
     per_batch = {**seq.per_batch_s, "event loop CPU": pipe.loop_cpu_s}
     name = max(per_batch, key=per_batch.__getitem__)
     return name, per_batch[name]
+
+
+def batch_buffers(prefetch: int, workers: int) -> int:
+    """How many batch-sized buffers and arrays :func:`run_pipeline` holds at most with the
+    loader's ``prefetch`` and ``workers``: the loader's ``prefetch + 2`` slots (a host staging
+    buffer and a device buffer each), the pipeline's ``prefetch + 1`` outputs (a device buffer
+    and a host buffer each), up to ``prefetch`` items taken from the source, the transformed
+    arrays of ``workers`` transforms at once, and the dataset's base array. The sequential run
+    holds fewer."""
+    return 2 * (prefetch + 2) + 2 * (prefetch + 1) + prefetch + workers + 1
 
 
 def _dataset(cfg: PipelineConfig) -> Iterator[np.ndarray]:

@@ -195,21 +195,24 @@ def _cuda(quick: bool) -> list[Row]:
 
 
 def steps(loops: list[str], sections: list[str], quick: bool) -> list[Step]:
-    """What to run, in order, each with the seconds it is expected to take."""
+    """What to run, in order, each with the seconds it is expected to take (as measured on a
+    2-core machine: a step's share of the bar is its share of the run's time)."""
     out: list[Step] = []
     if "core" in sections:
         for loop in loops:
-            out.append(Step(f"core ({loop})", 3 if quick else 6, partial(_core, loop, quick)))
+            out.append(Step(f"core ({loop})", 1.5 if quick else 6, partial(_core, loop, quick)))
     if "scale" in sections:
         sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
+        window = 0.3 if quick else scale.MIN_WINDOW  # as _scale runs it
         for n in sizes:
-            cost = 2 * (scale.lead(n) + scale.window(n)) + n * 2e-4
+            # each side waits out its lead and window; making the streams adds a little
+            cost = 2 * (scale.lead(n, window) + scale.window(n, window)) + n * 2e-5
             out.append(Step(f"scale ({n:,} streams)", cost, partial(_scale, n, quick)))
         mem = max(sizes)
-        out.append(Step(f"memory ({mem:,} waits)", mem * 2e-5, partial(_memory, mem)))
+        out.append(Step(f"memory ({mem:,} waits)", mem * 2.4e-4, partial(_memory, mem)))
     if "loader" in sections:
         for loop in loops:
-            out.append(Step(f"loader ({loop})", 3 if quick else 5, partial(_loader, loop, quick)))
+            out.append(Step(f"loader ({loop})", 1.5, partial(_loader, loop, quick)))
     if "cuda" in sections and _backends.probe("cuda")[0]:
         out.append(Step("cuda (cuda:0)", 5 if quick else 15, partial(_cuda, quick)))
     return out
@@ -258,7 +261,8 @@ class Progress:
             while not stop.wait(self.TICK):
                 self.show(index, min(time.perf_counter() - began, self.AHEAD * expected))
 
-        ticker = threading.Thread(target=tick, name="aiostream bench progress", daemon=True)
+        # not named "aiostream ...": the cuda step counts those threads as aiostream's own
+        ticker = threading.Thread(target=tick, name="bench progress", daemon=True)
         ticker.start()
         try:
             yield

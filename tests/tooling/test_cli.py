@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,17 @@ def test_pipeline_demo_checks_its_results_and_reports(
         (["demo", "--host-ms", "inf"], "--host-ms must be at most 60000, got inf"),
         (["demo", "--host-ms", "1e300"], "--host-ms must be at most 60000, got 1e300"),
         (["demo", "--compute-ms", "nan"], "--compute-ms must be > 0, got nan"),
-        (["demo", "--batch-kb", "99999999999"], "--batch-kb must be at most 1048576"),
+        (["demo", "--batch-kb", "99999999999"], "--batch-kb must be at most 65536"),
+        (["demo", "--batch-kb", "1048576"], "--batch-kb must be at most 65536, got 1048576"),
+        (["demo", "--batches", "\u0661\u0662"], "--batches must be a number, got '\u0661\u0662'"),
+        (["demo", "--host-ms", "\u0661"], "--host-ms must be a number, got '\u0661'"),
+        (["streams", "--tasks", "\uff11"], "--tasks must be a number, got '\uff11'"),
+        (
+            ["streams", "--tasks", "10000"],
+            "--tasks 10000 with --duration-ms 40: the device work would take up to 2,000,200 s "
+            "(23 days)",
+        ),
+        (["streams", "--tasks", "200", "--duration-ms", "30"], "up to 603 s (duration x tasks"),
         (["demo", "--prefetch", "100000000000"], "--prefetch must be at most 1024"),
         (["streams", "--duration-ms", "1e300"], "--duration-ms must be at most 60000"),
         (["demo", "--device", "virtual:\u00b2"], "device spec 'virtual:\u00b2' is not valid"),
@@ -161,6 +172,13 @@ def test_pipeline_demo_checks_its_results_and_reports(
         (["nonsense"], "invalid choice"),
         (["bench", "--loops", "curio"], "'curio' is not one of asyncio, uvloop, trio"),
         (["bench", "--sections", "core,gpu"], "'gpu' is not one of core, scale, loader, cuda"),
+        (["bench", "--loops", ""], "--loops: '' is not one of asyncio, uvloop, trio"),
+        (["bench", "--sections", ""], "--sections: '' is not one of core, scale, loader, cuda"),
+        (["demo", "--trace", "/"], "--trace /: names a folder; name a file (in it)"),
+        (["demo", "--svg", "nosuch/"], "--svg nosuch/: names a folder"),
+        (["demo", "--trace", "nosuch/../t.json"], "nosuch/.. is not a folder this user can"),
+        (["demo", "--trace", "/proc/t.json"], "--trace /proc/t.json: cannot write it: "),
+        (["calibrate", "--out", "/"], "--out /: names a folder"),
     ],
 )
 def test_bad_arguments_exit_with_a_message(
@@ -451,7 +469,7 @@ def test_demo_writes_a_trace_and_an_svg(tmp_path: Path, capsys: pytest.CaptureFi
         )
         == 0
     )
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # lines the terminal's width wrapped, joined
     assert "profile of the pipelined run:" in out and "host/device overlap: " in out
     assert f"wrote the trace (open in https://ui.perfetto.dev or chrome://tracing): {trace}" in out
     events = json.loads(trace.read_text())["traceEvents"]
@@ -480,3 +498,217 @@ def test_graph_benchmark_smoke_run() -> None:
     assert [r["nodes"] for r in report["rows"]] == [1, 10, 100, 1000]
     assert all(r["replay_us"] > 0 and r["one_by_one_us"] > 0 for r in report["rows"])
     assert len(report["goals"]) == 2
+
+
+def test_a_file_to_write_is_checked_without_touching_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--trace and --svg are opened for appending before any work: a file already there keeps
+    its bytes, one made by the check is removed again."""
+    kept, new = tmp_path / "kept.json", tmp_path / "new.svg"
+    kept.write_text("before")
+    argv = ["demo", "--trace", str(kept), "--svg", str(new), "--workers", "3", "--prefetch", "2"]
+    with pytest.raises(SystemExit) as info:
+        main(argv)  # refused after the files' check: --prefetch below --workers
+    assert info.value.code == 2
+    assert "--prefetch 2 must be >= --workers 3" in capsys.readouterr().err
+    assert kept.read_text() == "before"
+    assert not new.exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+@pytest.mark.parametrize("flag", ["--trace", "--svg"])
+def test_a_file_that_cannot_be_written_at_the_end_is_one_line(flag: str) -> None:
+    """/dev/full opens, and refuses the bytes: the run says so in one line, exit status 1."""
+    proc = run_python(
+        *("-m", "aiostream", "demo", "--device", "virtual:0", "--batches", "4"),
+        *("--host-ms", "1", "--compute-ms", "1", flag, "/dev/full"),
+        COLUMNS="200",
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last == (
+        f"python -m aiostream demo: error: {flag} /dev/full: cannot write it: No space left on "
+        "device"
+    )
+    assert "(checksum ok)" in proc.stdout  # the run itself went through
+
+
+@pytest.mark.parametrize(
+    ("argv", "memory", "said"),
+    [
+        (
+            ["--batch-kb", "65536", "--workers", "256", "--prefetch", "1024"],
+            16 << 30,
+            "--batch-kb 65536 with --prefetch 1024 and --workers 256: the demo would hold up to "
+            "5383 buffers of 65536 KiB (336.4 GiB), more than half of this machine's 16.0 GiB",
+        ),
+        (
+            ["--batch-kb", "65536", "--workers", "8"],  # the default prefetch: 2 x workers
+            8 << 30,
+            "--batch-kb 65536 with --prefetch 16 and --workers 8: the demo would hold up to 95 "
+            "buffers of 65536 KiB (5.9 GiB), more than half of this machine's 8.0 GiB",
+        ),
+        (
+            ["--batch-kb", "65536", "--workers", "8"],
+            None,
+            "(5.9 GiB), more than 4 GiB (this machine does not say how much it has)",
+        ),
+    ],
+)
+def test_demo_refuses_buffers_past_the_machines_memory(
+    argv: list[str],
+    memory: int | None,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The limits together: prefetch + 2 loader slots and prefetch + 1 outputs (a host and a
+    device buffer each), the items in flight and the transforms' arrays, each a batch."""
+    import aiostream.__main__ as cli
+
+    monkeypatch.setattr(cli, "_physical_memory", lambda: memory)
+    with pytest.raises(SystemExit) as info:
+        main(["demo", *argv])
+    assert info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err
+    assert err.endswith("lower --batch-kb, --prefetch or --workers")
+
+
+def test_a_device_out_of_memory_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """A virtual device of 4 MiB cannot hold the demo's buffers of 1 MiB: one line, exit 1."""
+    ais.virtual.reset(memory=4 << 20)
+    assert main(["demo", "--batches", "4", "--host-ms", "1", "--compute-ms", "1"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "python -m aiostream demo: error: virtual:0 is out of memory: " in err
+    assert err.endswith(
+        "(the demo holds up to 29 buffers of 1024 KiB: lower --batch-kb, --prefetch or --workers)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="an address-space limit as Linux sets it")
+def test_the_host_out_of_memory_is_one_line() -> None:
+    """Memory the process cannot have (an address-space limit of 1 GiB, below the 29 batches
+    of 64 MiB): one line saying so, exit status 1, no traceback."""
+    code = (
+        "import resource, runpy, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "sys.argv = ['aiostream', 'demo', '--device', 'virtual:0', '--batch-kb', '65536', "
+        "'--batches', '20']\n"
+        "runpy.run_module('aiostream', run_name='__main__', alter_sys=True)\n"
+    )
+    proc = run_python("-c", code)
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "python -m aiostream demo: error: " in err
+    assert err.endswith(
+        "(the demo holds up to 29 buffers of 65536 KiB: lower --batch-kb, --prefetch or --workers)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["bench", "--quick", "--sections", "core"], "bench: error: "),
+        (["calibrate", "--quick"], "calibrate: error: "),
+        (["streams", "--tasks", "1"], "streams: error: "),
+    ],
+)
+def test_every_waiting_command_checks_the_wait_strategy_first(
+    command: list[str], said: str
+) -> None:
+    proc = run_python("-m", "aiostream", *command, AIOSTREAM_WAIT_STRATEGY="bogus")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"python -m aiostream {said}AIOSTREAM_WAIT_STRATEGY='bogus' is not a wait strategy; use "
+        "one of hybrid, poll, thread, callback"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ("virtual:x", "AIOSTREAM_DEVICE=virtual:x: device spec 'virtual:x' is not valid"),
+        ("gpu", "AIOSTREAM_DEVICE=gpu: device spec 'gpu' is not valid"),
+        ("virtual:99999999999", "AIOSTREAM_DEVICE=virtual:99999999999: "),
+    ],
+)
+def test_a_bad_device_in_the_environment_is_named_as_such(
+    env: str, said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("AIOSTREAM_DEVICE", env)
+    with pytest.raises(SystemExit) as info:
+        main(["streams", "--tasks", "1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert said in err and "--device None" not in err
+
+
+def test_a_virtual_device_named_in_the_environment_is_made(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As with --device: AIOSTREAM_DEVICE=virtual:3 makes the simulator's fourth device."""
+    monkeypatch.setenv("AIOSTREAM_DEVICE", "virtual:3")
+    assert main(["streams", "--tasks", "2", "--duration-ms", "1"]) == 0
+    assert "device timeline on virtual:3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_the_streams_chart_lines_up_with_wide_labels(columns: int) -> None:
+    """Task numbers of two digits: every row of the chart as long as the others, its bars'
+    edges in the same columns, within the terminal."""
+    proc = run_python(
+        "-m", "aiostream", "streams", "--tasks", "12", "--duration-ms", "1", COLUMNS=str(columns)
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("  task ") and "|" in line]
+    assert len(rows) == 12, proc.stdout
+    assert len({len(row) for row in rows}) == 1, rows
+    assert len({(row.index("|"), row.rindex("|")) for row in rows}) == 1, rows
+    assert all(len(row) <= columns and row.endswith(" ms") for row in rows), rows
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+def test_demo_fits_its_profile_and_file_lines(columns: int, tmp_path: Path) -> None:
+    """The profile's summary and the "wrote the ..." lines fit the terminal too, but for a word
+    longer than a line (a long path), which stays whole."""
+    trace, svg = tmp_path / "out.json", tmp_path / "out.svg"
+    proc = run_python(
+        *("-m", "aiostream", "demo", "--device", "virtual:0", "--batches", "6"),
+        *("--host-ms", "1", "--compute-ms", "1", "--trace", str(trace), "--svg", str(svg)),
+        COLUMNS=str(columns),
+    )
+    assert proc.returncode == 0, proc.stderr
+    long = [line for line in proc.stdout.splitlines() if len(line) > columns]
+    assert all(" " not in line.strip() for line in long), long
+    out = " ".join(proc.stdout.split())
+    assert f"wrote the trace (open in https://ui.perfetto.dev or chrome://tracing): {trace}" in out
+    assert f"wrote the timeline picture: {svg}" in out
+
+
+def test_calibrate_checks_its_out_file_before_measuring(tmp_path: Path) -> None:
+    """A folder given as --out is refused before any CUDA device is looked for."""
+    proc = run_python("-m", "aiostream", "calibrate", "--out", str(tmp_path))
+    assert proc.returncode == 2, proc.stderr
+    assert f"--out {tmp_path}: names a folder" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_calibrate_says_in_one_line_when_its_profile_cannot_be_written(
+    stand_in_folder: Path,
+) -> None:
+    from tests.helpers.fake_cuda import run_on
+
+    proc = run_on(stand_in_folder, "-m", "aiostream", "calibrate", "--quick", "--out", "/dev/full")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert " ".join(proc.stderr.split()).endswith(
+        "calibrate: error: --out /dev/full: cannot write it: No space left on device"
+    )

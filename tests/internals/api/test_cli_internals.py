@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 
 import pytest
@@ -128,6 +129,53 @@ def test_the_bar_moves_while_a_long_step_runs_on_a_terminal(
     with quiet.running(0):
         time.sleep(0.1)
     assert pipe.getvalue().count("\n") == 1  # a line per step, nothing meanwhile
+
+
+def test_the_progress_ticker_is_not_counted_as_aiostreams_thread() -> None:
+    """The cuda step counts the threads named "aiostream ..." as aiostream's own: the bar's
+    ticker, running beside it on a terminal, must not be one of them."""
+    from aiostream import _bench
+
+    before = _bench.cuda.aiostream_threads()
+    step = _bench.suite.Step("cuda (cuda:0)", 1.0, list)
+    with _bench.suite.Progress([step], _Tty()).running(0):
+        assert any(t.name == "bench progress" for t in threading.enumerate())
+        assert _bench.cuda.aiostream_threads() == before
+
+
+def test_the_memory_steps_weight_is_its_time() -> None:
+    """The bar's weight of the memory step (the seconds it is expected to take) is its time
+    within a factor of 4 either way, as the other steps' are (--quick: 10,000 waits)."""
+    from aiostream._bench import suite
+
+    (step,) = (s for s in suite.steps(["asyncio"], ["scale"], True) if s.label.startswith("mem"))
+    started = time.perf_counter()
+    step.run()
+    took = time.perf_counter() - started
+    assert step.seconds / 4 <= took <= step.seconds * 4, (step.seconds, took)
+
+
+@pytest.mark.parametrize("columns", [60, 80, 200])
+def test_the_streams_chart_fits_labels_of_any_width(
+    columns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """12 tasks of up to 12 s (in virtual time): task numbers of two digits and times of five,
+    every row as long as the others, its bars' edges in the same columns, in the terminal."""
+    import aiostream as ais
+    from aiostream.__main__ import streams_demo
+    from aiostream.testing import run_in_virtual_time
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((columns, 24)))
+    out: list[str] = []
+    run_in_virtual_time(streams_demo, ais.Device("virtual", 0), 12, 1000.0, out)
+    rows = [line for line in out if line.startswith("  task ") and "|" in line]
+    assert len(rows) == 12, out
+    assert rows[-1].endswith(".. 78000.00 ms"), rows
+    assert len({len(row) for row in rows}) == 1, rows
+    assert len({(row.index("|"), row.rindex("|")) for row in rows}) == 1, rows
+    bar = rows[0].split("|")[1]
+    assert len(bar) == max(10, min(50, columns - len(rows[0]) + len(bar))), rows
+    assert len(rows[0]) <= columns or len(bar) == 10, rows
 
 
 class _Tty:

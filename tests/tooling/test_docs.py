@@ -109,7 +109,8 @@ def test_nothing_tells_a_user_to_install_from_an_index_that_lacks_the_project() 
     for path in paths:
         text = path.read_text()
         for line in text.splitlines():
-            if re.search(r"pip install [\"']?aiostream-cuda", line):
+            # any spelling pip takes (aiostream_cuda, Aiostream.CUDA), with options between
+            if re.search(r"pip3? install (-\S+ )*[\"']?aiostream[-_.]cuda\b", line, re.I):
                 assert "not on PyPI" in line or "finds nothing" in line, f"{path}: {line}"
     readme = (ROOT / "README.md").read_text()
     assert "python -m pip install ." in readme and "is not on\nPyPI yet" in readme

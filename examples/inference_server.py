@@ -20,14 +20,24 @@ Endpoints: ``POST /infer`` ``{"x": [FEATURES floats]}`` -> ``{"y": [...], "batch
 503 too for ``FAILING_S`` after a batch failed otherwise, unless one succeeds, and while the
 oldest wait on the device is older than ``--stuck-after`` seconds, naming its stream: a hung
 kernel; 200 again once it clears);
-``GET /stats`` (served, dropped, batches, queued, in flight, pending waits, the device
-bound in requests/s); ``GET /metrics``: aiostream's Prometheus metrics (``aiostream.metrics``:
-pending and stuck waits, wait latency, device errors, bytes copied), where prometheus-client
-is installed. ``--otel-console`` prints OpenTelemetry spans: each wait, and each batch's
-host and device time (``aiostream.tracing``). Each batch is a ``record_function`` region,
-which Nsight Systems shows as an NVTX range on CUDA. A full queue answers 503; a malformed
-request, 422. A request whose client disconnects leaves the queue (``dropped``): nobody
-computes it.
+``GET /stats`` (served, dropped, abandoned, batches, queued, in flight, pending waits, the
+device bound in requests/s); ``GET /metrics``: aiostream's Prometheus metrics
+(``aiostream.metrics``: pending and stuck waits, wait latency, device errors, bytes copied),
+where prometheus-client is installed. ``--otel-console`` prints OpenTelemetry spans: each
+wait, and each batch's host and device time (``aiostream.tracing``). Each batch is a
+``record_function`` region, which Nsight Systems shows as an NVTX range on CUDA. A full queue
+answers 503; a malformed request (JSON nested too deeply or with an integer too long for
+Python to read included), 422; a batch that failed, 500 naming the error. A request whose
+client disconnects before its batch is launched is left out of it (``dropped``): nobody
+computes it; once its batch is launched, the batch runs to its end and the reply is thrown
+away (``abandoned``). On shutdown (SIGINT or SIGTERM) queued requests answer 503 at once and
+only the batches already running finish; a second SIGINT answers those 503 too, without
+waiting for the device.
+
+Bad flags are usage errors (exit status 2) before the server listens: among them a full
+batch's cost (``--launch-ms`` + ``--max-batch`` x ``--per-item-ms``) over ``MAX_BATCH_S``,
+``--max-batch`` over ``MAX_BATCH``, ``--lanes`` over ``MAX_LANES``, and an address that cannot
+be listened on (a port in use, an unknown ``--host``).
 
 Limits: a number that is not finite as float32 (JSON ``NaN``, ``Infinity``, ``1e400``,
 ``"nan"``, ``3.5e38``) answers 422 naming its place in ``x``; a 422 shows at most
@@ -46,7 +56,7 @@ import json
 import math
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -55,6 +65,7 @@ import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import AfterValidator, BaseModel
 from pydantic_core import PydanticCustomError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -87,13 +98,33 @@ class Model:
 #: batch succeeds first
 FAILING_S = 30.0
 
+#: the most a full batch may cost on the device (``Model.cost(max_batch)``, seconds): past a
+#: minute, HTTP clients give up first (and past ~9.2e9 s, ``ais.delay`` refuses it)
+MAX_BATCH_S = 60.0
+#: the most requests a batch may hold: each lane's three buffers hold ``max_batch`` rows
+MAX_BATCH = 65536
+#: the most lanes (streams): past 32, a GPU runs no more streams at once (its hardware queues,
+#: ``CUDA_DEVICE_MAX_CONNECTIONS``, are at most 32)
+MAX_LANES = 32
+
 
 class Busy(Exception):
     """The queue is full: the client should retry later (HTTP 503)."""
 
 
+class ShuttingDown(Busy):
+    """The server is shutting down: the request was not run (HTTP 503)."""
+
+
+# where a request is: its state changes in this order
+QUEUED = "queued"  # in the queue
+GATHERING = "gathering"  # taken into the batch being gathered, not yet launched
+RUNNING = "running"  # its batch is launched
+ENDED = "ended"  # answered: its batch ended, or the batcher closed
+
+
 class _Request:
-    __slots__ = ("x", "y", "batch", "error", "done", "abandoned", "queued")
+    __slots__ = ("x", "y", "batch", "error", "done", "state", "gone")
 
     def __init__(self, x: np.ndarray) -> None:
         self.x = x
@@ -101,8 +132,8 @@ class _Request:
         self.batch = 0
         self.error: BaseException | None = None
         self.done = anyio.Event()
-        self.abandoned = False  # its client went away: the batcher skips it
-        self.queued = False  # in the queue, not yet taken into a batch
+        self.state = QUEUED
+        self.gone = False  # its client went away: a batch not yet launched leaves it out
 
 
 class _Lane:
@@ -123,8 +154,14 @@ class Batcher:
     Call :meth:`infer` from request handlers while :meth:`run` runs in a task (the app's
     lifespan). A batch starts when a lane is free and a request is queued; it takes the
     requests that arrive within ``max_wait_s`` of the first, up to ``max_batch``. Cancelling a
-    request (its client disconnected) takes it out of the queue (counted as ``dropped``), or,
-    once its batch runs, drops its reply.
+    request (its client disconnected) before its batch is launched takes it out of the queue,
+    or out of the batch being gathered (counted as ``dropped``): nobody computes it. Once its
+    batch is launched, the batch runs to its end and its reply is thrown away (counted as
+    ``abandoned``). ``served`` counts the replies handed back to callers still waiting for
+    them. :meth:`close` stops it (shutdown).
+
+    The lanes (a stream and buffers each) are built here: construct it where a failure to
+    allocate them should show, before serving.
     """
 
     def __init__(
@@ -141,6 +178,11 @@ class Batcher:
     ) -> None:
         if max_batch < 1 or lanes < 1 or max_queue < 1:
             raise ValueError("max_batch, lanes and max_queue must be at least 1")
+        if max_batch > MAX_BATCH or lanes > MAX_LANES:
+            raise ValueError(
+                f"max_batch must be at most {MAX_BATCH} and lanes at most {MAX_LANES}, "
+                f"got {max_batch} and {lanes}"
+            )
         if not (0.0 <= max_wait_s < math.inf):
             raise ValueError(f"max_wait_s must be a finite number >= 0, got {max_wait_s!r}")
         if not (0.0 < stuck_after_s < math.inf):
@@ -150,82 +192,129 @@ class Batcher:
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self.blocking = blocking  # the anti-pattern, for comparison: block the loop per batch
         self._lanes = [_Lane(device, max_batch, model.features) for _ in range(lanes)]
-        self._queue: collections.deque[_Request] = collections.deque()
+        # in arrival order; a request whose client leaves is taken out at once
+        self._queue: collections.OrderedDict[_Request, None] = collections.OrderedDict()
+        self._gathering: list[_Request] = []  # the batch being gathered
+        self._running: list[list[_Request]] = []  # the batches launched, not yet ended
         self._arrived = anyio.Event()
         self._lane_free = anyio.Event()
-        self.served = self.batches = self.in_flight = 0
-        self.dropped = 0  # requests whose clients went away before a batch took them
-        self._gone = 0  # of those, the ones still in the deque
+        self.closing = False  # close() was called: no more batches
+        self.served = 0  # replies handed back to callers still waiting for them
+        self.dropped = 0  # requests whose clients went away before their batch was launched
+        self.abandoned = 0  # requests computed (or being computed) whose clients went away
+        self.batches = self.in_flight = 0
+        self.computed = 0  # requests in the batches that succeeded
         self.failed: str | None = None  # the device error that failed a batch, if one did
         self.failing: str | None = None  # why the last batch failed, if not the device
         self._failed_at = 0.0  # when (time.monotonic()): /health says so for FAILING_S
 
     @property
     def queued(self) -> int:
-        """Requests waiting for a batch: those whose clients left do not count (they leave
-        the deque when a batch next forms, skipped)."""
-        return len(self._queue) - self._gone
+        """Requests waiting for a batch (those whose clients left are no longer queued)."""
+        return len(self._queue)
 
     async def infer(self, x: np.ndarray) -> tuple[np.ndarray, int]:
         """The model's output for one input row, and the size of the batch it ran in."""
         x = np.asarray(x, np.float32)
         if x.shape != (self.model.features,):
             raise ValueError(f"x must hold {self.model.features} numbers, got shape {x.shape}")
-        if self.queued >= self.max_queue:
-            raise Busy(f"{self.queued} requests queued; retry later")
+        if self.closing:
+            raise ShuttingDown("the server is shutting down")
+        if len(self._queue) >= self.max_queue:
+            raise Busy(f"{len(self._queue)} requests queued; retry later")
         request = _Request(x)
-        self._queue.append(request)
-        request.queued = True
+        self._queue[request] = None
         self._arrived.set()
+        taken = False
         try:
             await request.done.wait()
+            taken = True
         finally:
-            request.abandoned = True  # the batch, if it still runs, need not answer
-            if request.queued:  # its client left before a batch took it: nobody computes it
-                self._gone += 1
-                self.dropped += 1
+            if not taken:  # cancelled: its client went away
+                self._leave(request)
         if request.error is not None:
             raise request.error
         assert request.y is not None
+        self.served += 1
         return request.y, request.batch
 
+    def _leave(self, request: _Request) -> None:
+        request.gone = True
+        if request.state == QUEUED:  # out of the queue at once: nobody computes it
+            del self._queue[request]
+            self.dropped += 1
+        elif request.state == GATHERING:  # its batch, when launched, leaves it out
+            self.dropped += 1
+        elif request.error is None:  # its batch is launched: computed for nobody
+            self.abandoned += 1
+
     async def run(self) -> None:
-        """Form and launch batches until cancelled."""
+        """Form and launch batches until cancelled, or until :meth:`close`; then return once
+        the batches running have ended."""
         free = list(self._lanes)
         async with anyio.create_task_group() as tg:
-            while True:
-                while not free:
+            while not self.closing:
+                while not free and not self.closing:
                     self._lane_free = anyio.Event()
                     await self._lane_free.wait()
                 batch = await self._gather()
+                if self.closing:  # close() answered the batch gathered
+                    break
+                for request in batch:
+                    request.state = RUNNING
                 lane = free.pop()
                 tg.start_soon(self._run_batch, lane, batch, free)
 
     async def _gather(self) -> list[_Request]:
-        batch: list[_Request] = []
+        """The next batch: the requests that arrive within ``max_wait_s`` of the first, up to
+        ``max_batch``, less those whose clients left meanwhile (if all left, it waits for a
+        new first request). Returns at once when :meth:`close` is called."""
+        batch = self._gathering = []
         deadline = math.inf
-        while len(batch) < self.max_batch:
+        while not self.closing:
+            batch[:] = [request for request in batch if not request.gone]  # counted: dropped
             while self._queue and len(batch) < self.max_batch:
-                request = self._queue.popleft()
-                request.queued = False
-                if request.abandoned:
-                    self._gone -= 1  # counted as dropped when its client left
-                else:
-                    batch.append(request)
+                request, _ = self._queue.popitem(last=False)
+                request.state = GATHERING
+                batch.append(request)
             if len(batch) >= self.max_batch:
                 break
-            if batch and deadline == math.inf:
-                deadline = anyio.current_time() + self.max_wait_s
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
+            now = anyio.current_time()
+            if not batch:
+                deadline = math.inf
+            elif deadline == math.inf:
+                deadline = now + self.max_wait_s
+            if deadline - now <= 0:
                 break
             self._arrived = anyio.Event()
-            with anyio.move_on_after(remaining):
+            with anyio.move_on_after(deadline - now):
                 await self._arrived.wait()
+        self._gathering = []
         return batch
+
+    def close(self, *, running: bool = False) -> None:
+        """Stop serving: answer the requests queued, and those of the batch being gathered,
+        with :class:`ShuttingDown` at once, refuse new ones with it, and launch no more
+        batches (:meth:`run` returns once the batches running have ended). With
+        ``running``, answer the requests of the batches running too, without waiting for
+        the device (their work goes on there, unseen)."""
+        self.closing = True
+        answered = [*self._queue, *self._gathering]
+        if running:
+            answered += [request for batch in self._running for request in batch]
+        self._queue.clear()
+        self._gathering = []
+        for request in answered:
+            if request.state != ENDED:
+                request.state = ENDED
+                request.error = ShuttingDown("the server is shutting down")
+                request.done.set()
+        self._arrived.set()
+        self._lane_free.set()
 
     async def _run_batch(self, lane: _Lane, batch: list[_Request], free: list[_Lane]) -> None:
         self.in_flight += 1
+        self._running.append(batch)
         settled = False  # the lane's work is over: its buffers may take the next batch
         try:
             n = len(batch)
@@ -250,8 +339,9 @@ class Batcher:
             settled = True
             y = lane.host_out.numpy(np.float32, lane.shape)
             for i, request in enumerate(batch):
-                request.y, request.batch = y[i].copy(), n
-            self.served += n
+                if request.state != ENDED:  # not answered by close(running=True)
+                    request.y, request.batch = y[i].copy(), n
+            self.computed += n
             self.batches += 1
             self.failing = None
         except Exception as exc:  # every request of the batch gets the error
@@ -262,14 +352,19 @@ class Batcher:
                 self.failing = f"{type(exc).__name__}: {exc}"
                 self._failed_at = time.monotonic()
             for request in batch:
-                request.error = exc
+                if request.state != ENDED:
+                    request.error = exc
         except BaseException:  # cancelled: the server shuts down
             for request in batch:
-                request.error = ais.AiostreamError("the server is shutting down")
+                if request.state != ENDED:
+                    request.error = ShuttingDown("the server is shutting down")
             raise
         finally:
             for request in batch:
-                request.done.set()
+                if request.state != ENDED:
+                    request.state = ENDED
+                    request.done.set()
+            self._running.remove(batch)
             self.in_flight -= 1
             if settled:  # cancelled mid-batch (shutdown): the device may still use its buffers
                 free.append(lane)
@@ -302,8 +397,9 @@ class Batcher:
             "device": str(self.device),
             "served": self.served,
             "dropped": self.dropped,
+            "abandoned": self.abandoned,
             "batches": self.batches,
-            "mean_batch": self.served / self.batches if self.batches else 0.0,
+            "mean_batch": self.computed / self.batches if self.batches else 0.0,
             "queued": self.queued,
             "in_flight": self.in_flight,
             "pending_waits": len(ais.pending_waits()),
@@ -467,6 +563,42 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
+class _JSONRequest(Request):
+    """A request whose JSON body, where Python's parser fails on it other than as malformed
+    JSON (nested past the recursion limit, an integer of more than
+    ``sys.get_int_max_str_digits()`` digits, bytes that are not UTF-8), raises
+    ``JSONDecodeError`` all the same: FastAPI then answers 422 ``json_invalid``, as for any
+    malformed JSON, where it would answer 400 "There was an error parsing the body"."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = json.loads(body)
+            except json.JSONDecodeError:
+                raise
+            except RecursionError:
+                raise json.JSONDecodeError("nested too deeply", "", 0) from None
+            except UnicodeDecodeError as exc:
+                why = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+                raise json.JSONDecodeError(why, "", 0) from None
+            except ValueError as exc:  # an integer too long to convert, say
+                raise json.JSONDecodeError(str(exc).split(";")[0], "", 0) from None
+        return self._json
+
+
+class _JSONRoute(APIRoute):
+    """A route that hands its handler a :class:`_JSONRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        handler = super().get_route_handler()
+
+        async def parse_json_strictly(request: Request) -> Response:
+            return await handler(_JSONRequest(request.scope, request.receive))
+
+        return parse_json_strictly
+
+
 async def _disconnected(request: Request) -> None:
     """Return once the client has gone: with the body read, the server's next message for
     the request is ``http.disconnect``, sent when the connection closes."""
@@ -480,19 +612,28 @@ def create_app(
     *,
     max_body_bytes: int = MAX_BODY_BYTES,
     tracer_provider: Any = None,
+    batcher: Batcher | None = None,
     **batcher_options: Any,
 ) -> FastAPI:
-    """The FastAPI app; its lifespan owns the batcher and its task. A request body over
-    ``max_body_bytes`` answers 413. ``/metrics`` serves aiostream's Prometheus metrics (where
-    prometheus-client is installed); with an OpenTelemetry ``tracer_provider``, every wait
-    and batch is a span (``aiostream.tracing``)."""
+    """The FastAPI app; its lifespan builds the batcher (``Batcher(model, device,
+    **batcher_options)``) and runs its task. A request body over ``max_body_bytes`` answers
+    413. ``/metrics`` serves aiostream's Prometheus metrics (where prometheus-client is
+    installed); with an OpenTelemetry ``tracer_provider``, every wait and batch is a span
+    (``aiostream.tracing``). A ``batcher`` built beforehand (as :func:`main` does, so that its
+    lanes exist before the server listens) is used instead, in place of ``model``, ``device``
+    and the options; it serves one lifespan."""
+    if batcher is not None:
+        if model is not None or device is not None or batcher_options:
+            raise ValueError("give a batcher, or what to build one from, not both")
+        model = batcher.model
     model = model or Model()
     if not (isinstance(max_body_bytes, int) and max_body_bytes >= 1):
         raise ValueError(f"max_body_bytes must be an int >= 1, got {max_body_bytes!r}")
+    given = batcher
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        batcher = Batcher(model, ais.device(device), **batcher_options)
+        batcher = given or Batcher(model, ais.device(device), **batcher_options)
         app.state.batcher = batcher
         with contextlib.ExitStack() as telemetry:
             app.state.metrics = _metrics(batcher, telemetry)
@@ -509,6 +650,7 @@ def create_app(
                 del app.state.batcher  # its streams and buffers go with it, not with the app
 
     app = FastAPI(title="aiostream inference server", lifespan=lifespan)
+    app.router.route_class = _JSONRoute
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
@@ -533,7 +675,7 @@ def create_app(
             tg.cancel_scope.cancel()
         if not outcome:
             return Response(status_code=499)  # nobody is there to read it
-        if isinstance(outcome[0], Busy):
+        if isinstance(outcome[0], Busy):  # the queue is full, or the server shuts down
             raise HTTPException(503, str(outcome[0]))
         if isinstance(outcome[0], Exception):  # its batch failed (the device, or the model)
             raise HTTPException(500, f"{type(outcome[0]).__name__}: {outcome[0]}")
@@ -582,17 +724,20 @@ def _number(kind: type, low: float, high: float = math.inf, *, low_ok: bool = Tr
     """An argparse type: a finite ``kind`` from ``low`` (or above it) to ``high``, else a usage
     error that says the range."""
 
+    a = "an integer" if kind is int else "a number"
+
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {a}") from None
         above = value >= low if low_ok else value > low
         if not (math.isfinite(value) and above and value <= high):
             bound = f"{'at least' if low_ok else 'more than'} {low:g}"
             if math.isfinite(high):
                 bound += f" and at most {high:g}"
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+            finite = a if kind is int else "a finite number"
+            raise argparse.ArgumentTypeError(f"must be {finite} {bound}, got {text}")
         return value
 
     return parse
@@ -613,7 +758,10 @@ def main(argv: list[str] | None = None) -> None:
         "--port", type=_number(int, 0, 65535), default=8000, help="0: any free port"
     )
     parser.add_argument(
-        "--max-batch", type=_number(int, 1), default=32, help="requests per batch, at most"
+        "--max-batch",
+        type=_number(int, 1, MAX_BATCH),
+        default=32,
+        help="requests per batch, at most",
     )
     parser.add_argument(
         "--max-wait-ms",
@@ -621,13 +769,16 @@ def main(argv: list[str] | None = None) -> None:
         default=2.0,
         help="how long a batch waits for others",
     )
-    parser.add_argument("--lanes", type=_number(int, 1), default=2, help="streams running batches")
+    parser.add_argument(
+        "--lanes", type=_number(int, 1, MAX_LANES), default=2, help="streams running batches"
+    )
     parser.add_argument("--max-queue", type=_number(int, 1), default=4096, help="more queued: 503")
     parser.add_argument(
         "--launch-ms",
         type=_number(float, 0),
         default=Model.launch_s * 1e3,
-        help="the device's fixed cost per batch (with --per-item-ms: the device bound)",
+        help="the device's fixed cost per batch (with --per-item-ms: the device bound; a full "
+        f"batch may cost at most {MAX_BATCH_S:g} s)",
     )
     parser.add_argument(
         "--per-item-ms",
@@ -663,6 +814,13 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, ais.AiostreamError) as exc:
         parser.error(f"--device {args.device}: {exc}")
     model = Model(launch_s=args.launch_ms / 1e3, per_item_s=args.per_item_ms / 1e3)
+    cost = model.cost(args.max_batch)
+    if not cost <= MAX_BATCH_S:  # else a server whose batches all fail (or time out clients)
+        parser.error(
+            f"a full batch (--launch-ms {args.launch_ms:g} + --max-batch {args.max_batch} x "
+            f"--per-item-ms {args.per_item_ms:g}) would take {cost:g} s on the device; "
+            f"at most {MAX_BATCH_S:g} s"
+        )
     provider = None
     if args.otel_console:
         try:
@@ -672,25 +830,61 @@ def main(argv: list[str] | None = None) -> None:
             parser.error('--otel-console needs the OpenTelemetry SDK: pip install ".[server]"')
         provider = TracerProvider()
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-    app = create_app(
-        model,
-        args.device,
-        max_batch=args.max_batch,
-        max_wait_s=args.max_wait_ms / 1e3,
-        lanes=args.lanes,
-        max_queue=args.max_queue,
-        blocking=args.blocking,
-        stuck_after_s=args.stuck_after,
-        max_body_bytes=args.max_body_bytes,
-        tracer_provider=provider,
-    )
-    sock = socket.create_server((args.host, args.port))
+    try:  # its lanes (streams and buffers) exist before the server listens
+        batcher = Batcher(
+            model,
+            ais.device(args.device),
+            max_batch=args.max_batch,
+            max_wait_s=args.max_wait_ms / 1e3,
+            lanes=args.lanes,
+            max_queue=args.max_queue,
+            blocking=args.blocking,
+            stuck_after_s=args.stuck_after,
+        )
+    except (ais.AiostreamError, MemoryError) as exc:  # out of device or pinned memory, say
+        parser.error(f"--lanes {args.lanes} --max-batch {args.max_batch}: {exc}")
+    app = create_app(max_body_bytes=args.max_body_bytes, tracer_provider=provider, batcher=batcher)
+    try:
+        sock = socket.create_server((args.host, args.port))
+    except OSError as exc:  # the port in use, an unknown host
+        why = str(exc.strerror or exc).partition(" (while attempting to bind")[0]
+        parser.error(f"--host {args.host} --port {args.port}: {why}")
     host, port = sock.getsockname()[:2]
     print(f"serving on http://{host}:{port} (device bound {model.bound(args.max_batch):.0f} req/s)")
     print(flush=True, end="")
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn re-raises Ctrl-C once it has shut down
-        uvicorn.Server(config).run(sockets=[sock])
+        _server(config, batcher).run(sockets=[sock])
+
+
+#: on a second Ctrl-C, how long the requests answered 503 have to send their replies
+FORCED_EXIT_S = 1.0
+
+
+def _server(config: Any, batcher: Batcher) -> Any:
+    """A uvicorn server whose shutdown (SIGINT, SIGTERM) closes the batcher first: queued
+    requests answer 503 at once and only the batches running finish, rather than uvicorn
+    waiting for every queued request to be computed. A second SIGINT (uvicorn's forced exit,
+    which skips the app's lifespan shutdown) answers the requests of those batches 503 too
+    and shuts the lifespan down, so that no task is left to be cancelled as the loop closes
+    (uvicorn logs a traceback for each)."""
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            batcher.close()
+            await super().shutdown(sockets)
+            if self.force_exit:
+                batcher.close(running=True)
+                deadline = time.monotonic() + FORCED_EXIT_S
+                while self.server_state.tasks and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.lifespan.shutdown(), FORCED_EXIT_S)
+
+    return Server(config)
 
 
 if __name__ == "__main__":

@@ -173,13 +173,7 @@ async def test_requests_whose_clients_left_leave_the_queue_at_once() -> None:
         gc.collect()
         assert [ref for ref in rows if ref() is not None] == []
         assert (batcher.queued, batcher.dropped) == (0, 100)
-        async with anyio.create_task_group() as clients:  # the queue has room for 2 again
-            for _ in range(2):
-                clients.start_soon(batcher.infer, np.ones(4, np.float32))
-            await anyio.wait_all_tasks_blocked()
-            with pytest.raises(server.Busy, match="2 requests queued"):
-                await batcher.infer(np.ones(4, np.float32))
-            clients.cancel_scope.cancel()
+        await _refuses_a_third(batcher)  # the queue has room for 2 again
         stall.release()
         tg.cancel_scope.cancel()
 
@@ -348,16 +342,21 @@ async def test_a_failing_batch_shows_in_health_for_a_while_without_traffic(
             assert (await http.get("/health")).status_code == 200
 
 
-async def test_a_full_queue_refuses_at_once_and_bad_options_are_named() -> None:
-    ais.virtual.reset()
-    batcher = server.Batcher(MODEL, ais.device("virtual:0"), max_queue=2)
-    async with anyio.create_task_group() as tg:
+async def _refuses_a_third(batcher: Any) -> None:
+    """Two requests queue (``max_queue=2``); a third is refused at once."""
+    async with anyio.create_task_group() as clients:
         for _ in range(2):
-            tg.start_soon(batcher.infer, np.ones(4, np.float32))
+            clients.start_soon(batcher.infer, np.ones(4, np.float32))
         await anyio.wait_all_tasks_blocked()
         with pytest.raises(server.Busy, match="2 requests queued; retry later"):
             await batcher.infer(np.ones(4, np.float32))
-        tg.cancel_scope.cancel()
+        clients.cancel_scope.cancel()
+
+
+async def test_a_full_queue_refuses_at_once_and_bad_options_are_named() -> None:
+    ais.virtual.reset()
+    batcher = server.Batcher(MODEL, ais.device("virtual:0"), max_queue=2)
+    await _refuses_a_third(batcher)
     with pytest.raises(ValueError, match=r"x must hold 4 numbers, got shape \(3,\)"):
         await batcher.infer(np.ones(3, np.float32))
     with pytest.raises(ValueError, match="at least 1"):

@@ -23,19 +23,11 @@ from tests.helpers.process import ROOT, import_example
 for _dist in ("fastapi", "uvicorn", "httpx"):
     pytest.importorskip(_dist, reason='the server example needs pip install -e ".[server]"')
 
-pytestmark = pytest.mark.anyio
-
-
 server = import_example("inference_server")
 client = import_example("inference_client")
 
-MODEL = server.Model(features=4, launch_s=0.040, per_item_s=0.00125)  # 80 ms per 32: 400 req/s
-# A batch's upload and download each take the virtual device's copy time (its defaults:
-# 10 us + bytes / 25 GB/s); the lanes' buffers hold 32 rows of 4 float32.
-COPY_S = 10e-6 + 32 * 4 * 4 / 25e9
 
-
-# ---------------------------------------------------------------------- the batcher, in-process
+# ---------------------------------------------------------------------- flags and addresses
 
 
 @pytest.mark.parametrize(

@@ -201,7 +201,12 @@ def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> s
     )
 
 
-def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
+def _demo_prefetch(args: argparse.Namespace, device: ais.Device) -> int:
+    """The demo loader's prefetch: ``--prefetch``, else the loader's own default."""
+    return ais.DataLoader((), prefetch=args.prefetch, workers=args.workers, device=device).prefetch
+
+
+def _run_demo(args: argparse.Namespace, device: ais.Device, prefetch: int) -> int:
     cfg = _demo.PipelineConfig(
         batches=args.batches,
         nbytes=args.batch_kb * 1024,
@@ -211,10 +216,6 @@ def _run_demo(args: argparse.Namespace, device: ais.Device) -> int:
         workers=args.workers,
         device=device,
     )
-    # the loader's own default when --prefetch is not given
-    prefetch = ais.DataLoader(
-        (), prefetch=cfg.prefetch, workers=cfg.workers, device=device
-    ).prefetch
     print(
         _fit(
             f"aiostream demo on {device}, {args.loop} loop: {cfg.batches} batches of "
@@ -326,11 +327,12 @@ def _physical_memory() -> int | None:
 DEMO_MEMORY_UNKNOWN = 4 << 30
 
 
-def _check_demo_memory(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_demo_memory(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, prefetch: int
+) -> None:
     """Refuse a demo whose batch-sized buffers would take more than half of this machine's
     memory (each counted as host memory, where a virtual device keeps its own), or more than
     ``DEMO_MEMORY_UNKNOWN`` where the machine does not say how much it has."""
-    prefetch = 2 * args.workers if args.prefetch is None else args.prefetch
     count = _demo.batch_buffers(prefetch, args.workers)
     held = count * args.batch_kb * 1024
     memory = _physical_memory()
@@ -669,8 +671,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--prefetch {args.prefetch} must be >= --workers {args.workers}: each worker "
                 "transforms an item ahead of the consumer"
             )
-        _check_demo_memory(p_demo, args)
-        return _run_demo(args, device)
+        prefetch = _demo_prefetch(args, device)
+        _check_demo_memory(p_demo, args, prefetch)
+        return _run_demo(args, device, prefetch)
 
     # task i has (tasks - i) units of work, and a virtual device runs them one after another
     work_s = args.duration_ms * args.tasks * (args.tasks + 1) / 2 / 1000

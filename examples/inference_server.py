@@ -195,6 +195,7 @@ class Batcher:
         # in arrival order; a request whose client leaves is taken out at once
         self._queue: collections.OrderedDict[_Request, None] = collections.OrderedDict()
         self._gathering: list[_Request] = []  # the batch being gathered
+        self._left_gathering = 0  # of those, the ones whose clients have left since the last look
         self._running: list[list[_Request]] = []  # the batches launched, not yet ended
         self._arrived = anyio.Event()
         self._lane_free = anyio.Event()
@@ -244,6 +245,7 @@ class Batcher:
             del self._queue[request]
             self.dropped += 1
         elif request.state == GATHERING:  # its batch, when launched, leaves it out
+            self._left_gathering += 1
             self.dropped += 1
         elif request.error is None:  # its batch is launched: computed for nobody
             self.abandoned += 1
@@ -270,9 +272,14 @@ class Batcher:
         ``max_batch``, less those whose clients left meanwhile (if all left, it waits for a
         new first request). Returns at once when :meth:`close` is called."""
         batch = self._gathering = []
+        self._left_gathering = 0
         deadline = math.inf
         while not self.closing:
-            batch[:] = [request for request in batch if not request.gone]  # counted: dropped
+            # a look over the batch only when someone left: not at each arrival, which
+            # would cost max_batch looks per batch
+            if self._left_gathering:
+                batch[:] = [request for request in batch if not request.gone]  # counted: dropped
+                self._left_gathering = 0
             while self._queue and len(batch) < self.max_batch:
                 request, _ = self._queue.popitem(last=False)
                 request.state = GATHERING

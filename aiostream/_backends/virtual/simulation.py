@@ -80,7 +80,7 @@ class Simulation:
         # raise the reason, as a wait begun then would
         on_stop = getattr(clock, "_aiostream_on_stop", None)
         if on_stop is not None:
-            on_stop(self.clock_stopped)
+            on_stop(self.wake_all)
         slots = options.slots()
         lead = options.lead_ns()
         self.devices = [Device(i, slots, lead) for i in range(options.devices)]
@@ -94,9 +94,9 @@ class Simulation:
         self._hinted: float = _NEVER  # the earliest completion a waiter was told to sleep until
         self.targets: dict[Target, None] = {}
 
-    def clock_stopped(self) -> None:
-        """The clock stands still from now on: wake every pending wait, which raises why
-        (:meth:`Target.done`)."""
+    def wake_all(self) -> None:
+        """Wake every pending wait, to look again: the backend closed, or the clock stopped
+        (each then raises why, from :meth:`Target.done`)."""
         with self.lock:
             targets = list(self.targets)
         for target in targets:
@@ -119,10 +119,7 @@ class Simulation:
             self.closed = True
             if self._unlisten is not None:
                 self._unlisten()
-            targets = list(self.targets)
-        for target in targets:  # pending waits wake up and see the error
-            target()
-        self.listeners()
+        self.wake_all()  # pending waits wake up and see the error
         return True
 
     # ------------------------------------------------------------------ checks and time

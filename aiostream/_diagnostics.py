@@ -35,10 +35,12 @@ Origin = tuple[tuple[str, int, str], ...]
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _library_dirs() -> tuple[str, ...]:
+def _library_dirs() -> tuple[tuple[str, ...], frozenset[str]]:
     """Where the event loops' and their helpers' code lives: frames there are machinery
     (asyncio's task steps, anyio's task groups, trio's runner), not the user's code. Found by
-    name, without importing any of them."""
+    name, without importing any of them: (the folders, each ending with a separator so that
+    a user's ``aiostream_demo.py`` beside the package is not taken for it; the files of the
+    single modules)."""
     dirs = [_PACKAGE_DIR]
     for name in ("asyncio", "anyio", "trio", "sniffio", "uvloop", "concurrent", "outcome"):
         try:
@@ -47,16 +49,17 @@ def _library_dirs() -> tuple[str, ...]:
             continue
         if spec is not None and spec.submodule_search_locations:
             dirs.extend(os.path.abspath(d) for d in spec.submodule_search_locations)
+    files = []
     for name in ("contextlib", "threading", "runpy"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
-            dirs.append(os.path.abspath(spec.origin))
-    return tuple(dirs)
+            files.append(os.path.abspath(spec.origin))
+    return tuple(os.path.join(d, "") for d in dirs), frozenset(files)
 
 
 #: what a capture leaves out: aiostream itself and the loops' machinery (found at the first
 #: capture, debug mode's: the search costs milliseconds that ``import aiostream`` need not)
-_skipped: tuple[str, ...] | None = None
+_skipped: tuple[tuple[str, ...], frozenset[str]] | None = None
 #: debug captures on (``set_debug``, ``AIOSTREAM_DEBUG=1``); hot paths read it as a global
 debug = os.environ.get("AIOSTREAM_DEBUG", "") not in ("", "0")
 _watchdog: float | None = None
@@ -94,12 +97,13 @@ def capture(skip: int = 1) -> Origin | None:
     global _skipped
     if _skipped is None:
         _skipped = _library_dirs()
-    skipped = _skipped
+    folders, files = _skipped
     frame: FrameType | None = sys._getframe(skip + 1)  # noqa: SLF001 (the stdlib's API)
     frames: list[tuple[str, int, str]] = []
     while frame is not None and len(frames) < 12:
         code = frame.f_code
-        if not code.co_filename.startswith(skipped) and not code.co_filename.startswith("<"):
+        name = code.co_filename
+        if not (name.startswith(folders) or name in files or name.startswith("<")):
             frames.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
     return tuple(reversed(frames))

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import importlib.util
 import os
 import platform
 import re
@@ -93,19 +94,20 @@ class Step:
     notes: list[str] = field(default_factory=list)
 
 
-def _cuda_test_args(quick: bool) -> list[str]:
+def _parallel() -> bool:
+    """Whether pytest-xdist is installed (the device image has it; CI need not)."""
+    return importlib.util.find_spec("xdist") is not None
+
+
+def cuda_test_args(quick: bool, parallel: bool | None = None) -> list[str]:
     """pytest's arguments for the cuda-tests step: spread over 4 processes where pytest-xdist
-    is installed (the device image has it), one module per process, so that the whole driver
-    contract fits in the suite's budget."""
+    is installed (``parallel`` None: where it imports), one module per process, so that the
+    whole driver contract fits in the suite's budget."""
     args = ["-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "--run-slow"]
     args += ["--require-cuda", "-m", "cuda", "--tb=short", "--durations=15"]
     if quick:
         return args + ["tests/api/test_conformance.py"]
-    try:
-        import xdist  # noqa: F401
-    except ImportError:
-        pass
-    else:
+    if parallel if parallel is not None else _parallel():
         # pytest-benchmark (in the image too) warns under xdist, which this suite makes an error
         args += ["-n", "4", "--dist", "loadfile", "-p", "no:benchmark"]
     return args + CUDA_TEST_FOLDERS
@@ -124,7 +126,7 @@ def steps(quick: bool, outdir: Path = Path("gpu-suite")) -> list[Step]:
         # peers' contracts, tests/interop/test_gpu_interop.py), slow ones included; only the
         # folders that hold them are collected (tooling's need what the image lacks).
         # Quick: the conformance suite alone (CI's CUDA lane runs the rest)
-        Step("cuda-tests", [py, *_cuda_test_args(quick)], 540, share=CUDA_TESTS_SHARE),
+        Step("cuda-tests", [py, *cuda_test_args(quick)], 540, share=CUDA_TESTS_SHARE),
         Step("graphs", [py, "benchmarks/gpu_graphs.py"], 240),
         Step("contract", [py, "benchmarks/gpu_contract.py"], 540),
         # the device's profile (outdir/profile.json), then how close its virtual device is

@@ -263,40 +263,76 @@ async def test_pending_waits_say_who_waits_on_what(virtual_time: VirtualTime) ->
     assert ais.pending_waits() == []
 
 
+def _machinery_folders() -> list[str]:
+    """The real folders of aiostream and of the loops' code, each ending with a separator."""
+    import asyncio
+
+    import trio
+
+    return [
+        os.path.join(os.path.dirname(m.__file__ or ""), "") for m in (ais, anyio, asyncio, trio)
+    ]
+
+
+def _listed_files(listing: str) -> list[str]:
+    return [line.split('"')[1] for line in listing.splitlines()]
+
+
+async def _wait_listed(stream: ais.Stream, waiter: Callable[[], Any]) -> ais.PendingWait:
+    """The listing of the one wait ``waiter`` starts on ``stream``, whose work is held."""
+    stall = ais.virtual.stall("compute")
+    ais.delay(0.001, stream=stream)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiter)
+        try:
+            await anyio.wait_all_tasks_blocked()
+            (wait,) = ais.pending_waits()
+        finally:
+            stall.release()
+    return wait
+
+
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 async def test_debug_listings_show_the_users_frames_only(anyio_backend: object) -> None:
     """Where a wait started and where its work was recorded, as the user's own frames: none of
-    the loops' or aiostream's. Real time, on every loop (the compute engine stalled holds the
-    work until the listing is taken)."""
+    the loops' or aiostream's, judged by their real folders (the checkout may itself be in a
+    folder named ``aiostream``). Real time, on every loop (the compute engine stalled holds
+    the work until the listing is taken)."""
     ais.set_debug(True)
     try:
         s = ais.Stream()
-        stall = ais.virtual.stall("compute")
-        ais.delay(0.001, stream=s)
 
         async def waiter() -> None:
             await s
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter)
-            try:
-                await anyio.wait_all_tasks_blocked()
-                (wait,) = ais.pending_waits()
-            finally:
-                stall.release()
+        wait = await _wait_listed(s, waiter)
     finally:
         ais.set_debug(False)
     assert wait.started_at is not None and wait.recorded_at is not None
-    machinery = [
-        os.sep + os.path.join(name, "") for name in ("asyncio", "anyio", "trio", "aiostream")
-    ]
+    machinery = tuple(_machinery_folders())
     for listing in (wait.started_at, wait.recorded_at):
-        frames = listing.splitlines()
-        assert not [f for f in frames if any(m in f for m in machinery)], listing
+        assert not [f for f in _listed_files(listing) if f.startswith(machinery)], listing
     assert wait.started_at.splitlines()[-1].endswith(", in waiter")
-    assert wait.recorded_at.splitlines()[-1].endswith(
-        ", in test_debug_listings_show_the_users_frames_only"
-    )
+    assert wait.recorded_at.splitlines()[-1].endswith(", in _wait_listed")
+
+
+@pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
+async def test_a_users_file_named_like_the_package_is_listed(anyio_backend: object) -> None:
+    """A user's script beside the package whose name starts with the package's
+    (``aiostream_demo.py``) is the user's code: its frames are listed."""
+    beside = os.path.join(os.path.dirname(os.path.dirname(ais.__file__)), "aiostream_demo.py")
+    source = "async def user_waiter(s):\n    await s\n"
+    scope: dict[str, Any] = {}
+    exec(compile(source, beside, "exec"), scope)  # a frame of that file, nothing written
+    ais.set_debug(True)
+    try:
+        s = ais.Stream()
+        wait = await _wait_listed(s, lambda: scope["user_waiter"](s))
+    finally:
+        ais.set_debug(False)
+    assert wait.started_at is not None
+    assert _listed_files(wait.started_at)[-1] == beside, wait.started_at
+    assert wait.started_at.splitlines()[-1].endswith(", in user_waiter")
 
 
 async def test_tasks_without_a_name_are_told_apart(virtual_time: VirtualTime) -> None:

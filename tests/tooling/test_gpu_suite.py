@@ -185,9 +185,9 @@ def test_the_failed_tests_of_an_interrupted_parallel_run_are_run_again_alone() -
     """What pytest over several processes said failed (ids with spaces too) becomes a step
     of its own that runs those tests again, one process, no parallel plugin."""
     suite: Any = _suite_module()
-    step = suite.Step("cuda-tests", suite.steps(quick=False)[1].args, 60)
-    if "-n" not in step.args:
-        step.args += ["-n", "4", "tests/cuda"]
+    # the arguments of a parallel run, whether or not pytest-xdist is installed here
+    step = suite.Step("cuda-tests", [sys.executable, *suite.cuda_test_args(False, True)], 60)
+    assert "-n" in step.args and "tests/cuda" in step.args
     output = "\n".join(
         [
             "[gw0] [ 20%] FAILED tests/cuda/test_a.py::test_x[trio] ",

@@ -12,10 +12,12 @@ Every backend comes from the plugin's own ``aiostream_device`` fixture (aiostrea
 
 from __future__ import annotations
 
+import collections
 import gc
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import hypothesis  # noqa: F401 - imported before the freeze below: see _settle
 import pytest
@@ -35,6 +37,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(CI's full lane)",
     )
     group.addoption(
+        "--max-skips",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fail the run when more than N tests skipped (CI's lane that sees the stand-in "
+        "as a GPU: only fault injection and two-device tests may skip there)",
+    )
+    group.addoption(
         "--require-cuda",
         action="store_true",
         help="stop at once where CUDA does not work, instead of skipping the cuda tests "
@@ -48,7 +58,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "slow: a whole program, a benchmark's smoke run or a test at scale; runs with --run-slow",
     )
     config.addinivalue_line(
-        "markers", "stand_in: uses the stand-in driver's test hooks; skips on other drivers"
+        "markers",
+        "stand_in(why): uses the stand-in driver's test hooks (why: what for, such as fault "
+        "injection at a chosen call); skips on other drivers, a GPU among them",
     )
     lanes.full = config.getoption("run_slow")
     if config.getoption("require_cuda") and not stand_in.OK:
@@ -64,14 +76,17 @@ def _on_cuda(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_cuda = pytest.mark.skip(reason=stand_in.NO_CUDA)
-    no_stand_in = pytest.mark.skip(reason="uses the stand-in driver's hooks (CI's CUDA lane)")
     for item in items:
         if _on_cuda(item):
             item.add_marker(pytest.mark.cuda)
+            hooks = item.get_closest_marker("stand_in")
             if not stand_in.OK:
                 item.add_marker(no_cuda)
-            elif item.get_closest_marker("stand_in") and stand_in.FAKE is None:
-                item.add_marker(no_stand_in)
+            elif hooks is not None and stand_in.FAKE is None:
+                why = hooks.args[0] if hooks.args else "its checks"
+                item.add_marker(
+                    pytest.mark.skip(reason=f"needs the stand-in driver's hooks: {why}")
+                )
     if not config.getoption("run_slow"):
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:
@@ -87,6 +102,38 @@ def pytest_report_header(config: pytest.Config) -> str:
         else ("a CUDA driver" if stand_in.OK else "none (the cuda tests skip)")
     )
     return f"aiostream's suite: lanes {lane}; CUDA: {cuda}"
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The skips counted by reason (not by file and line, as ``-rs`` does), and the
+    ``--max-skips`` verdict."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = collections.Counter(_skip_reason(r) for r in skipped)
+    terminalreporter.section("skips by reason")
+    for reason, count in reasons.most_common():
+        terminalreporter.write_line(f"{count:6d}  {reason}")
+    limit = config.getoption("max_skips")
+    if limit is not None and len(skipped) > limit:
+        terminalreporter.write_line(
+            f"--max-skips {limit}: {len(skipped)} tests skipped; the run fails", red=True
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    limit = session.config.getoption("max_skips")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if limit is None or reporter is None:
+        return
+    if len(reporter.stats.get("skipped", [])) > limit and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _settle() -> None:

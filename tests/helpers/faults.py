@@ -7,7 +7,7 @@ aiostream's next calls get, on any driver, a GPU included:
 - :func:`failing`: the ``nth`` next call of an entry point returns an error code (a
   ``CUresult``) instead of reaching the driver, shaped as the binding shapes a failure;
 - :func:`calls`: the calls aiostream makes of some entry points, with their arguments and
-  result codes, each still made (a spy).
+  results, each still made (a spy); :func:`succeeded` counts those that worked.
 
 Only the calls aiostream's own code makes count: the test's own driver calls (a context pushed
 by ``tests/helpers/cuda.py``, a user's call) never take a failure meant for aiostream. The
@@ -211,19 +211,20 @@ def _failing_host_func(nth: int, code: int) -> Iterator[_Fault]:
 
 
 @contextlib.contextmanager
-def calls(*names: str) -> Iterator[dict[str, list[tuple[tuple[Any, ...], int]]]]:
+def calls(*names: str) -> Iterator[dict[str, list[tuple[tuple[Any, ...], tuple[Any, ...]]]]]:
     """The calls aiostream makes of each entry point in ``names`` while the block runs: for
-    each, its arguments and its result code, in order (each call reaches the driver)."""
+    each, its arguments and its result (the code first), in order; each call reaches the
+    driver."""
     driver = _driver()
-    seen: dict[str, list[tuple[tuple[Any, ...], int]]] = {name: [] for name in names}
+    seen: dict[str, list[tuple[tuple[Any, ...], tuple[Any, ...]]]] = {name: [] for name in names}
     lock = threading.Lock()
 
-    def spying(real: Callable[..., Any], made: list[tuple[tuple[Any, ...], int]]) -> Any:
+    def spying(real: Callable[..., Any], made: list[Any]) -> Any:
         def spy(*args: Any) -> Any:
             result = real(*args)
             if _by_aiostream():
                 with lock:
-                    made.append((args, int(result[0])))
+                    made.append((args, result))
             return result
 
         spy.__name__ = spy.__qualname__ = real.__name__  # a release names the call it made
@@ -237,3 +238,8 @@ def calls(*names: str) -> Iterator[dict[str, list[tuple[tuple[Any, ...], int]]]]
     finally:
         for name, real in reals.items():
             setattr(driver, name, real)
+
+
+def succeeded(made: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> int:
+    """How many of the calls :func:`calls` saw of one entry point returned CUDA_SUCCESS."""
+    return sum(1 for _, result in made if int(result[0]) == 0)

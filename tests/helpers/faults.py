@@ -243,3 +243,15 @@ def calls(*names: str) -> Iterator[dict[str, list[tuple[tuple[Any, ...], tuple[A
 def succeeded(made: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> int:
     """How many of the calls :func:`calls` saw of one entry point returned CUDA_SUCCESS."""
     return sum(1 for _, result in made if int(result[0]) == 0)
+
+
+def left_open(
+    opened: list[tuple[tuple[Any, ...], tuple[Any, ...]]],
+    closed: list[tuple[tuple[Any, ...], tuple[Any, ...]]],
+) -> tuple[int, int]:
+    """Of the handles the calls in ``opened`` gave (as :func:`calls` saw them: those of
+    ``cuIpcOpenMemHandle``, say), how many there were, and how many no call in ``closed``
+    (``cuIpcCloseMemHandle``) released with success."""
+    given = [int(result[1]) for _, result in opened if int(result[0]) == 0]
+    gone = {int(args[0]) for args, result in closed if int(result[0]) == 0}
+    return len(given), sum(1 for handle in given if handle not in gone)

@@ -23,7 +23,7 @@ import aiostream as ais
 from tests.helpers.cuda import DEV, held
 from tests.helpers.deadlines import deadline, until
 from tests.helpers.protocol import STRATEGIES, backend, handle_of
-from tests.helpers.stand_in import FAKE, needs_stand_in
+from tests.helpers.stand_in import FAKE
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -156,7 +156,6 @@ async def test_a_wait_on_another_librarys_event_follows_its_latest_record(
         assert not busy.query()
 
 
-@needs_stand_in  # opens an event's IPC handle in the process that made it
 def test_an_event_recorded_on_a_stream_waits_in_that_stream_s_lane() -> None:
     """Work on one stream completes in order, the records of events on it included: a wait on
     such an event joins the stream's lane (the waiter polls only each lane's head), placed by

@@ -5,8 +5,10 @@ streams, both handle 0, are told apart.
 
 Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the strict stand-in
 driver (``tests/fake_cuda``), with one and two devices. The stand-in counts every breach of
-the driver's contract it sees (the ``contract`` fixture fails a test that made one); tests
-that need its hooks skip on a GPU.
+the driver's contract it sees (the ``contract`` fixture fails a test that made one); its count
+of context references is checked besides where it is the driver. Faults, and the contexts
+retained and released, are seen at cuda-python's bindings (``tests/helpers/faults.py``), on
+any driver.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.cuda import DEV, N, context_refs, current_context, two_devices
+from tests.helpers.faults import calls, failing
 from tests.helpers.protocol import STRATEGIES
-from tests.helpers.stand_in import FAKE, hurry, needs_stand_in
+from tests.helpers.stand_in import FAKE, hurry
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -171,20 +174,31 @@ def test_the_callers_current_context_is_left_as_it_was() -> None:
 
 # ------------------------------- one device's objects, another's context
 
+RETAIN, RELEASE = "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease"
 
-@needs_stand_in
+
+def devices(made: list[Any]) -> list[int]:
+    """The devices whose primary context the calls :func:`calls` saw retained (or
+    released), in order, those that worked."""
+    return [int(args[0]) for args, result in made if int(result[0]) == 0]
+
+
 def test_close_releases_each_device_s_own_context(own_backend: Any) -> None:
     """A backend that used only ``cuda:1`` holds a reference to its primary context, and
     close gives back that one: device 0's references are never touched."""
     two_devices()
-    refs = context_refs()
-    ais.Stream("cuda:1").record_event().synchronize_blocking()  # its mark's slot is free
-    assert context_refs() == [refs[0], refs[1] + 1]
-    own_backend.close()
-    assert context_refs() == refs
+    refs = context_refs() if FAKE is not None else []
+    with calls(RETAIN, RELEASE) as seen:
+        ais.Stream("cuda:1").record_event().synchronize_blocking()  # its mark's slot is free
+        assert devices(seen[RETAIN]) == [1] and not seen[RELEASE]
+        if FAKE is not None:
+            assert context_refs() == [refs[0], refs[1] + 1]
+        own_backend.close()
+    assert devices(seen[RETAIN]) == devices(seen[RELEASE]) == [1]
+    if FAKE is not None:
+        assert context_refs() == refs
 
 
-@needs_stand_in
 async def test_a_loader_on_one_device_opens_no_other(
     anyio_backend: object, own_backend: Any
 ) -> None:
@@ -192,35 +206,36 @@ async def test_a_loader_on_one_device_opens_no_other(
     staging buffers there: the default device's context is never opened (on a GPU it would
     take device memory the program never asked for)."""
     two_devices()
-    refs = context_refs()
+    refs = context_refs() if FAKE is not None else []
     source = (np.full(64, i, np.float32) for i in range(4))
-    out = ais.HostBuffer(256, device="cuda:1")
     seen = []
-    async with ais.DataLoader(source, device="cuda:1", prefetch=2) as loader:
-        async for batch in loader:
-            assert batch.data.device == ais.device("cuda:1")
-            ais.copy_async(out, batch.data)  # on the current stream, which waits for the batch
-            await ais.current_stream("cuda:1").synchronize()
-            seen.append(float(out.numpy(np.float32).mean()))
+    with calls(RETAIN, RELEASE) as contexts:
+        out = ais.HostBuffer(256, device="cuda:1")
+        async with ais.DataLoader(source, device="cuda:1", prefetch=2) as loader:
+            async for batch in loader:
+                assert batch.data.device == ais.device("cuda:1")
+                ais.copy_async(out, batch.data)  # on the current stream: it waits for the batch
+                await ais.current_stream("cuda:1").synchronize()
+                seen.append(float(out.numpy(np.float32).mean()))
     assert seen == [0.0, 1.0, 2.0, 3.0]
-    assert context_refs() == [refs[0], refs[1] + 1]
+    assert devices(contexts[RETAIN]) == [1] and not contexts[RELEASE]
+    if FAKE is not None:
+        assert context_refs() == [refs[0], refs[1] + 1]
 
 
-@needs_stand_in
 def test_a_device_that_fails_to_open_gives_back_its_own_context(own_backend: Any) -> None:
     """A device whose opening fails after its primary context was retained (here the query of
     its stream priorities) releases that context, its own: the error names the call and the
     device, and no device's references change."""
     two_devices()
-    refs = context_refs()
-    assert FAKE.fake_cuda_fail_call(b"cuCtxGetStreamPriorityRange", 1, 999)
-    try:
-        with pytest.raises(ais.CudaError) as info:
+    refs = context_refs() if FAKE is not None else []
+    with calls(RETAIN, RELEASE) as seen:
+        with failing("cuCtxGetStreamPriorityRange"), pytest.raises(ais.CudaError) as info:
             ais.Stream("cuda:1")
-    finally:
-        FAKE.fake_cuda_clear_error()
     assert info.value.device == "cuda:1" and "cuCtxGetStreamPriorityRange" in str(info.value)
-    assert context_refs() == refs
+    assert devices(seen[RETAIN]) == devices(seen[RELEASE]) == [1]
+    if FAKE is not None:
+        assert context_refs() == refs
 
 
 # -------------------------------------------------------- across devices

@@ -4,8 +4,10 @@ calls as it opens a device, loads its kernel or makes its completion flags, the 
 functions and queries), and leaves the device usable; a driver without ``cuLaunchHostFunc``
 has every wait polled.
 
-Faults are injected with the stand-in driver's hooks (``fake_cuda_fail_call``), so most tests
-here run in CI's CUDA lane only and skip on a GPU.
+Faults are injected where aiostream calls the driver, at cuda-python's bindings
+(``tests/helpers/faults.py``): the tests run on any driver, a GPU included. The stand-in's
+counts of live handles (``tests/helpers/stand_in.py``) are checked besides where it is the
+driver.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.cuda import DEV, N, a_failed_call_is_raised_where_it_was_made, live, new_backend
+from tests.helpers.faults import calls, failing, succeeded
 from tests.helpers.process import run_python
 from tests.helpers.protocol import ANNOUNCED, backend_of, handle_of
-from tests.helpers.stand_in import FAKE, MODULES, needs_stand_in
+from tests.helpers.stand_in import FAKE, MODULES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -113,7 +116,6 @@ def _submissions() -> dict[str, Callable[[dict[str, Any]], object]]:
     }
 
 
-@needs_stand_in
 @pytest.mark.parametrize("what", list(_submissions()))
 def test_every_driver_result_is_checked(what: str) -> None:
     """A driver call that fails raises a CudaError naming the call and its code, where the call
@@ -144,7 +146,6 @@ def _waited(s: ais.Stream) -> None:
     s.synchronize_blocking()
 
 
-@needs_stand_in
 @pytest.mark.parametrize(
     ("call", "ready", "make"),
     [
@@ -173,19 +174,17 @@ def test_driver_calls_of_the_backend_s_own_are_checked(
     sleep kernel, its completion flags) raise a CudaError naming the call and the device when
     they fail, leave nothing behind, and the next try works."""
     prepared = ready(DEV)
-    before = live()
-    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
-    try:
-        with pytest.raises(ais.CudaError) as info:
+    before = live() if FAKE is not None else []
+    with calls("cuModuleLoadData") as seen:
+        with failing(call), pytest.raises(ais.CudaError) as info:
             make(prepared)
-    finally:
-        FAKE.fake_cuda_clear_error()
-    assert str(info.value).startswith(f"{call} failed on {DEV}: CUDA_ERROR_UNKNOWN (999)")
-    kept = call == "cuModuleGetFunction"  # the module loaded is kept: the next try uses it
-    assert live() == [n + (kept and kind == MODULES) for kind, n in enumerate(before)]
-    made = make(prepared)
+        assert str(info.value).startswith(f"{call} failed on {DEV}: CUDA_ERROR_UNKNOWN (999)")
+        kept = call == "cuModuleGetFunction"  # the module loaded is kept: the next try uses it
+        if FAKE is not None:
+            assert live() == [n + (kept and kind == MODULES) for kind, n in enumerate(before)]
+        made = make(prepared)
     loaded = call.startswith("cuModule")
-    assert FAKE.fake_cuda_live(MODULES) == before[MODULES] + loaded  # once, however many tries
+    assert succeeded(seen["cuModuleLoadData"]) == loaded  # once, however many tries
     ais.current_stream(DEV).synchronize_blocking()
     del made
     gc.collect()
@@ -195,26 +194,27 @@ CANNOT_OPEN_CHILD = """
 import sys
 import aiostream as ais
 from tests.helpers.cuda import live
+from tests.helpers.faults import calls, failing
 from tests.helpers.stand_in import FAKE
 
 code = int(sys.argv[2])
 ais.Stream("cuda:0")
-before = live()
-assert FAKE.fake_cuda_fail_call(b"cuIpcOpenMemHandle", 1, code)
-try:
-    ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
-except (ValueError, ais.CudaError) as exc:
-    driver = exc.__cause__ if code == 1 else exc
-    print(type(exc).__name__, type(driver).__name__, flush=True)
-    print(exc, flush=True)
-    print(driver, flush=True)
-finally:
-    FAKE.fake_cuda_clear_error()
-print(live() == before, flush=True)
+before = live() if FAKE is not None else None
+with calls("cuIpcOpenEventHandle", "cuEventDestroy") as seen:
+    try:
+        with failing("cuIpcOpenMemHandle", 1, code):
+            ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
+    except (ValueError, ais.CudaError) as exc:
+        driver = exc.__cause__ if code == 1 else exc
+        print(type(exc).__name__, type(driver).__name__, flush=True)
+        print(exc, flush=True)
+        print(driver, flush=True)
+(opened,) = [int(result[1]) for _, result in seen["cuIpcOpenEventHandle"] if int(result[0]) == 0]
+closed = [int(args[0]) for args, _ in seen["cuEventDestroy"]] == [opened]
+print(closed and (FAKE is None or live() == before), flush=True)
 """
 
 
-@needs_stand_in
 @pytest.mark.parametrize("code", [1, 999])
 def test_a_shared_buffer_the_driver_cannot_open_says_so(code: int) -> None:
     """``cuIpcOpenMemHandle`` refusing a handle in another process: CUDA_ERROR_INVALID_VALUE
@@ -241,70 +241,67 @@ def test_a_shared_buffer_the_driver_cannot_open_says_so(code: int) -> None:
 # ----------------------------------------------------------------- waits
 
 
-async def a_wait_failing_once(s: ais.Stream, strategy: str, call: str) -> None:
-    """Await ``s`` with the driver's next ``call`` failing: the wait raises that error, with
-    the call, device and code; the next wait gets the driver's own answers and ends with the
-    work."""
-    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
-    try:
+async def a_wait_failing_once(make: Callable[[], ais.Stream], strategy: str, call: str) -> None:
+    """Await the stream ``make`` gives (made with the fault in place: a device opened then
+    launches its host functions through it) with the driver's next ``call`` failing: the wait
+    raises that error, with the call, device and code; the next wait gets the driver's own
+    answers and ends with the work."""
+    with failing(call):
+        s = make()
         with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
             await s.synchronize(strategy=strategy)
-    finally:
-        FAKE.fake_cuda_clear_error()
     assert str(info.value) == f"{call} failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
     with anyio.fail_after(5):
         await s.synchronize(strategy=strategy)
     assert s.query()
 
 
-@needs_stand_in
 @pytest.mark.parametrize("strategy", ["hybrid", "poll"])  # the strategies that query
 async def test_a_failed_query_of_a_marker_event_is_raised_with_its_call(
     anyio_backend: object, own_backend: Any, strategy: str
 ) -> None:
     """Where marks are internal events, a wait asks the driver whether its marker completed:
     an error the driver returns then ends the wait with that error, naming the call."""
-    assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
-    s = ais.Stream(DEV)
-    ais.delay(0.05, stream=s)
-    await a_wait_failing_once(s, strategy, "cuEventQuery")  # the first: the marker's
+    with failing("cuStreamWriteValue32", 1, 801):  # NOT_SUPPORTED: no value writes here
+        s = ais.Stream(DEV)
+        ais.delay(0.05, stream=s)
+        await a_wait_failing_once(lambda: s, strategy, "cuEventQuery")  # the first: the marker's
 
 
-@needs_stand_in
 @pytest.mark.parametrize("strategy", sorted(ANNOUNCED))
 async def test_a_wait_whose_host_function_cannot_be_launched_is_polled(
-    anyio_backend: object, caplog: pytest.LogCaptureFixture, strategy: str
+    anyio_backend: object, own_backend: Any, caplog: pytest.LogCaptureFixture, strategy: str
 ) -> None:
     """A wait handed to the watcher launches a host function to announce its work; if the
     driver refuses it, the wait is polled instead (a failed device is told by the health
     check) and still ends with its work."""
-    s = ais.Stream(DEV)
-    ais.delay(0.02, stream=s)
-    assert FAKE.fake_cuda_fail_call(b"cuLaunchHostFunc", 1, 999)
-    try:
+    with failing("cuLaunchHostFunc") as fault:
+        s = ais.Stream(DEV)  # the device opens: its watcher launches through the fault
+        ais.delay(0.02, stream=s)
+        assert not fault.made  # the wait below launches the first
         with anyio.fail_after(5), caplog.at_level("DEBUG", logger="aiostream"):
             await s.synchronize(strategy=strategy)
-        assert s.query()
-    finally:
-        FAKE.fake_cuda_clear_error()
+        assert s.query() and fault.failed
     assert "cuda:0: no host function for a wait" in caplog.messages
 
 
-@needs_stand_in
 @pytest.mark.parametrize("strategy", sorted(ANNOUNCED))
 async def test_a_failed_host_function_on_a_handed_out_stream_is_raised(
-    anyio_backend: object, strategy: str
+    anyio_backend: object, own_backend: Any, strategy: str
 ) -> None:
     """On a stream handed out (others may submit to it unseen), a wait's host function is
     launched when the wait begins; if the driver refuses it, the wait raises the driver's
     error with its call, and the next wait is the driver's own again."""
-    s = ais.Stream(DEV)
-    s.__cuda_stream__()
-    ais.delay(0.02, stream=s)
-    await a_wait_failing_once(s, strategy, "cuLaunchHostFunc")
+
+    def handed_out() -> ais.Stream:
+        s = ais.Stream(DEV)  # the device opens: its watcher launches through the fault
+        s.__cuda_stream__()
+        ais.delay(0.02, stream=s)
+        return s
+
+    await a_wait_failing_once(handed_out, strategy, "cuLaunchHostFunc")
 
 
-@needs_stand_in
 async def test_a_wait_that_cannot_make_the_health_event_raises_the_driver_s_error(
     anyio_backend: object, own_backend: Any
 ) -> None:
@@ -314,12 +311,8 @@ async def test_a_wait_that_cannot_make_the_health_event_raises_the_driver_s_erro
     s = ais.Stream(DEV)
     ais.delay(0.05, stream=s)
     assert own_backend.held(0)["events"] == 0  # no event of its own yet
-    assert FAKE.fake_cuda_fail_call(b"cuEventCreate", 1, 999)
-    try:
-        with anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
-            await s.synchronize(strategy="poll")
-    finally:
-        FAKE.fake_cuda_clear_error()
+    with failing("cuEventCreate"), anyio.fail_after(5), pytest.raises(ais.CudaError) as info:
+        await s.synchronize(strategy="poll")
     assert str(info.value) == "cuEventCreate failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
     assert own_backend.held(0)["events"] == 0
     with anyio.fail_after(5):
@@ -327,14 +320,14 @@ async def test_a_wait_that_cannot_make_the_health_event_raises_the_driver_s_erro
     assert own_backend.held(0)["events"] == 1 and s.query()  # the health event, made now
 
 
-@needs_stand_in
 @pytest.mark.parametrize("lookup", ["not found", "no cuGetProcAddress"])
 async def test_a_driver_without_cuLaunchHostFunc_has_every_wait_polled(
     anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch, lookup: str
 ) -> None:
     """Where the driver has no ``cuLaunchHostFunc`` to give (or no ``cuGetProcAddress`` to
-    ask), no wait is announced by a host function: a wait of every strategy is polled by the
-    watcher or the loop, and ends with its work."""
+    ask), no wait is announced by a host function (nor by the bindings' own
+    ``cuLaunchHostFunc``, whose wrapper takes the GIL on the driver's thread): a wait of every
+    strategy is polled by the watcher or the loop, and ends with its work."""
     from cuda.bindings import driver
 
     def refuse(symbol: bytes, version: int, flags: int) -> Any:
@@ -343,11 +336,14 @@ async def test_a_driver_without_cuLaunchHostFunc_has_every_wait_polled(
         raise RuntimeError("Function cuGetProcAddress not found")
 
     monkeypatch.setattr(driver, "cuGetProcAddress", refuse)
-    s = ais.Stream(DEV)  # the device's first use by this backend: its watcher looks it up
-    calls = FAKE.fake_cuda_host_calls()
-    for strategy in ("callback", "hybrid", "thread", "poll"):
-        ais.delay(0.005, stream=s)
-        with anyio.fail_after(5):
-            await s.synchronize(strategy=strategy)
-        assert s.query(), strategy
-    assert FAKE.fake_cuda_host_calls() == calls
+    with calls("cuLaunchHostFunc") as seen:
+        s = ais.Stream(DEV)  # the device's first use by this backend: its watcher looks it up
+        host_calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+        for strategy in ("callback", "hybrid", "thread", "poll"):
+            ais.delay(0.005, stream=s)
+            with anyio.fail_after(5):
+                await s.synchronize(strategy=strategy)
+            assert s.query(), strategy
+    assert seen["cuLaunchHostFunc"] == []
+    if FAKE is not None:  # and the driver ran none
+        assert FAKE.fake_cuda_host_calls() == host_calls

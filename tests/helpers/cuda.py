@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -160,33 +159,45 @@ def own_backend() -> Iterator[Any]:
 
 def close_with_a_failed_release(
     closing: Any, caplog: pytest.LogCaptureFixture, call: str, let_go: list[Any], nth: int = 1
-) -> None:
+) -> tuple[Any, ...]:
     """Close ``closing`` (a backend) with the ``nth`` next ``call`` failing, once what
     ``let_go`` holds (the program's last references to some objects) is dropped and
     collected: close says the failed release once, with its call, device and code.
 
     What earlier tests left for the collector is collected first: a buffer of theirs freed
-    by the collection below would take the failure meant for ``let_go``'s."""
+    by the collection below would take the failure meant for ``let_go``'s.
+
+    The failure is injected at the bindings (``tests/helpers/faults.py``), on any driver; the
+    failed call's arguments are returned (the handle it left). Where the test replaced the
+    entry point with a spy of its own, which sees only the calls that reach it, the stand-in
+    fails the call beneath the spy instead (and nothing is returned)."""
+    from cuda.bindings import driver
+
+    from tests.helpers.faults import failing
+
     gc.collect()
-    assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
-    try:
+    spied = FAKE is not None and not isinstance(getattr(driver, call), type(driver.cuInit))
+    fault = None
+    with contextlib.ExitStack() as stack:
+        if spied:
+            assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
+            stack.callback(FAKE.fake_cuda_clear_error)
+        else:
+            fault = stack.enter_context(failing(call, nth))
         let_go.clear()
         gc.collect()
-        # the markers the frees wait for complete first (the stand-in, on a loaded machine,
-        # may not have run them yet: memory still waiting at close is left to the exit);
-        # asked of the stand-in itself, as a driver call here could take the failure
-        deadline = time.monotonic() + 10
-        while FAKE.fake_cuda_pending() and time.monotonic() < deadline:
-            time.sleep(0.001)
+        # the markers the frees wait for complete first (memory still waiting at close is
+        # left to the exit); this block's own driver calls are not aiostream's: they never
+        # take a failure injected at the bindings
+        device_finishes()
         with caplog.at_level("WARNING", logger="aiostream"):
             closing.close()
-    finally:
-        FAKE.fake_cuda_clear_error()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [
         f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
         "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
     ]
+    return fault.args if fault is not None else ()
 
 
 def a_failed_call_is_raised_where_it_was_made(
@@ -195,7 +206,10 @@ def a_failed_call_is_raised_where_it_was_made(
     """``submit`` (a public call, given the objects below) with the driver's next call named
     by ``what``'s first word failing: it raises a CudaError naming the call and its code,
     where the call was made, and leaves the device usable (the failure was not a sticky
-    one)."""
+    one). The failure is injected at the bindings (``tests/helpers/faults.py``): it works on
+    any driver."""
+    from tests.helpers.faults import failing
+
     s = ais.Stream(DEV)
     with ais.use_stream(s):
         objects = {
@@ -214,12 +228,8 @@ def a_failed_call_is_raised_where_it_was_made(
     s.synchronize_blocking()
     gc.collect()  # no finalizer makes a driver call of its own meanwhile
     call = what.split(" ", 1)[0]
-    assert FAKE.fake_cuda_fail_call(call.encode(), 1, 999)
-    try:
-        with pytest.raises(ais.CudaError) as info:
-            submit(objects)
-    finally:
-        FAKE.fake_cuda_clear_error()
+    with failing(call), pytest.raises(ais.CudaError) as info:
+        submit(objects)
     assert info.value.code == 999 and info.value.name == "CUDA_ERROR_UNKNOWN", info.value
     assert f"{call} failed on {DEV}" in str(info.value)
     ais.delay(0.001, stream=s)  # and the device works on

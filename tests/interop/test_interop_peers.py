@@ -29,7 +29,7 @@ from aiostream.testing import VirtualTime
 from tests.helpers.cuda import primary_context
 from tests.helpers.deadlines import until
 from tests.helpers.process import ROOT, in_spawned_process, run_python
-from tests.helpers.stand_in import FAKE, hurry, needs_stand_in, take_violations
+from tests.helpers.stand_in import FAKE, hurry, take_violations
 
 needs_cuda = pytest.mark.cuda
 DEV = "cuda:0"
@@ -447,27 +447,41 @@ def test_cuda_a_buffer_handed_to_another_process_in_stream_order(loop: str) -> N
     s.synchronize_blocking()
 
 
-FAILED_WAIT_CHILD = """
+#: a child's watch on what it opens of another process's (memory, the exporter's event) and
+#: closes again, seen at the bindings on any driver (tests/helpers/faults.py); and the
+#: stand-in's count of live device buffers, where it is the driver
+OPENS_WATCHED = """
 import gc, sys
 import aiostream as ais
+from tests.helpers.faults import calls, failing, left_open
 from tests.helpers.stand_in import DEVICE_BUFFERS, FAKE
 
-assert FAKE.fake_cuda_fail_call(b"cuStreamWaitEvent", 1, 999)
-try:
-    ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
-except ais.CudaError as exc:
-    print(f"{type(exc).__name__}: {exc}", flush=True)
-finally:
-    FAKE.fake_cuda_clear_error()
-gc.collect()
-ais.current_stream("cuda:0").synchronize_blocking()  # the opened memory waits for its stream
-ais.DeviceBuffer(16, "cuda:0")  # an allocation frees what waited for work now over
-gc.collect()
-print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)
+IPC = ("cuIpcOpenMemHandle", "cuIpcCloseMemHandle", "cuIpcOpenEventHandle", "cuEventDestroy")
+
+
+def say_left_open(seen):
+    memory = left_open(seen["cuIpcOpenMemHandle"], seen["cuIpcCloseMemHandle"])
+    event = left_open(seen["cuIpcOpenEventHandle"], seen["cuEventDestroy"])
+    print(*memory, *event, flush=True)  # opened, then left open: memory's, the event's
+"""
+
+FAILED_WAIT_CHILD = """
+with calls(*IPC) as seen:
+    try:
+        with failing("cuStreamWaitEvent"):
+            ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
+    except ais.CudaError as exc:
+        print(f"{type(exc).__name__}: {exc}", flush=True)
+    gc.collect()
+    ais.current_stream("cuda:0").synchronize_blocking()  # the opened memory waits for its stream
+    ais.DeviceBuffer(16, "cuda:0")  # an allocation frees what waited for work now over
+    gc.collect()
+say_left_open(seen)
+assert FAKE is None or FAKE.fake_cuda_live(DEVICE_BUFFERS) == 0
 """
 
 
-@needs_stand_in
+@needs_cuda
 def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None:
     """Opening another process's buffer ends with the opening stream waiting for the
     exporter's event; when that ``cuStreamWaitEvent`` fails, the error names the call and the
@@ -475,33 +489,32 @@ def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None
     leaves nothing open at exit. The exporter (this process) stays alive meanwhile, as the
     driver needs."""
     shared = ais.DeviceBuffer(16, DEV, interprocess=True)
-    child = run_python("-c", FAILED_WAIT_CHILD, shared.ipc_handle().hex())
+    child = run_python("-c", OPENS_WATCHED + FAILED_WAIT_CHILD, shared.ipc_handle().hex())
     assert child.returncode == 0, child.stderr[-3000:]
     said, after = child.stdout.splitlines()
     assert said.startswith(
         "CudaError: cuStreamWaitEvent failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
     )
-    assert after == "0"  # closed (the stand-in counts a close under pending work a violation)
+    # both opened, both closed (the stand-in counts a close under pending work a violation)
+    assert after == "1 0 1 0"
     assert "fake_cuda: at exit" not in child.stderr, child.stderr
     del shared
 
 
 LYING_SIZE_CHILD = """
-import gc, sys
-import aiostream as ais
-from tests.helpers.stand_in import DEVICE_BUFFERS, FAKE
-
-try:
-    ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
-except ValueError as exc:
-    print(f"ValueError: {exc}", flush=True)
-gc.collect()
-ais.current_stream("cuda:0").synchronize_blocking()
-print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)
+with calls(*IPC) as seen:
+    try:
+        ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
+    except ValueError as exc:
+        print(f"ValueError: {exc}", flush=True)
+    gc.collect()
+    ais.current_stream("cuda:0").synchronize_blocking()
+say_left_open(seen)
+assert FAKE is None or FAKE.fake_cuda_live(DEVICE_BUFFERS) == 0
 """
 
 
-@needs_stand_in
+@needs_cuda
 def test_cuda_a_handle_that_claims_more_than_its_memory_holds_is_refused() -> None:
     """The size in a buffer's handle is the exporter's word: a handle changed to claim 1 MiB
     for 4 KiB of memory is refused where it opens (the driver says how large the allocation
@@ -509,52 +522,52 @@ def test_cuda_a_handle_that_claims_more_than_its_memory_holds_is_refused() -> No
     shared = ais.DeviceBuffer(4096, DEV, interprocess=True)
     handle = bytearray(shared.ipc_handle())
     struct.pack_into("<Q", handle, 8, 1 << 20)  # the header's nbytes, after its magic
-    child = run_python("-c", LYING_SIZE_CHILD, bytes(handle).hex())
+    child = run_python("-c", OPENS_WATCHED + LYING_SIZE_CHILD, bytes(handle).hex())
     assert child.returncode == 0, child.stderr[-3000:]
     said, left = child.stdout.splitlines()
     assert said == (
         "ValueError: this IPC handle claims 1048576 bytes, but the memory it opens holds "
         "4096: pass the bytes that DeviceBuffer.ipc_handle() returned, unchanged"
     )
-    assert left == "0"  # closed again
+    assert left.startswith("1 0 ")  # the memory opened, closed again
     assert "fake_cuda: at exit" not in child.stderr, child.stderr
     del shared
 
 
 FAILED_CLOSE_CHILD = """
-import gc, logging, sys
+import logging
 from cuda.bindings import driver as cu
-import aiostream as ais
 from tests.helpers.cuda import primary_context
-from tests.helpers.stand_in import DEVICE_BUFFERS, FAKE
 
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-buf = ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
-address = buf.__cuda_array_interface__["data"][0]
-ais.current_stream("cuda:0").synchronize_blocking()
-assert FAKE.fake_cuda_fail_call(b"cuIpcCloseMemHandle", 1, 999)
-try:
-    del buf
-    gc.collect()
-    ais.DeviceBuffer(16, "cuda:0")  # an allocation frees what waited for work now over
-    gc.collect()
-finally:
-    FAKE.fake_cuda_clear_error()
-print(FAKE.fake_cuda_live(DEVICE_BUFFERS), flush=True)  # left open by the failed call
+with calls(*IPC) as seen:
+    buf = ais.DeviceBuffer.from_ipc_handle("cuda:0", bytes.fromhex(sys.argv[1]))
+    address = buf.__cuda_array_interface__["data"][0]
+    ais.current_stream("cuda:0").synchronize_blocking()
+    with failing("cuIpcCloseMemHandle") as fault:
+        del buf
+        gc.collect()
+        ais.DeviceBuffer(16, "cuda:0")  # an allocation frees what waited for work now over
+        gc.collect()
+    assert fault.failed
+say_left_open(seen)  # the memory left open by the failed call
+assert FAKE is None or FAKE.fake_cuda_live(DEVICE_BUFFERS) == 1
 with primary_context():  # closed as a user would
     print(int(cu.cuIpcCloseMemHandle(cu.CUdeviceptr(address))[0]), flush=True)
 """
 
 
-@needs_stand_in
+@needs_cuda
 def test_cuda_a_shared_buffer_that_cannot_be_closed_is_said_at_exit() -> None:
     """Another process's buffer, dropped, is closed (``cuIpcCloseMemHandle``) once its work
     is over; a close that fails never raises (it runs in a finalizer) and is said once at
     exit, with its call, device and code. The handle is left as it was, for the driver."""
     shared = ais.DeviceBuffer(16, DEV, interprocess=True)
-    child = run_python("-c", FAILED_CLOSE_CHILD, shared.ipc_handle().hex())
+    child = run_python("-c", OPENS_WATCHED + FAILED_CLOSE_CHILD, shared.ipc_handle().hex())
     assert child.returncode == 0, child.stderr[-3000:]
-    assert child.stdout.splitlines() == ["1", "0"]  # open after the failure, closed by hand
+    left, closed = child.stdout.splitlines()
+    assert left.startswith("1 1 ")  # the memory open after the failure
+    assert closed == "0"  # and closed by hand
     assert child.stderr.splitlines() == [
         "aiostream could not release 1 CUDA handle(s) (the first: cuIpcCloseMemHandle failed "
         "on cuda:0: CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
@@ -606,7 +619,7 @@ async def test_cuda_a_buffer_handle_opened_in_its_own_process_shares_the_buffer(
     gc.collect()
 
 
-@needs_stand_in
+@pytest.mark.stand_in("the stand-in's own checks of the driver's IPC rules")
 def test_cuda_the_stand_in_keeps_the_drivers_ipc_rules() -> None:
     """What the driver's documentation says of IPC memory, which aiostream's checks spare it:
     cuMemAlloc's memory only, opened in another process only, with the one flag."""

@@ -13,4 +13,7 @@ conftest.py files hold fixtures and hooks only.
 - :mod:`.fake_cuda`: builds the stand-in CUDA driver (``tests/fake_cuda/fake_cuda.c``).
 - :mod:`.stand_in`: the stand-in driver's test hooks, where it is the driver.
 - :mod:`.cuda`: what the CUDA tests share (the primary context, a backend of a test's own).
+- :mod:`.faults`: driver calls made to fail, and counted, at the bindings: on any driver.
+- :mod:`.gate`: device work held on a host-mapped word until the test releases it: on any
+  driver, as a GPU holds it.
 """

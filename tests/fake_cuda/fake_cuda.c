@@ -149,7 +149,9 @@
  * FAKE_CUDA_TRACE=1 (print symbol lookups that fail, and violations as they happen).
  *
  * Test hooks (called through ctypes) are at the end of this file, each with its comment.
- * The hurry hooks bring non-held work forward; held work waits for its memory wait.
+ * Built with -DFAKE_CUDA_NO_HOOKS they are not exported, so that a process sees the driver API
+ * only, as on a GPU (python -m tests.helpers.fake_cuda --no-hooks FOLDER); the exit report
+ * stays. The hurry hooks bring non-held work forward; held work waits for its memory wait.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -3017,8 +3019,16 @@ static CUresult cuGraphGetNodes(void *hg, void **nodes, size_t *count) {
 
 /* ------------------------------------------------------------------ test hooks */
 
+/* Built with -DFAKE_CUDA_NO_HOOKS, the hooks are not exported: a process sees the driver API
+ * only, as on a GPU (the exit report stays: it is no hook). */
+#ifdef FAKE_CUDA_NO_HOOKS
+#define HOOK static __attribute__((unused))
+#else
+#define HOOK
+#endif
+
 /* The next kernel launched fails with ``code`` when it completes (a sticky error). */
-void fake_cuda_fail_next_launch(int code) {
+HOOK void fake_cuda_fail_next_launch(int code) {
     pthread_mutex_lock(&lock);
     fail_next_code = code;
     pthread_mutex_unlock(&lock);
@@ -3027,7 +3037,7 @@ void fake_cuda_fail_next_launch(int code) {
 /* The ``nth`` next call of the entry point ``name``, from any thread, returns ``code`` and
  * does nothing else (at most 8 at once). Every entry point but cuInit, cuDriverGetVersion,
  * cuGetErrorName, cuGetErrorString and cuGetProcAddress can be made to fail. */
-int fake_cuda_fail_call(const char *name, long nth, int code) {
+HOOK int fake_cuda_fail_call(const char *name, long nth, int code) {
     pthread_mutex_lock(&lock);
     int slot = -1;
     for (int i = 0; i < 8 && slot < 0; i++) if (failpoints[i].countdown <= 0) slot = i;
@@ -3042,7 +3052,7 @@ int fake_cuda_fail_call(const char *name, long nth, int code) {
 
 /* Forget every context's sticky error, and the failures asked for (a real context stays
  * failed: this only lets one test process run several fault tests). */
-void fake_cuda_clear_error(void) {
+HOOK void fake_cuda_clear_error(void) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAXDEV; i++) ctxs[i].sticky = OK;
     fail_next_code = 0;
@@ -3053,7 +3063,7 @@ void fake_cuda_clear_error(void) {
 
 /* Live handles of a kind: 0 streams, 1 events, 2 contexts, 3 pinned host buffers, 4 device
  * buffers, 5 modules. */
-long fake_cuda_live(int kind) {
+HOOK long fake_cuda_live(int kind) {
     pthread_mutex_lock(&lock);
     long n = 0;
     if (kind == KIND_CONTEXT) {
@@ -3072,21 +3082,21 @@ long fake_cuda_live(int kind) {
 }
 
 /* Host functions launched, and how many of them were no C function (Python). */
-long fake_cuda_host_calls(void) {
+HOOK long fake_cuda_host_calls(void) {
     pthread_mutex_lock(&lock);
     long n = host_calls;
     pthread_mutex_unlock(&lock);
     return n;
 }
 
-long fake_cuda_host_calls_python(void) {
+HOOK long fake_cuda_host_calls_python(void) {
     pthread_mutex_lock(&lock);
     long n = host_calls_python;
     pthread_mutex_unlock(&lock);
     return n;
 }
 
-long fake_cuda_violations(void) {
+HOOK long fake_cuda_violations(void) {
     pthread_mutex_lock(&lock);
     long n = violations;
     pthread_mutex_unlock(&lock);
@@ -3095,7 +3105,7 @@ long fake_cuda_violations(void) {
 
 /* The violations so far (the last 16 described in ``buf``), forgotten: for tests that
  * provoke one on purpose. Returns how many there were. */
-long fake_cuda_take_violations(char *buf, size_t size) {
+HOOK long fake_cuda_take_violations(char *buf, size_t size) {
     pthread_mutex_lock(&lock);
     long n = violations;
     size_t used = 0;
@@ -3111,7 +3121,7 @@ long fake_cuda_take_violations(char *buf, size_t size) {
 }
 
 /* References held to a device's primary context. */
-int fake_cuda_context_refs(int dev) {
+HOOK int fake_cuda_context_refs(int dev) {
     pthread_mutex_lock(&lock);
     int n = (dev >= 0 && dev < MAXDEV) ? ctxs[dev].refs : -1;
     pthread_mutex_unlock(&lock);
@@ -3119,7 +3129,7 @@ int fake_cuda_context_refs(int dev) {
 }
 
 /* Handles leaked at context resets so far; the count starts again from zero. */
-long fake_cuda_take_leaks(void) {
+HOOK long fake_cuda_take_leaks(void) {
     pthread_mutex_lock(&lock);
     long n = leaks;
     leaks = 0;
@@ -3128,7 +3138,7 @@ long fake_cuda_take_leaks(void) {
 }
 
 /* Relax one rule (context, portable, python-host-fn, exit) or restore it. */
-void fake_cuda_relax(const char *rule, int on) {
+HOOK void fake_cuda_relax(const char *rule, int on) {
     pthread_mutex_lock(&lock);
     unsigned bit = parse_relax(rule);
     relaxed = on ? (relaxed | bit) : (relaxed & ~bit);
@@ -3136,7 +3146,7 @@ void fake_cuda_relax(const char *rule, int on) {
 }
 
 /* Another library takes (1) or gives back (0) a reference to a device's primary context. */
-int fake_cuda_hold_primary(int dev, int hold) {
+HOOK int fake_cuda_hold_primary(int dev, int hold) {
     void *ctx;
     return hold ? cuDevicePrimaryCtxRetain(&ctx, dev) : cuDevicePrimaryCtxRelease(dev);
 }
@@ -3144,7 +3154,7 @@ int fake_cuda_hold_primary(int dev, int hold) {
 /* A kernel that reads [p, p + n) on a stream when it runs, ``ns`` long: a user's kernel
  * using memory, for tests of when memory may be freed or reused. ``hs`` NULL: the default
  * stream of device ``dev``. On a capturing stream it is a kernel node, as cuLaunchKernel's. */
-int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
+HOOK int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
     pthread_mutex_lock(&lock);
     CUresult r;
     Stream *s = NULL;
@@ -3174,14 +3184,14 @@ int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
 
 /* The grid (x, y, z), block (x, y, z) and dynamic shared memory of the last kernel launch
  * that passed the launch checks, into out[7]. */
-void fake_cuda_last_launch(unsigned *out) {
+HOOK void fake_cuda_last_launch(unsigned *out) {
     pthread_mutex_lock(&lock);
     memcpy(out, last_launch, sizeof last_launch);
     pthread_mutex_unlock(&lock);
 }
 
 /* The priority the driver recorded for a stream (-100 for a bad handle). */
-int fake_cuda_stream_priority(void *hs) {
+HOOK int fake_cuda_stream_priority(void *hs) {
     pthread_mutex_lock(&lock);
     int p = -100;
     if (known(hs) && ((Obj *)hs)->kind == KIND_STREAM) p = ((Stream *)hs)->priority;
@@ -3190,7 +3200,7 @@ int fake_cuda_stream_priority(void *hs) {
 }
 
 /* The flags an event was created with (CU_EVENT_*; -1 for a bad handle). */
-int fake_cuda_event_flags(void *he) {
+HOOK int fake_cuda_event_flags(void *he) {
     pthread_mutex_lock(&lock);
     int f = -1;
     if (known(he) && ((Obj *)he)->kind == KIND_EVENT) f = (int)((Event *)he)->flags;
@@ -3199,7 +3209,7 @@ int fake_cuda_event_flags(void *he) {
 }
 
 /* Operations submitted and not completed yet (held ones included). */
-long fake_cuda_pending(void) {
+HOOK long fake_cuda_pending(void) {
     pthread_mutex_lock(&lock);
     long n = (long)nheap + held_real;
     pthread_mutex_unlock(&lock);
@@ -3208,7 +3218,7 @@ long fake_cuda_pending(void) {
 
 /* Make each host function launched from now on run ``ns`` after the work before it (a driver
  * thread that is slow to get to it). */
-void fake_cuda_host_fn_delay(uint64_t ns) {
+HOOK void fake_cuda_host_fn_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     host_fn_ns = ns;
     pthread_mutex_unlock(&lock);
@@ -3216,7 +3226,7 @@ void fake_cuda_host_fn_delay(uint64_t ns) {
 
 /* Make each stream memory write (cuStreamWriteValue32) submitted from now on land ``ns`` after
  * the work before it (a device slow to get to it): the stream stays busy that long. */
-void fake_cuda_write_delay(uint64_t ns) {
+HOOK void fake_cuda_write_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     write_ns = ns;
     pthread_mutex_unlock(&lock);
@@ -3224,7 +3234,7 @@ void fake_cuda_write_delay(uint64_t ns) {
 
 /* Make the driver's thread take ``ns`` to return from each host function before the stream
  * goes on (what comes after a host function lands that much after the function ran). */
-void fake_cuda_host_fn_return_delay(uint64_t ns) {
+HOOK void fake_cuda_host_fn_return_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     host_fn_return_ns = ns;
     pthread_mutex_unlock(&lock);
@@ -3268,7 +3278,7 @@ static void hurry_until(uint64_t n, uint64_t limit) {
 /* Bring every pending operation due later forward to now: a test ends the "kernel that never
  * ends" it launched, so that later tests of the process (which share the primary contexts) do
  * not wait behind it. */
-void fake_cuda_hurry(void) {
+HOOK void fake_cuda_hurry(void) {
     pthread_mutex_lock(&lock);
     hurry_until(now_ns(), UINT64_MAX);
     pthread_mutex_unlock(&lock);
@@ -3277,7 +3287,7 @@ void fake_cuda_hurry(void) {
 /* The same for the operations due within ``ns`` from now only: a test ends a long kernel it
  * launched when it chooses, while what it made later (a host function run late with
  * fake_cuda_host_fn_delay) stays late. */
-void fake_cuda_hurry_within(uint64_t ns) {
+HOOK void fake_cuda_hurry_within(uint64_t ns) {
     pthread_mutex_lock(&lock);
     uint64_t n = now_ns();
     hurry_until(n, n + ns);
@@ -3285,14 +3295,14 @@ void fake_cuda_hurry_within(uint64_t ns) {
 }
 
 /* The device whose context is current on the calling thread (-1: none). */
-int fake_cuda_current_device(void) {
+HOOK int fake_cuda_current_device(void) {
     Ctx *c = current();
     return c ? c->dev : -1;
 }
 
 /* Capture sequences invalidated so far (by a prohibited call, a breach of the capture rules, or
  * an unjoined end); the count starts again from zero. */
-long fake_cuda_captures_invalidated(void) {
+HOOK long fake_cuda_captures_invalidated(void) {
     pthread_mutex_lock(&lock);
     long n = captures_invalidated;
     captures_invalidated = 0;
@@ -3302,7 +3312,7 @@ long fake_cuda_captures_invalidated(void) {
 
 /* Nodes of graph launches completed so far (each launch runs each node once); the count
  * starts again from zero. */
-long fake_cuda_graph_nodes_run(void) {
+HOOK long fake_cuda_graph_nodes_run(void) {
     pthread_mutex_lock(&lock);
     long n = graph_nodes_run;
     graph_nodes_run = 0;
@@ -3311,7 +3321,7 @@ long fake_cuda_graph_nodes_run(void) {
 }
 
 /* Capture sequences begun and not ended yet (active or invalidated), in every thread. */
-long fake_cuda_open_captures(void) {
+HOOK long fake_cuda_open_captures(void) {
     pthread_mutex_lock(&lock);
     long n = open_captures;
     pthread_mutex_unlock(&lock);
@@ -3319,7 +3329,7 @@ long fake_cuda_open_captures(void) {
 }
 
 /* Live graphs (``execs`` 0) or executable graphs (1): not destroyed, in a live context. */
-long fake_cuda_graphs_live(int execs) {
+HOOK long fake_cuda_graphs_live(int execs) {
     pthread_mutex_lock(&lock);
     long n = 0;
     int kind = execs ? KIND_EXEC : KIND_GRAPH;

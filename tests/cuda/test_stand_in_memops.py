@@ -1,9 +1,9 @@
 """Stream memory operations as the driver API reference documents them (cuStreamWaitValue32
-and 64, cuStreamWriteValue64): work submitted to a stream after a wait is held on the device
-until the wait's word satisfies its condition, and so is the work of the streams that wait for
-a record among it.
+and 64, cuStreamWriteValue64), and the gates of ``tests/helpers/gate.py`` built on them: work
+submitted to a stream after a wait is held on the device until the wait's word satisfies its
+condition, and so is the work of the streams that wait for a record among it.
 
-These reach the driver through cuda-python's bindings; only the
+These reach the driver through cuda-python's bindings and aiostream's public names; only the
 tests marked ``stand_in`` use the stand-in's hooks. The others run on a GPU as on the stand-in,
 checking the stand-in against the driver it imitates (a violation the stand-in counts for a
 refused call is taken where the stand-in is the driver).
@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import ctypes
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anyio
 import pytest
 
-from tests.helpers.driver_calls import Context, code, ok
+import aiostream as ais
+from tests.helpers.cuda import DEV, N, primary_context
+from tests.helpers.driver_calls import Context, code, libc, ok
+from tests.helpers.gate import gate, gated
 from tests.helpers.process import run_python
 from tests.helpers.stand_in import (
     FAKE,
@@ -391,3 +396,128 @@ def test_held_work_is_pending_work_at_exit_and_at_a_reset(end: str) -> None:
     proc = run_python("-c", f"END = {end!r}\n" + textwrap.dedent(HELD_AT_THE_END))
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
     assert proc.stderr == ""
+
+
+# ---------------------------------------------------------------------- gates
+
+
+def test_a_kernel_after_a_gate_waits_for_its_release() -> None:
+    s = ais.Stream(DEV)
+    ais.delay(0.001, stream=s)  # what is queued before runs as usual
+    before = s.record_event()
+    with gated(s) as release:
+        ais.delay(0.001, stream=s)
+        soon(before.query, "the work before the gate")
+        held_for(lambda: not s.query())
+        release()
+        s.synchronize_blocking()
+    assert s.query()
+
+
+def test_a_copy_after_a_gate_moves_nothing_before_its_release() -> None:
+    s = ais.Stream(DEV)
+    up, down = ais.HostBuffer(N, device=DEV), ais.HostBuffer(N, device=DEV)
+    dev = ais.DeviceBuffer(N, DEV)
+    up.numpy()[:] = 7
+    down.numpy()[:] = 0
+    with gated(s) as release:
+        ais.copy_async(dev, up, stream=s)
+        ais.copy_async(down, dev, stream=s)
+        held_for(lambda: not down.numpy().any())
+        release()
+        s.synchronize_blocking()
+    assert (down.numpy() == 7).all()
+
+
+def test_a_record_after_a_gate_holds_the_streams_that_wait_for_it() -> None:
+    a, b, c = ais.Stream(DEV), ais.Stream(DEV), ais.Stream(DEV)
+    with gated(a) as release:
+        e = a.record_event()
+        b.wait_event(e)
+        ais.delay(0.001, stream=b)
+        c.wait_stream(b)  # and the streams that wait for those, transitively
+        last = c.record_event()
+        held_for(lambda: not (e.query() or b.query() or c.query() or last.query()))
+        release()
+        last.synchronize_blocking()
+    assert e.query() and a.query() and b.query() and c.query()
+
+
+def test_a_host_function_after_a_gate_runs_after_its_release() -> None:
+    """A C host function (libc's ``sem_post``) through the driver's own cuLaunchHostFunc."""
+    s = ais.Stream(DEV)
+    sem = ctypes.create_string_buffer(64)
+    libc.sem_init(sem, 0, 0)
+    runs = ctypes.c_int()
+
+    def ran() -> int:
+        libc.sem_getvalue(sem, ctypes.byref(runs))
+        return runs.value
+
+    with gated(s) as release:
+        with primary_context() as driver:
+            pfn = ok(driver.cuGetProcAddress(b"cuLaunchHostFunc", 10000, 0))[0]
+            launch = ctypes.CFUNCTYPE(
+                ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+            )(int(pfn))
+            post = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
+            assert launch(s.stream_id, post, ctypes.addressof(sem)) == 0
+        held_for(lambda: ran() == 0)
+        release()
+        s.synchronize_blocking()
+    assert ran() == 1
+
+
+def test_a_gate_is_released_once_and_on_a_failure() -> None:
+    s = ais.Stream(DEV)
+    with pytest.raises(KeyError), gated(s):
+        ais.delay(0.001, stream=s)
+        raise KeyError("the test failed")
+    s.synchronize_blocking()  # released: the work went on
+    release = gate(s)
+    release()
+    release()  # idempotent
+    ais.delay(0.001, stream=s)
+    s.synchronize_blocking()
+
+
+def test_a_gate_refuses_the_default_stream_and_virtual_devices() -> None:
+    with pytest.raises(ValueError, match="not the legacy default stream"):
+        gate(ais.default_stream(DEV))
+    with pytest.raises(TypeError, match="virtual device's own means"):
+        gate(ais.Stream("virtual:0"))
+
+
+@pytest.mark.parametrize("releaser", ["task", "thread"])
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+async def test_an_await_ends_only_after_the_release(
+    anyio_backend: object, releaser: str, strategy: str
+) -> None:
+    ais.set_wait_strategy(strategy)
+    s = ais.Stream(DEV)
+    released = threading.Event()
+    with gated(s) as release:
+        ais.delay(0.001, stream=s)
+        e = s.record_event()
+
+        def let_go() -> None:
+            released.set()
+            release()
+
+        if releaser == "thread":
+            timer = threading.Timer(HELD_FOR, let_go)
+            timer.start()
+            await e.synchronize()
+            timer.join()
+        else:
+            async with anyio.create_task_group() as tg:
+
+                async def later() -> None:
+                    await anyio.sleep(HELD_FOR)
+                    let_go()
+
+                tg.start_soon(later)
+                await e.synchronize()
+        assert released.is_set()
+        assert e.query()
+    await s

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import fake_cuda
 from tests.helpers.fake_cuda import run_on
 
 pytestmark = [
@@ -171,3 +172,46 @@ def test_the_cuda_backend_turns_nvtx_on_where_installed(stand_in_folder: Path) -
     assert proc.returncode == 0, proc.stderr
     expected = "cuda [('start', 'aiostream', 'on cuda'), ('end', 'on cuda')]\n"
     assert "virtual []\n" + expected in proc.stdout, proc.stdout
+
+
+#: the stand-in's test hooks, as its source defines them
+HOOKS = re.findall(r"^HOOK \w+ (fake_cuda_\w+)\(", fake_cuda.SOURCE.read_text(), re.M)
+
+AS_ON_A_GPU = """
+import ctypes, sys, threading, time
+lib = ctypes.CDLL("libcuda.so.1")
+print("hooks", sorted(name for name in sys.argv[1].split(",") if hasattr(lib, name)))
+from tests.helpers import stand_in
+print("driver", stand_in.OK, "stand-in", stand_in.FAKE is not None)
+import aiostream as ais
+from tests.helpers.gate import gated
+s = ais.Stream("cuda:0")
+with gated(s) as release:
+    ais.delay(0.001, stream=s)
+    e = s.record_event()
+    time.sleep(0.05)
+    print("held", not e.query())
+    release()
+    e.synchronize_blocking()
+print("released", e.query(), flush=True)
+from cuda.bindings import driver as cu
+threading.Thread(target=lambda: cu.cuStreamCreate(1)).start()  # no context current there
+"""
+
+
+@pytest.mark.parametrize("hooks", [True, False], ids=["hooks", "no-hooks"])
+def test_built_without_its_hooks_the_stand_in_is_seen_as_a_gpus_driver(
+    stand_in_folder: Path, tmp_path: Path, hooks: bool
+) -> None:
+    """``build(folder, hooks=False)`` exports the driver API only: the tests see a CUDA
+    driver and no stand-in (those that need its hooks skip, as on a GPU), gates hold work
+    through the driver API all the same, and the report at exit, no hook, still fails the
+    process on a violation."""
+    assert len(HOOKS) > 20
+    folder = stand_in_folder if hooks else fake_cuda.build(tmp_path, hooks=False)
+    proc = run_on(folder, "-c", AS_ON_A_GPU, ",".join(HOOKS))
+    assert f"hooks {sorted(HOOKS) if hooks else []}\n" in proc.stdout, proc.stdout + proc.stderr
+    assert f"driver True stand-in {hooks}\nheld True\nreleased True\n" in proc.stdout, proc.stdout
+    assert proc.returncode == 70, proc.stderr
+    assert "fake_cuda: at exit: 1 violation(s)" in proc.stderr, proc.stderr
+    assert "cuStreamCreateWithPriority with no current context" in proc.stderr

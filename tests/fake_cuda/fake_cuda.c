@@ -22,6 +22,12 @@
  *   kernel at its end, a copy moving its bytes then (never at the call), an event record, a
  *   host function called on that thread. Queries and synchronizations read what that thread
  *   has completed; synchronizations sleep on a condition variable, as blocking-sync waits do.
+ *   Work behind a stream memory wait that is not over is *held* (no due time yet): everything
+ *   submitted to that stream after the wait (kernels, copies, records, host functions, memory
+ *   operations, allocations, frees, graph launches, further waits), a record among it, and the
+ *   work of every stream that waits for such a record, transitively. Held work is pending
+ *   work: cuStreamQuery and cuEventQuery answer CUDA_ERROR_NOT_READY, the synchronizations
+ *   block, until the wait is over; it then gets its due times from that moment.
  * - Faults. A kernel made to fail sets its context's sticky error when it completes; every
  *   later call in that context returns it, and no later operation of the context takes effect:
  *   host functions enqueued before or after it never run, copies move nothing.
@@ -32,12 +38,26 @@
  *   memory that pending operations still use. Pinned memory used in another context's copy
  *   needs CU_MEMHOSTALLOC_PORTABLE. Pageable host memory is staged at the call (host to
  *   device) or copied before the call returns (device to host), as the driver does.
- * - Stream memory operations: cuStreamWriteValue32 writes its value when the stream reaches
- *   it, into device memory or pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP. Its
- *   flags are CU_STREAM_WRITE_VALUE_DEFAULT (0) and CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
- *   (1), any other is a violation (CUDA_ERROR_INVALID_VALUE). Without the barrier the write
- *   "may be reordered with writes issued before it": behind pending work, its value lands
- *   as that work ends, 20 ms before the work's own effects (its bytes, its completion).
+ * - Stream memory operations (cuStreamWriteValue32/64, cuStreamWaitValue32/64, the _v2 API of
+ *   the reference's "Stream Memory Operations"), on a word of 4 or 8 bytes in device memory or
+ *   in pinned memory allocated with CU_MEMHOSTALLOC_DEVICEMAP (its address from
+ *   cuMemHostGetDevicePointer), live and aligned to its size; the device attributes say all
+ *   of them are supported (CAN_USE_STREAM_MEM_OPS_V1, CAN_USE_64_BIT_STREAM_MEM_OPS and _V1,
+ *   CAN_USE_STREAM_WAIT_VALUE_NOR and _V1, CAN_FLUSH_REMOTE_WRITES, and CAN_MAP_HOST_MEMORY
+ *   and UNIFIED_ADDRESSING for the mapped words). An unaligned word, a word in no such live
+ *   memory, or an unknown flag: a violation (CUDA_ERROR_INVALID_VALUE). A write stores its
+ *   value when the stream reaches it; its flags are CU_STREAM_WRITE_VALUE_DEFAULT (0) and
+ *   CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1). Without the barrier the write "may be
+ *   reordered with writes issued before it": behind pending work, its value lands as that
+ *   work ends, 20 ms before the work's own effects (its bytes, its completion). A wait holds
+ *   the stream's later work until the stream has reached it and its word satisfies its
+ *   condition, which the driver's thread reads every 30 us while a wait is pending (a GPU
+ *   polls too): CU_STREAM_WAIT_VALUE_GEQ (0, cyclic: (int32_t)(*addr - value) >= 0, int64_t
+ *   for 64 bits), EQ (1), AND (2, (*addr & value) != 0), NOR (3, ~(*addr | value) != 0), with
+ *   CU_STREAM_WAIT_VALUE_FLUSH (1 << 30) or not (this driver's writes are all visible at
+ *   once). A wait of a failed or reset context is over (its work is dropped), and so is one
+ *   on memory freed under it (the free is the violation). The memory stays in use until the
+ *   operation completes: freeing it before is a violation, as for any pending work.
  * - cuStreamWaitEvent takes flags 0, and CU_EVENT_WAIT_EXTERNAL (1) from a capturing stream
  *   only (any other use is a violation, CUDA_ERROR_INVALID_VALUE). A wait for a record not yet
  *   completed is an operation of the stream ("all operations in the stream", cuStreamQuery):
@@ -50,10 +70,13 @@
  *   guide's "CUDA Graphs" describe them; the section "stream capture" below says how, and where
  *   the documentation leaves a case open this driver takes the least forgiving reading, said
  *   at that spot. Work submitted to a capturing stream (kernels, async copies between pinned
- *   or device memory, host functions, cuStreamWriteValue32, cuMemAllocAsync/cuMemFreeAsync,
- *   an external event wait) does not run: it is a node of the capture's graph, which runs at
- *   each cuGraphLaunch as operations of the launch stream, each due after its dependencies,
- *   the stream's earlier work and the previous launch of its executable graph. Event records
+ *   or device memory, host functions, stream memory writes and waits, cuMemAllocAsync and
+ *   cuMemFreeAsync, an external event wait) does not run: it is a node of the capture's graph,
+ *   which runs at each cuGraphLaunch as operations of the launch stream, each due after its
+ *   dependencies, the stream's earlier work and the previous launch of its executable graph; a
+ *   memory wait node holds, at each launch, the nodes after it and the launch's end (what
+ *   comes after the launch on its stream, and the next launch of its executable graph). Event
+ *   records
  *   and waits inside a capture are edges only: a launch records no event, and an event
  *   recorded in a capture stays a captured event (also after the capture ended) until it is
  *   recorded again outside any capture. A stream joins a capture by waiting for an event
@@ -115,7 +138,8 @@
  * - At exit it reports live handles, leaked handles and every violation on stderr, and the
  *   process exits with status 70 if there is any (live handles are allowed under rule "exit",
  *   and in a context with work pending at exit, or pending at its last cuStreamQuery; memory
- *   is allowed: the program may still read it, and the exit frees it with its context).
+ *   is allowed: the program may still read it, and the exit frees it with its context). Held
+ *   work is pending work, at exit as at a context reset (its memory is not leaked then).
  *
  * Environment: FAKE_CUDA_DEVICES (default 1; 0 makes cuInit fail with CUDA_ERROR_NO_DEVICE),
  * FAKE_CUDA_STUB=1 (cuInit fails as the toolkit's stub library does), FAKE_CUDA_NO_POOLS=1 (no
@@ -125,6 +149,9 @@
  * FAKE_CUDA_TRACE=1 (print symbol lookups that fail, and violations as they happen).
  *
  * Test hooks (called through ctypes) are at the end of this file, each with its comment.
+ * Built with -DFAKE_CUDA_NO_HOOKS they are not exported, so that a process sees the driver API
+ * only, as on a GPU (python -m tests.helpers.fake_cuda --no-hooks FOLDER); the exit report
+ * stays. The hurry hooks bring non-held work forward; held work waits for its memory wait.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -160,6 +187,11 @@ enum {
 enum { EV_BLOCKING = 1, EV_DISABLE_TIMING = 2, EV_INTERPROCESS = 4 };
 enum { HOST_PORTABLE = 1, HOST_DEVICEMAP = 2 };
 enum { ATTR_MEMORY_POOLS_SUPPORTED = 115 };
+/* CUdevice_attribute: what this driver supports of the device attributes it is asked for */
+enum { ATTR_CAN_MAP_HOST_MEMORY = 19, ATTR_UNIFIED_ADDRESSING = 41,
+       ATTR_CAN_USE_STREAM_MEM_OPS_V1 = 92, ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS_V1 = 93,
+       ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR_V1 = 94, ATTR_CAN_FLUSH_REMOTE_WRITES = 98,
+       ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS = 122, ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR = 123 };
 enum { KIND_STREAM = 0, KIND_EVENT = 1, KIND_CONTEXT = 2, KIND_HOST = 3, KIND_DEVICE = 4,
        KIND_MODULE = 5, KIND_FUNCTION = 6, KIND_GRAPH = 7, KIND_EXEC = 8, NKINDS = 9 };
 enum { RELAX_CONTEXT = 1, RELAX_PORTABLE = 2, RELAX_PYTHON_HOST_FN = 4, RELAX_EXIT = 8,
@@ -211,6 +243,8 @@ typedef struct Stream {
     int nseen;             /* for, directly or through other streams (for the join check) */
     unsigned char *edges;  /* zeroed edge data for cuStreamGetCaptureInfo */
     int nedges;
+    struct Op *held_tail;  /* its last operation while that has no due time yet (held work,
+                            * see "the driver's thread"); ``tail`` is then a lower bound */
 } Stream;
 
 typedef struct Event {
@@ -218,6 +252,7 @@ typedef struct Event {
     unsigned flags;
     uint64_t recs, done;   /* records submitted, and the last one completed */
     uint64_t due;          /* due time of the latest record */
+    struct Op *held_rec;   /* the latest record while it has no due time yet (held work) */
     uint64_t time;         /* completion time of the last completed record */
     int blockers;          /* threads inside cuEventSynchronize on it */
     struct IpcEventState *ipc;           /* an interprocess event's state, shared (memfd) */
@@ -588,9 +623,29 @@ static CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
 
 /* ------------------------------------------------------------------ the driver's thread */
 
+/* Operations, and when they run. An operation submitted behind work whose due time is known
+ * gets its own due time at once (after its stream's earlier work, the records its stream
+ * waits for, and its duration) and is queued in a heap the driver's thread completes in (due
+ * time, submission) order. A stream memory wait (cuStreamWaitValue32/64) has no due time: it
+ * is *held* until the stream reaches it and its word satisfies its condition, which the
+ * driver's thread checks every POLL_NS while such a wait is pending (a GPU polls too); its due
+ * time is then the time it was seen satisfied. What comes after a held operation is held too:
+ * the later work of its stream, a record on it and the waits of other streams for that
+ * record, the later nodes of a graph launch and the launch's end (a join, an operation of no
+ * stream's). A held operation waits for its predecessors (``waiting`` of them) and knows a
+ * lower bound of its start; when the last gets its due time it gets its own, and so on down
+ * the chain: each release costs the work it releases, never a look at every object. */
+
 enum {
-    OP_KERNEL, OP_RECORD, OP_COPY, OP_HOSTFN, OP_ALLOC, OP_FREE, OP_TOUCH, OP_WRITE32, OP_WAIT
+    OP_KERNEL, OP_RECORD, OP_COPY, OP_HOSTFN, OP_ALLOC, OP_FREE, OP_TOUCH, OP_WRITE, OP_WAIT,
+    OP_WAITVAL, OP_JOIN
 };
+
+/* CUstreamWriteValue_flags, CUstreamWaitValue_flags */
+enum { WRITE_VALUE_NO_MEMORY_BARRIER = 1 };
+enum { WAIT_VALUE_GEQ = 0, WAIT_VALUE_EQ = 1, WAIT_VALUE_AND = 2, WAIT_VALUE_NOR = 3,
+       WAIT_VALUE_FLUSH = 1 << 30 };
+#define POLL_NS 30000u  /* how often a held wait's word is read */
 
 typedef struct Op {
     uint64_t due, seq;
@@ -600,24 +655,41 @@ typedef struct Op {
     CUresult fail;               /* OP_KERNEL: the sticky error it sets */
     Event *e;                    /* OP_RECORD */
     uint64_t rec;
-    char *dst, *src;             /* OP_COPY, OP_TOUCH (src) */
+    char *dst, *src;             /* OP_COPY, OP_TOUCH (src), OP_WRITE and OP_WAITVAL (dst) */
     size_t n;
     Block *bdst, *bsrc;
     char *staging;               /* a pageable source, staged at the call */
     CUhostFn fn;                 /* OP_HOSTFN */
     void *data;
     Block *block;                /* OP_ALLOC, OP_FREE */
-    uint32_t value;              /* OP_WRITE32: written at dst */
-    int early;                   /* OP_WRITE32 without a barrier: before the work it follows */
+    uint64_t value;              /* OP_WRITE: written at dst; OP_WAITVAL: compared with it */
+    int width;                   /* OP_WRITE, OP_WAITVAL: 4 or 8 bytes */
+    unsigned flags;              /* OP_WRITE, OP_WAITVAL: the call's flags */
+    int early;                   /* OP_WRITE without a barrier: before the work it follows */
     int graph;                   /* a node of a graph launch */
     Module *module;              /* OP_KERNEL: the module whose code it runs */
     uint64_t epoch_dst, epoch_src;  /* the allocation of bdst, bsrc it uses (Block.epoch) */
+    /* held work */
+    uint64_t ns;                 /* how long it runs once started */
+    uint64_t start;              /* it starts no earlier (its predecessors' known due times) */
+    int waiting;                 /* its predecessors without a due time yet */
+    int held, armed;             /* no due time yet; a wait the driver's thread polls */
+    size_t held_at, armed_at;    /* its place in held_ops, armed */
+    struct Op **after;           /* the held operations waiting for its due time */
+    int nafter, capafter;
+    struct Op **exec_held;       /* OP_JOIN: the held_tail and tail of the executable graph */
+    uint64_t *exec_tail;         /* whose launch ends with it */
 } Op;
 
 static Op **heap;
 static size_t nheap, capheap;
 static uint64_t seq_counter;
 static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+static Op **held_ops, **armed;   /* every operation without a due time; the waits among them
+                                  * whose stream has reached them */
+static size_t nheld, capheld, narmed, caparmed;
+static long held_real;           /* held operations of a stream (not joins) */
+static uint64_t next_poll;       /* when the driver's thread reads the armed waits' words */
 
 static int before(const Op *a, const Op *b) {
     if (a->due != b->due) return a->due < b->due;
@@ -650,6 +722,171 @@ static Op *heap_pop(void) {
     }
     if (nheap) heap[i] = last;
     return top;
+}
+
+/* A set of operations (held_ops, armed), each knowing its place in it. */
+static void set_add(Op ***set, size_t *n, size_t *cap, Op *op, size_t *at) {
+    if (*n == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *set = realloc(*set, *cap * sizeof **set);
+    }
+    *at = *n;
+    (*set)[(*n)++] = op;
+}
+
+static void held_add(Op *op) {
+    if (op->held) return;
+    op->held = 1;
+    set_add(&held_ops, &nheld, &capheld, op, &op->held_at);
+    if (op->kind != OP_JOIN) held_real++;
+}
+
+static void held_remove(Op *op) {
+    Op *last = held_ops[--nheld];
+    held_ops[op->held_at] = last;
+    last->held_at = op->held_at;
+    op->held = 0;
+    if (op->kind != OP_JOIN) held_real--;
+}
+
+static void armed_remove(Op *op) {
+    Op *last = armed[--narmed];
+    armed[op->armed_at] = last;
+    last->armed_at = op->armed_at;
+    op->armed = 0;
+}
+
+/* ``op`` waits for ``pred`` to get its due time, if it has none yet (lock held). */
+static void hold_after(Op *op, Op *pred) {
+    if (pred == NULL || !pred->held) return;
+    if (pred->nafter == pred->capafter) {
+        pred->capafter = pred->capafter ? 2 * pred->capafter : 4;
+        pred->after = realloc(pred->after, (size_t)pred->capafter * sizeof *pred->after);
+    }
+    pred->after[pred->nafter++] = op;
+    op->waiting++;
+}
+
+/* Whether a stream memory wait's condition holds on its word now. */
+static int condition_holds(const Op *op) {
+    uint64_t v = op->width == 8 ? __atomic_load_n((const uint64_t *)op->dst, __ATOMIC_ACQUIRE)
+                                : __atomic_load_n((const uint32_t *)op->dst, __ATOMIC_ACQUIRE);
+    uint64_t want = op->value, mask = op->width == 8 ? UINT64_MAX : UINT32_MAX;
+    switch (op->flags & ~(unsigned)WAIT_VALUE_FLUSH) {
+    case WAIT_VALUE_GEQ:  /* cyclic: (int32_t)(*addr - value) >= 0, int64_t for 64 bits */
+        return op->width == 8 ? (int64_t)(v - want) >= 0 : (int32_t)(uint32_t)(v - want) >= 0;
+    case WAIT_VALUE_EQ: return v == want;
+    case WAIT_VALUE_AND: return (v & want) != 0;
+    default: return (~(v | want) & mask) != 0;  /* NOR */
+    }
+}
+
+/* Whether a wait whose predecessors have their due times is over at ``n``: its stream has
+ * reached it and its condition holds. Work of a failed or reset context is dropped, its wait
+ * included; a wait on memory freed under it (a violation when it was freed) reads nothing. */
+static int wait_over(const Op *op, uint64_t n) {
+    if (op->start > n) return 0;
+    const Ctx *c = op->s->h.ctx;
+    if (op->gen != c->gen || c->sticky != OK) return 1;
+    if (op->bdst->freed) return 1;
+    return condition_holds(op);
+}
+
+/* ``op``, whose predecessors all have their due times, gets its own: 1. A wait not over yet
+ * is armed instead (0), for the driver's thread to poll (lock held). */
+static int give_due(Op *op, uint64_t n) {
+    if (op->kind == OP_WAITVAL) {
+        if (!wait_over(op, n)) {
+            held_add(op);
+            set_add(&armed, &narmed, &caparmed, op, &op->armed_at);
+            op->armed = 1;
+            next_poll = 0;
+            pthread_cond_signal(&work);
+            return 0;
+        }
+        op->due = max_u64(op->start, n);
+        return 1;
+    }
+    op->due = op->start + op->ns;
+    /* without a barrier, a write behind pending work lands before that work's effects */
+    if (op->kind == OP_WRITE) {
+        op->early = (op->flags & WRITE_VALUE_NO_MEMORY_BARRIER) && op->start > n;
+    }
+    return 1;
+}
+
+/* ``first`` has its due time: it is queued (a join is done with), its stream's tail, its
+ * event's due time and its executable graph's tail are known from it, and what waited for it
+ * gets its due time in turn, transitively (lock held). */
+static void settle(Op *first) {
+    Op *local[16], **todo = local;  /* a chain longer than that is rare */
+    size_t n = 0, cap = 16;
+    uint64_t now = now_ns();
+    todo[n++] = first;
+    while (n) {
+        Op *op = todo[--n];
+        if (op->held) held_remove(op);
+        Stream *s = op->s;
+        if (s->held_tail == op) s->held_tail = NULL;
+        s->tail = max_u64(s->tail, op->due);
+        if (op->kind == OP_RECORD && op->e->held_rec == op) {
+            op->e->held_rec = NULL;
+            op->e->due = op->due;
+            ipc_publish(op->e);
+        }
+        if (op->kind == OP_JOIN && *op->exec_held == op) {
+            *op->exec_held = NULL;
+            *op->exec_tail = max_u64(*op->exec_tail, op->due);
+        }
+        for (int i = 0; i < op->nafter; i++) {
+            Op *next = op->after[i];
+            next->start = max_u64(next->start, op->due);
+            if (--next->waiting > 0 || !give_due(next, now)) continue;
+            if (n == cap) {
+                Op **more = malloc(2 * cap * sizeof *more);
+                memcpy(more, todo, cap * sizeof *todo);
+                if (todo != local) free(todo);
+                todo = more;
+                cap *= 2;
+            }
+            todo[n++] = next;
+        }
+        free(op->after);
+        op->after = NULL;
+        op->nafter = op->capafter = 0;
+        if (op->kind == OP_JOIN) free(op);
+        else heap_push(op);
+    }
+    if (todo != local) free(todo);
+    pthread_cond_signal(&work);
+}
+
+/* ``op``, its fields set: queued with its due time, or held (lock held). */
+static void place(Op *op) {
+    if (op->waiting) {
+        held_add(op);
+        return;
+    }
+    if (give_due(op, now_ns())) settle(op);
+}
+
+/* The driver's thread reads the armed waits' words (lock held): each one over gets its due
+ * time, and what it held its own. When none is over, the next read is due at the earliest
+ * time a stream reaches one, or POLL_NS from now. */
+static void poll_waits(uint64_t n) {
+    uint64_t earliest = UINT64_MAX;
+    for (size_t i = 0; i < narmed;) {
+        Op *op = armed[i];
+        if (!wait_over(op, n)) {
+            earliest = earliest < op->start ? earliest : op->start;
+            i++;
+            continue;
+        }
+        armed_remove(op);
+        op->due = max_u64(op->start, n);
+        settle(op);  /* (may arm later waits, at the end of the set) */
+    }
+    next_poll = max_u64(n + POLL_NS, earliest == UINT64_MAX ? 0 : earliest);
 }
 
 /* The operation uses its memory until it completes (lock held). */
@@ -703,10 +940,12 @@ static void complete(Op *op) {
         if (!dropped) usable(op->bsrc, s, "a kernel");
         break;
     case OP_WAIT:  /* nothing but its place in the stream */
+    case OP_WAITVAL:
         break;
-    case OP_WRITE32:
-        if (!dropped && usable(op->bdst, s, "cuStreamWriteValue32")) {
-            __atomic_store_n((uint32_t *)op->dst, op->value, __ATOMIC_RELEASE);
+    case OP_WRITE:
+        if (!dropped && usable(op->bdst, s, "a stream memory write")) {
+            if (op->width == 8) __atomic_store_n((uint64_t *)op->dst, op->value, __ATOMIC_RELEASE);
+            else __atomic_store_n((uint32_t *)op->dst, (uint32_t)op->value, __ATOMIC_RELEASE);
         }
         break;
     case OP_HOSTFN:
@@ -746,26 +985,31 @@ static void *engine(void *arg) {
     (void)arg;
     pthread_mutex_lock(&lock);
     for (;;) {
-        if (nheap == 0) {
+        uint64_t n = now_ns(), wake = UINT64_MAX;
+        if (narmed) {
+            if (n >= next_poll) poll_waits(n);
+            wake = next_poll;
+        }
+        if (nheap && heap[0]->due <= n) {
+            Op *op = heap_pop();
+            int early = op->early;
+            complete(op);
+            free(op);
+            pthread_cond_broadcast(&progress);
+            if (early) {  /* the value is seen before the effects of the work it follows */
+                struct timespec ts = {0, 20000000};
+                pthread_mutex_unlock(&lock);
+                nanosleep(&ts, NULL);
+                pthread_mutex_lock(&lock);
+            }
+            continue;
+        }
+        if (nheap && heap[0]->due < wake) wake = heap[0]->due;
+        if (wake == UINT64_MAX) {
             pthread_cond_wait(&work, &lock);
-            continue;
-        }
-        uint64_t due = heap[0]->due, n = now_ns();
-        if (due > n) {
-            struct timespec ts = {(time_t)(due / 1000000000u), (long)(due % 1000000000u)};
+        } else {
+            struct timespec ts = {(time_t)(wake / 1000000000u), (long)(wake % 1000000000u)};
             pthread_cond_timedwait(&work, &lock, &ts);
-            continue;
-        }
-        Op *op = heap_pop();
-        int early = op->early;
-        complete(op);
-        free(op);
-        pthread_cond_broadcast(&progress);
-        if (early) {  /* the value is seen before the effects of the work it follows */
-            struct timespec ts = {0, 20000000};
-            pthread_mutex_unlock(&lock);
-            nanosleep(&ts, NULL);
-            pthread_mutex_lock(&lock);
         }
     }
     return NULL;
@@ -782,28 +1026,35 @@ static void start_engine(void) {
     pthread_detach(t);
 }
 
-/* A new operation on ``s``, due after its stream's earlier work and ``ns``, not yet queued
- * (lock held). */
-static Op *prepare(Stream *s, int kind, uint64_t ns) {
+/* A new operation on ``s``, after its stream's earlier work, ``also`` (a held record it
+ * waits for, or NULL) and ``ns`` long; its fields are set before ``enqueue`` (lock held). */
+static Op *prepare_after(Stream *s, int kind, uint64_t ns, Op *also) {
     pthread_once(&engine_once, start_engine);
     Op *op = calloc(1, sizeof *op);
     op->kind = kind;
     op->s = s;
     op->gen = s->h.ctx->gen;
     op->seq = ++seq_counter;
-    op->due = max_u64(now_ns(), s->tail) + ns;
-    s->tail = op->due;
+    op->ns = ns;
+    op->start = max_u64(now_ns(), s->tail);
+    hold_after(op, s->held_tail);
+    hold_after(op, also);
     s->submitted++;
     s->h.ctx->submitted++;
     return op;
 }
 
+static Op *prepare(Stream *s, int kind, uint64_t ns) { return prepare_after(s, kind, ns, NULL); }
+
+/* Queued with its due time, or held: then the last operation of its stream, which later
+ * work waits for (lock held). */
 static void enqueue(Op *op) {
-    heap_push(op);
-    pthread_cond_signal(&work);
+    place(op);
+    if (op->held) op->s->held_tail = op;
 }
 
-/* A new operation on ``s``, queued (lock held). */
+/* A new operation on ``s``, queued or held; its fields are set after this, which is fine for
+ * every kind but OP_RECORD and OP_WAITVAL (settling reads theirs) (lock held). */
 static Op *submit(Stream *s, int kind, uint64_t ns) {
     Op *op = prepare(s, kind, ns);
     enqueue(op);
@@ -885,20 +1136,22 @@ enum { MODE_GLOBAL = 0, MODE_THREAD_LOCAL = 1, MODE_RELAXED = 2 };
 enum { CAP_NONE = 0, CAP_ACTIVE = 1, CAP_INVALIDATED = 2, CAP_ENDED = 3 };
 
 typedef struct Node {
-    int kind;                    /* OP_KERNEL, OP_COPY, OP_HOSTFN, OP_WRITE32, OP_ALLOC,
-                                  * OP_FREE, OP_TOUCH, or OP_WAIT (an external event wait) */
+    int kind;                    /* OP_KERNEL, OP_COPY, OP_HOSTFN, OP_WRITE, OP_WAITVAL,
+                                  * OP_ALLOC, OP_FREE, OP_TOUCH, or OP_WAIT (an external event
+                                  * wait) */
     int index;                   /* its place in its graph (the graph is in capture order,
                                   * so a node's dependencies come before it) */
     struct Node **deps;
     int ndeps;
     uint64_t ns;                 /* how long it runs */
-    char *dst, *src;             /* OP_COPY, OP_WRITE32 (dst), OP_TOUCH (src) */
+    char *dst, *src;             /* OP_COPY, OP_WRITE and OP_WAITVAL (dst), OP_TOUCH (src) */
     size_t n;
     Block *bdst, *bsrc;
     CUhostFn fn;                 /* OP_HOSTFN */
     void *data;
     Block *block;                /* OP_ALLOC, OP_FREE */
-    uint32_t value;              /* OP_WRITE32 */
+    uint64_t value;              /* OP_WRITE, OP_WAITVAL */
+    int width;                   /* OP_WRITE, OP_WAITVAL: 4 or 8 bytes */
     unsigned flags;
     Event *event;                /* OP_WAIT */
 } Node;
@@ -919,6 +1172,7 @@ typedef struct Exec {
     int nnodes;
     unsigned long long flags;
     uint64_t tail;               /* due time of its last launch's last node */
+    struct Op *held_tail;        /* its last launch's end while that has no due time yet */
 } Exec;
 
 typedef struct Capture {
@@ -1260,7 +1514,18 @@ static CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 static CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
     FAIL_IF_ASKED();
     if (dev < 0 || dev >= ndevices) return INVALID_DEVICE;
-    *value = attribute == ATTR_MEMORY_POOLS_SUPPORTED ? !no_pools : 0;
+    switch (attribute) {
+    case ATTR_MEMORY_POOLS_SUPPORTED: *value = !no_pools; break;
+    case ATTR_CAN_MAP_HOST_MEMORY:
+    case ATTR_UNIFIED_ADDRESSING:  /* a mapped host pointer is its device pointer */
+    case ATTR_CAN_USE_STREAM_MEM_OPS_V1:
+    case ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS_V1:
+    case ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR_V1:
+    case ATTR_CAN_FLUSH_REMOTE_WRITES:
+    case ATTR_CAN_USE_64_BIT_STREAM_MEM_OPS:
+    case ATTR_CAN_USE_STREAM_WAIT_VALUE_NOR: *value = 1; break;
+    default: *value = 0;
+    }
     return OK;
 }
 
@@ -1526,8 +1791,8 @@ static CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {
         LEAVE(OK);
     }
     if (e->done < e->recs) {  /* the wait is work of the stream until the record ends */
-        s->tail = max_u64(s->tail, e->due);
-        submit(s, OP_WAIT, 0);
+        if (e->held_rec == NULL) s->tail = max_u64(s->tail, e->due);
+        enqueue(prepare_after(s, OP_WAIT, 0, e->held_rec));  /* held with a held record */
     }
     LEAVE(OK);
 }
@@ -1593,10 +1858,11 @@ static CUresult cuEventRecord(void *he, void *hs) {
         LEAVE(OK);
     }
     uncapture(e);
-    Op *op = submit(s, OP_RECORD, 0);
+    Op *op = prepare(s, OP_RECORD, 0);
     op->e = e;
     op->rec = ++e->recs;
-    e->due = op->due;
+    e->held_rec = op;  /* until it has its due time: at once, unless its stream is held */
+    enqueue(op);
     ipc_publish(e);
     LEAVE(OK);
 }
@@ -2235,49 +2501,79 @@ static CUresult cuMemHostGetDevicePointer(CUdeviceptr *out, void *p, unsigned fl
     LEAVE(OK);
 }
 
-/* A stream memory operation: ``value`` written at ``addr`` (device memory, or pinned memory
- * mapped for the device) when the stream's earlier work has completed. */
-enum { WRITE_VALUE_NO_MEMORY_BARRIER = 1 };
-
-static CUresult cuStreamWriteValue32(void *hs, CUdeviceptr addr, uint32_t value,
-                                     unsigned flags) {
-    ENTER();
-    CUresult r;
-    if (flags & ~(unsigned)WRITE_VALUE_NO_MEMORY_BARRIER) {
-        violation("cuStreamWriteValue32 with flags %#x: it takes CU_STREAM_WRITE_VALUE_DEFAULT "
-                  "(0) or CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1)", flags);
+/* Stream memory operations (cuStreamWriteValue32/64, cuStreamWaitValue32/64), on ``width``
+ * bytes at ``addr``: device memory, or pinned memory mapped for the device, live, aligned to
+ * ``width``. A write stores ``value`` when the stream reaches it (without a barrier it may
+ * land before the effects of the work before it); a wait holds the stream's later work until
+ * its condition holds (see "the driver's thread"). In a capture either is a memory operation
+ * node, acting at each launch. */
+static CUresult memop(const char *call, void *hs, CUdeviceptr addr, uint64_t value, int width,
+                      unsigned flags, int kind) {
+    pthread_mutex_lock(&lock);
+    CUresult r = failpoint(call);
+    if (r != OK) LEAVE(r);
+    if (kind == OP_WRITE && (flags & ~(unsigned)WRITE_VALUE_NO_MEMORY_BARRIER)) {
+        violation("%s with flags %#x: it takes CU_STREAM_WRITE_VALUE_DEFAULT (0) or "
+                  "CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1)", call, flags);
         LEAVE(INVALID_VALUE);
     }
-    Stream *s = stream_of(hs, "cuStreamWriteValue32", &r);
+    if (kind == OP_WAITVAL && (flags & ~(unsigned)WAIT_VALUE_FLUSH) > WAIT_VALUE_NOR) {
+        violation("%s with flags %#x: it takes CU_STREAM_WAIT_VALUE_GEQ (0), EQ (1), AND (2) "
+                  "or NOR (3), with CU_STREAM_WAIT_VALUE_FLUSH (1 << 30) or not", call, flags);
+        LEAVE(INVALID_VALUE);
+    }
+    Stream *s = stream_of(hs, call, &r);
     if (s == NULL) LEAVE(r);
-    if ((r = need_context("cuStreamWriteValue32", &s->h)) != OK) LEAVE(r);
-    if (addr % 4) LEAVE(INVALID_VALUE);
-    Block *b = block_at((void *)(uintptr_t)addr, 4, 1);
-    if (b != NULL && !b->mapped_for_device) b = NULL;
-    if (b == NULL) b = block_at((void *)(uintptr_t)addr, 4, 0);
-    if (b == NULL || b->freed || b->free_submitted) {
-        violation("cuStreamWriteValue32 to %#llx, which is no live device-accessible memory",
-                  addr);
+    if ((r = need_context(call, &s->h)) != OK) LEAVE(r);
+    if (addr % (unsigned)width) {
+        violation("%s at %#llx, which is not aligned to %d bytes", call, addr, width);
         LEAVE(INVALID_VALUE);
     }
-    if ((r = stream_use("cuStreamWriteValue32", s)) != OK) LEAVE(r);
-    if (s->cap) {  /* a memory operation node: it writes at each launch */
-        Node *node = add_node(s, OP_WRITE32, 0);
+    Block *b = block_at((void *)(uintptr_t)addr, (size_t)width, 1);
+    if (b != NULL && !b->mapped_for_device) b = NULL;
+    if (b == NULL) b = block_at((void *)(uintptr_t)addr, (size_t)width, 0);
+    if (b == NULL || b->freed || b->free_submitted) {
+        violation("%s %s %#llx, which is no live device-accessible memory", call,
+                  kind == OP_WRITE ? "to" : "on", addr);
+        LEAVE(INVALID_VALUE);
+    }
+    if ((r = stream_use(call, s)) != OK) LEAVE(r);
+    if (s->cap) {  /* a memory operation node: it acts at each launch */
+        Node *node = add_node(s, kind, 0);
         node->dst = (char *)(uintptr_t)addr;
         node->value = value;
+        node->width = width;
         node->bdst = b;
         node->flags = flags;
         LEAVE(OK);
     }
-    uint64_t behind = s->tail;  /* the due time of the stream's last operation */
-    Op *op = prepare(s, OP_WRITE32, write_ns);
+    Op *op = prepare(s, kind, kind == OP_WRITE ? write_ns : 0);
     op->dst = (char *)(uintptr_t)addr;
     op->value = value;
+    op->width = width;
+    op->flags = flags;
     op->bdst = b;
-    op->early = (flags & WRITE_VALUE_NO_MEMORY_BARRIER) && behind > now_ns();
     use_blocks(op);
     enqueue(op);
     LEAVE(OK);
+}
+
+static CUresult cuStreamWriteValue32(void *hs, CUdeviceptr addr, uint32_t value,
+                                     unsigned flags) {
+    return memop("cuStreamWriteValue32", hs, addr, value, 4, flags, OP_WRITE);
+}
+
+static CUresult cuStreamWriteValue64(void *hs, CUdeviceptr addr, uint64_t value,
+                                     unsigned flags) {
+    return memop("cuStreamWriteValue64", hs, addr, value, 8, flags, OP_WRITE);
+}
+
+static CUresult cuStreamWaitValue32(void *hs, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    return memop("cuStreamWaitValue32", hs, addr, value, 4, flags, OP_WAITVAL);
+}
+
+static CUresult cuStreamWaitValue64(void *hs, CUdeviceptr addr, uint64_t value, unsigned flags) {
+    return memop("cuStreamWaitValue64", hs, addr, value, 8, flags, OP_WAITVAL);
 }
 
 /* ------------------------------------------------------------------ capture and graphs */
@@ -2515,25 +2811,37 @@ static CUresult cuGraphInstantiateWithFlags(void **out, void *hg, unsigned long 
 }
 
 /* The graph's nodes as operations of ``s``, each due after its dependencies, the stream's
- * earlier work and the executable graph's previous launch (lock held). */
+ * earlier work and the executable graph's previous launch; a node after a held one (a memory
+ * wait node not yet over, or held work before the launch) is held, and so is the launch's end,
+ * a join of its held nodes that the stream's later work and the next launch wait for (lock
+ * held). */
 static void launch_nodes(Exec *x, Stream *s) {
     pthread_once(&engine_once, start_engine);
-    uint64_t n = now_ns(), base = max_u64(max_u64(n, s->tail), x->tail), end = base;
-    uint64_t *due = calloc((size_t)(x->nnodes ? x->nnodes : 1), sizeof *due);
+    uint64_t n = now_ns(), base = max_u64(max_u64(n, s->tail), x->tail);
+    Op *stream_held = s->held_tail, *exec_held = x->held_tail;
+    Op **ops = calloc((size_t)(x->nnodes ? x->nnodes : 1), sizeof *ops);
     for (int i = 0; i < x->nnodes; i++) {
         Node *node = x->nodes[i];
-        uint64_t start = base;
-        for (int d = 0; d < node->ndeps; d++) start = max_u64(start, due[node->deps[d]->index]);
-        if (node->kind == OP_WAIT && node->event->done < node->event->recs) {
-            start = max_u64(start, node->event->due);  /* the record pending at the launch */
-        }
         Op *op = calloc(1, sizeof *op);
         op->kind = node->kind;
         op->s = s;
         op->gen = s->h.ctx->gen;
         op->seq = ++seq_counter;
-        op->due = start + node->ns;
+        op->ns = node->ns;
+        op->start = base;
         op->graph = 1;
+        hold_after(op, stream_held);
+        hold_after(op, exec_held);
+        for (int d = 0; d < node->ndeps; d++) {
+            Op *dep = ops[node->deps[d]->index];
+            if (dep->held) hold_after(op, dep);
+            else op->start = max_u64(op->start, dep->due);
+        }
+        if (node->kind == OP_WAIT && node->event->done < node->event->recs) {
+            /* the record pending at the launch */
+            if (node->event->held_rec) hold_after(op, node->event->held_rec);
+            else op->start = max_u64(op->start, node->event->due);
+        }
         switch (node->kind) {
         case OP_KERNEL:  /* the next kernel launched fails, if a test asked */
             op->fail = fail_next_code;
@@ -2541,15 +2849,16 @@ static void launch_nodes(Exec *x, Stream *s) {
             break;
         case OP_COPY:
         case OP_TOUCH:
-        case OP_WRITE32:
+        case OP_WRITE:
+        case OP_WAITVAL:
             op->dst = node->dst;
             op->src = node->src;
             op->n = node->n;
             op->bdst = node->bdst;
             op->bsrc = node->bsrc;
             op->value = node->value;
-            op->early = node->kind == OP_WRITE32 &&
-                        (node->flags & WRITE_VALUE_NO_MEMORY_BARRIER) && start > n;
+            op->width = node->width;
+            op->flags = node->flags;
             break;
         case OP_HOSTFN:
             op->fn = node->fn;
@@ -2574,13 +2883,38 @@ static void launch_nodes(Exec *x, Stream *s) {
         use_blocks(op);
         s->submitted++;
         s->h.ctx->submitted++;
-        due[i] = op->due;
-        end = max_u64(end, op->due);
-        heap_push(op);
+        ops[i] = op;
+        place(op);
     }
-    free(due);
-    s->tail = max_u64(s->tail, end);  /* the launch completes when all its nodes have */
-    x->tail = end;
+    /* the launch completes when all its nodes have */
+    Op *join = NULL;
+    uint64_t end = base;
+    for (int i = 0; i < x->nnodes; i++) {
+        if (!ops[i]->held) {
+            end = max_u64(end, ops[i]->due);
+            continue;
+        }
+        if (join == NULL) {
+            join = calloc(1, sizeof *join);
+            join->kind = OP_JOIN;
+            join->s = s;
+            join->gen = s->h.ctx->gen;
+            join->seq = ++seq_counter;
+            join->exec_held = &x->held_tail;
+            join->exec_tail = &x->tail;
+        }
+        hold_after(join, ops[i]);
+    }
+    free(ops);
+    if (join) {
+        join->start = end;
+        held_add(join);
+        s->held_tail = join;
+        x->held_tail = join;
+    } else {
+        s->tail = max_u64(s->tail, end);
+        x->tail = end;
+    }
     pthread_cond_signal(&work);
 }
 
@@ -2685,8 +3019,16 @@ static CUresult cuGraphGetNodes(void *hg, void **nodes, size_t *count) {
 
 /* ------------------------------------------------------------------ test hooks */
 
+/* Built with -DFAKE_CUDA_NO_HOOKS, the hooks are not exported: a process sees the driver API
+ * only, as on a GPU (the exit report stays: it is no hook). */
+#ifdef FAKE_CUDA_NO_HOOKS
+#define HOOK static __attribute__((unused))
+#else
+#define HOOK
+#endif
+
 /* The next kernel launched fails with ``code`` when it completes (a sticky error). */
-void fake_cuda_fail_next_launch(int code) {
+HOOK void fake_cuda_fail_next_launch(int code) {
     pthread_mutex_lock(&lock);
     fail_next_code = code;
     pthread_mutex_unlock(&lock);
@@ -2695,7 +3037,7 @@ void fake_cuda_fail_next_launch(int code) {
 /* The ``nth`` next call of the entry point ``name``, from any thread, returns ``code`` and
  * does nothing else (at most 8 at once). Every entry point but cuInit, cuDriverGetVersion,
  * cuGetErrorName, cuGetErrorString and cuGetProcAddress can be made to fail. */
-int fake_cuda_fail_call(const char *name, long nth, int code) {
+HOOK int fake_cuda_fail_call(const char *name, long nth, int code) {
     pthread_mutex_lock(&lock);
     int slot = -1;
     for (int i = 0; i < 8 && slot < 0; i++) if (failpoints[i].countdown <= 0) slot = i;
@@ -2710,7 +3052,7 @@ int fake_cuda_fail_call(const char *name, long nth, int code) {
 
 /* Forget every context's sticky error, and the failures asked for (a real context stays
  * failed: this only lets one test process run several fault tests). */
-void fake_cuda_clear_error(void) {
+HOOK void fake_cuda_clear_error(void) {
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAXDEV; i++) ctxs[i].sticky = OK;
     fail_next_code = 0;
@@ -2721,7 +3063,7 @@ void fake_cuda_clear_error(void) {
 
 /* Live handles of a kind: 0 streams, 1 events, 2 contexts, 3 pinned host buffers, 4 device
  * buffers, 5 modules. */
-long fake_cuda_live(int kind) {
+HOOK long fake_cuda_live(int kind) {
     pthread_mutex_lock(&lock);
     long n = 0;
     if (kind == KIND_CONTEXT) {
@@ -2740,21 +3082,21 @@ long fake_cuda_live(int kind) {
 }
 
 /* Host functions launched, and how many of them were no C function (Python). */
-long fake_cuda_host_calls(void) {
+HOOK long fake_cuda_host_calls(void) {
     pthread_mutex_lock(&lock);
     long n = host_calls;
     pthread_mutex_unlock(&lock);
     return n;
 }
 
-long fake_cuda_host_calls_python(void) {
+HOOK long fake_cuda_host_calls_python(void) {
     pthread_mutex_lock(&lock);
     long n = host_calls_python;
     pthread_mutex_unlock(&lock);
     return n;
 }
 
-long fake_cuda_violations(void) {
+HOOK long fake_cuda_violations(void) {
     pthread_mutex_lock(&lock);
     long n = violations;
     pthread_mutex_unlock(&lock);
@@ -2763,7 +3105,7 @@ long fake_cuda_violations(void) {
 
 /* The violations so far (the last 16 described in ``buf``), forgotten: for tests that
  * provoke one on purpose. Returns how many there were. */
-long fake_cuda_take_violations(char *buf, size_t size) {
+HOOK long fake_cuda_take_violations(char *buf, size_t size) {
     pthread_mutex_lock(&lock);
     long n = violations;
     size_t used = 0;
@@ -2779,7 +3121,7 @@ long fake_cuda_take_violations(char *buf, size_t size) {
 }
 
 /* References held to a device's primary context. */
-int fake_cuda_context_refs(int dev) {
+HOOK int fake_cuda_context_refs(int dev) {
     pthread_mutex_lock(&lock);
     int n = (dev >= 0 && dev < MAXDEV) ? ctxs[dev].refs : -1;
     pthread_mutex_unlock(&lock);
@@ -2787,7 +3129,7 @@ int fake_cuda_context_refs(int dev) {
 }
 
 /* Handles leaked at context resets so far; the count starts again from zero. */
-long fake_cuda_take_leaks(void) {
+HOOK long fake_cuda_take_leaks(void) {
     pthread_mutex_lock(&lock);
     long n = leaks;
     leaks = 0;
@@ -2796,7 +3138,7 @@ long fake_cuda_take_leaks(void) {
 }
 
 /* Relax one rule (context, portable, python-host-fn, exit) or restore it. */
-void fake_cuda_relax(const char *rule, int on) {
+HOOK void fake_cuda_relax(const char *rule, int on) {
     pthread_mutex_lock(&lock);
     unsigned bit = parse_relax(rule);
     relaxed = on ? (relaxed | bit) : (relaxed & ~bit);
@@ -2804,7 +3146,7 @@ void fake_cuda_relax(const char *rule, int on) {
 }
 
 /* Another library takes (1) or gives back (0) a reference to a device's primary context. */
-int fake_cuda_hold_primary(int dev, int hold) {
+HOOK int fake_cuda_hold_primary(int dev, int hold) {
     void *ctx;
     return hold ? cuDevicePrimaryCtxRetain(&ctx, dev) : cuDevicePrimaryCtxRelease(dev);
 }
@@ -2812,7 +3154,7 @@ int fake_cuda_hold_primary(int dev, int hold) {
 /* A kernel that reads [p, p + n) on a stream when it runs, ``ns`` long: a user's kernel
  * using memory, for tests of when memory may be freed or reused. ``hs`` NULL: the default
  * stream of device ``dev``. On a capturing stream it is a kernel node, as cuLaunchKernel's. */
-int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
+HOOK int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
     pthread_mutex_lock(&lock);
     CUresult r;
     Stream *s = NULL;
@@ -2842,14 +3184,14 @@ int fake_cuda_touch(int dev, void *hs, CUdeviceptr p, size_t n, uint64_t ns) {
 
 /* The grid (x, y, z), block (x, y, z) and dynamic shared memory of the last kernel launch
  * that passed the launch checks, into out[7]. */
-void fake_cuda_last_launch(unsigned *out) {
+HOOK void fake_cuda_last_launch(unsigned *out) {
     pthread_mutex_lock(&lock);
     memcpy(out, last_launch, sizeof last_launch);
     pthread_mutex_unlock(&lock);
 }
 
 /* The priority the driver recorded for a stream (-100 for a bad handle). */
-int fake_cuda_stream_priority(void *hs) {
+HOOK int fake_cuda_stream_priority(void *hs) {
     pthread_mutex_lock(&lock);
     int p = -100;
     if (known(hs) && ((Obj *)hs)->kind == KIND_STREAM) p = ((Stream *)hs)->priority;
@@ -2858,7 +3200,7 @@ int fake_cuda_stream_priority(void *hs) {
 }
 
 /* The flags an event was created with (CU_EVENT_*; -1 for a bad handle). */
-int fake_cuda_event_flags(void *he) {
+HOOK int fake_cuda_event_flags(void *he) {
     pthread_mutex_lock(&lock);
     int f = -1;
     if (known(he) && ((Obj *)he)->kind == KIND_EVENT) f = (int)((Event *)he)->flags;
@@ -2866,17 +3208,17 @@ int fake_cuda_event_flags(void *he) {
     return f;
 }
 
-/* Operations submitted and not completed yet. */
-long fake_cuda_pending(void) {
+/* Operations submitted and not completed yet (held ones included). */
+HOOK long fake_cuda_pending(void) {
     pthread_mutex_lock(&lock);
-    long n = (long)nheap;
+    long n = (long)nheap + held_real;
     pthread_mutex_unlock(&lock);
     return n;
 }
 
 /* Make each host function launched from now on run ``ns`` after the work before it (a driver
  * thread that is slow to get to it). */
-void fake_cuda_host_fn_delay(uint64_t ns) {
+HOOK void fake_cuda_host_fn_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     host_fn_ns = ns;
     pthread_mutex_unlock(&lock);
@@ -2884,7 +3226,7 @@ void fake_cuda_host_fn_delay(uint64_t ns) {
 
 /* Make each stream memory write (cuStreamWriteValue32) submitted from now on land ``ns`` after
  * the work before it (a device slow to get to it): the stream stays busy that long. */
-void fake_cuda_write_delay(uint64_t ns) {
+HOOK void fake_cuda_write_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     write_ns = ns;
     pthread_mutex_unlock(&lock);
@@ -2892,14 +3234,15 @@ void fake_cuda_write_delay(uint64_t ns) {
 
 /* Make the driver's thread take ``ns`` to return from each host function before the stream
  * goes on (what comes after a host function lands that much after the function ran). */
-void fake_cuda_host_fn_return_delay(uint64_t ns) {
+HOOK void fake_cuda_host_fn_return_delay(uint64_t ns) {
     pthread_mutex_lock(&lock);
     host_fn_return_ns = ns;
     pthread_mutex_unlock(&lock);
 }
 
 /* Bring forward to now every pending operation due later but no later than ``limit``, in
- * submission order, with the streams' tails and the events' completion times. */
+ * submission order, with the streams' tails and the events' completion times; held work may
+ * start as early, but still waits for the memory wait that holds it. */
 static int by_due(const void *a, const void *b) {
     const Op *x = *(Op *const *)a, *y = *(Op *const *)b;
     return before(x, y) ? -1 : before(y, x) ? 1 : 0;
@@ -2910,6 +3253,10 @@ static void hurry_until(uint64_t n, uint64_t limit) {
         if (heap[i]->due > n && heap[i]->due <= limit) heap[i]->due = n;
     }
     qsort(heap, nheap, sizeof *heap, by_due);  /* a sorted array is a heap */
+    for (size_t i = 0; i < nheld; i++) {  /* held work starts no later than it now may */
+        if (held_ops[i]->start > n && held_ops[i]->start <= limit) held_ops[i]->start = n;
+    }
+    next_poll = 0;
     for (size_t i = 0; i < nobjects; i++) {
         Obj *o = objects[i];
         if (o->kind == KIND_STREAM) {
@@ -2931,7 +3278,7 @@ static void hurry_until(uint64_t n, uint64_t limit) {
 /* Bring every pending operation due later forward to now: a test ends the "kernel that never
  * ends" it launched, so that later tests of the process (which share the primary contexts) do
  * not wait behind it. */
-void fake_cuda_hurry(void) {
+HOOK void fake_cuda_hurry(void) {
     pthread_mutex_lock(&lock);
     hurry_until(now_ns(), UINT64_MAX);
     pthread_mutex_unlock(&lock);
@@ -2940,7 +3287,7 @@ void fake_cuda_hurry(void) {
 /* The same for the operations due within ``ns`` from now only: a test ends a long kernel it
  * launched when it chooses, while what it made later (a host function run late with
  * fake_cuda_host_fn_delay) stays late. */
-void fake_cuda_hurry_within(uint64_t ns) {
+HOOK void fake_cuda_hurry_within(uint64_t ns) {
     pthread_mutex_lock(&lock);
     uint64_t n = now_ns();
     hurry_until(n, n + ns);
@@ -2948,14 +3295,14 @@ void fake_cuda_hurry_within(uint64_t ns) {
 }
 
 /* The device whose context is current on the calling thread (-1: none). */
-int fake_cuda_current_device(void) {
+HOOK int fake_cuda_current_device(void) {
     Ctx *c = current();
     return c ? c->dev : -1;
 }
 
 /* Capture sequences invalidated so far (by a prohibited call, a breach of the capture rules, or
  * an unjoined end); the count starts again from zero. */
-long fake_cuda_captures_invalidated(void) {
+HOOK long fake_cuda_captures_invalidated(void) {
     pthread_mutex_lock(&lock);
     long n = captures_invalidated;
     captures_invalidated = 0;
@@ -2965,7 +3312,7 @@ long fake_cuda_captures_invalidated(void) {
 
 /* Nodes of graph launches completed so far (each launch runs each node once); the count
  * starts again from zero. */
-long fake_cuda_graph_nodes_run(void) {
+HOOK long fake_cuda_graph_nodes_run(void) {
     pthread_mutex_lock(&lock);
     long n = graph_nodes_run;
     graph_nodes_run = 0;
@@ -2974,7 +3321,7 @@ long fake_cuda_graph_nodes_run(void) {
 }
 
 /* Capture sequences begun and not ended yet (active or invalidated), in every thread. */
-long fake_cuda_open_captures(void) {
+HOOK long fake_cuda_open_captures(void) {
     pthread_mutex_lock(&lock);
     long n = open_captures;
     pthread_mutex_unlock(&lock);
@@ -2982,7 +3329,7 @@ long fake_cuda_open_captures(void) {
 }
 
 /* Live graphs (``execs`` 0) or executable graphs (1): not destroyed, in a live context. */
-long fake_cuda_graphs_live(int execs) {
+HOOK long fake_cuda_graphs_live(int execs) {
     pthread_mutex_lock(&lock);
     long n = 0;
     int kind = execs ? KIND_EXEC : KIND_GRAPH;
@@ -3095,6 +3442,9 @@ static const EntryPoint entries[] = {
     {"cuMemcpyDtoDAsync", 3020, (void *)cuMemcpyDtoDAsync},
     {"cuMemHostGetDevicePointer", 3020, (void *)cuMemHostGetDevicePointer},
     {"cuStreamWriteValue32", 11070, (void *)cuStreamWriteValue32},
+    {"cuStreamWriteValue64", 11070, (void *)cuStreamWriteValue64},
+    {"cuStreamWaitValue32", 11070, (void *)cuStreamWaitValue32},
+    {"cuStreamWaitValue64", 11070, (void *)cuStreamWaitValue64},
     {"cuMemAllocHost", 3020, (void *)cuMemAllocHost},
     {"cuStreamBeginCapture", 10010, (void *)cuStreamBeginCapture},
     {"cuStreamEndCapture", 10000, (void *)cuStreamEndCapture},
@@ -3132,4 +3482,20 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64
 /* Exported under their own names too, for anything that looks them up with dlsym. */
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flags) {
     return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+CUresult cuStreamWriteValue32_v2(void *hs, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    return cuStreamWriteValue32(hs, addr, value, flags);
+}
+
+CUresult cuStreamWriteValue64_v2(void *hs, CUdeviceptr addr, uint64_t value, unsigned flags) {
+    return cuStreamWriteValue64(hs, addr, value, flags);
+}
+
+CUresult cuStreamWaitValue32_v2(void *hs, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    return cuStreamWaitValue32(hs, addr, value, flags);
+}
+
+CUresult cuStreamWaitValue64_v2(void *hs, CUdeviceptr addr, uint64_t value, unsigned flags) {
+    return cuStreamWaitValue64(hs, addr, value, flags);
 }

@@ -12,6 +12,8 @@ conftest.py files hold fixtures and hooks only.
 - :mod:`.fuzzing`: the machinery of the public calls' fuzzers.
 - :mod:`.fake_cuda`: builds the stand-in CUDA driver (``tests/fake_cuda/fake_cuda.c``).
 - :mod:`.stand_in`: the stand-in driver's test hooks, where it is the driver.
+- :mod:`.gate`: a stream's work held on the device until the test releases it (a stream memory
+  wait, through the driver API: on a GPU too).
 - :mod:`.cuda`: what the CUDA tests share (the primary context, a backend of a test's own).
 - :mod:`.faults`: driver calls made to fail, and counted, at the bindings: on any driver.
 - :mod:`.gate`: device work held on a host-mapped word until the test releases it: on any

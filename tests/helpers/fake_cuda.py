@@ -1,6 +1,11 @@
 """Build the stand-in CUDA driver, ``tests/fake_cuda/fake_cuda.c``, into ``libcuda.so.1``.
 
     python -m tests.helpers.fake_cuda build/fake_cuda    # prints the folder it built into
+    python -m tests.helpers.fake_cuda --no-hooks build/fake_cuda_plain
+
+``--no-hooks`` builds it without its test hooks (the ``fake_cuda_*`` functions): a process then
+sees the driver API only, exactly as it would see a GPU's driver, and the tests that need the
+hooks skip as they do on a GPU; the report at exit (violations: status 70) stays.
 
 A process whose ``LD_LIBRARY_PATH`` names that folder when it starts finds the stand-in as its
 driver (cuda-python looks the library up by name): CI's CUDA lane runs pytest so, and the
@@ -25,8 +30,9 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def build(folder: Path) -> Path:
+def build(folder: Path, hooks: bool = True) -> Path:
     """Compile the stand-in into ``folder/libcuda.so.1`` (made if missing); return ``folder``.
+    Without ``hooks`` it exports the driver API only (``-DFAKE_CUDA_NO_HOOKS``).
 
     Raises ``RuntimeError`` without a C compiler, and ``subprocess.CalledProcessError`` (with
     the compiler's output) when the source does not compile.
@@ -37,6 +43,7 @@ def build(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [cc, "-shared", "-fPIC", "-O1", "-o", str(folder / "libcuda.so.1"), str(SOURCE)]
+        + ([] if hooks else ["-DFAKE_CUDA_NO_HOOKS"])
         + ["-lpthread", "-ldl"],
         check=True,
         capture_output=True,
@@ -56,10 +63,13 @@ def run_on(
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m tests.helpers.fake_cuda FOLDER")
+    args = sys.argv[1:]
+    hooks = "--no-hooks" not in args
+    args = [a for a in args if a != "--no-hooks"]
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.exit("usage: python -m tests.helpers.fake_cuda [--no-hooks] FOLDER")
     try:
-        print(build(Path(sys.argv[1]).resolve()))
+        print(build(Path(args[0]).resolve(), hooks=hooks))
     except subprocess.CalledProcessError as exc:
         sys.exit(f"the stand-in driver did not compile:\n{exc.stderr}")
     except RuntimeError as exc:

@@ -16,6 +16,4 @@ conftest.py files hold fixtures and hooks only.
   wait, through the driver API: on a GPU too).
 - :mod:`.cuda`: what the CUDA tests share (the primary context, a backend of a test's own).
 - :mod:`.faults`: driver calls made to fail, and counted, at the bindings: on any driver.
-- :mod:`.gate`: device work held on a host-mapped word until the test releases it: on any
-  driver, as a GPU holds it.
 """

@@ -3,8 +3,8 @@ cannot check themselves (they check the rest in README's test command)."""
 
 from __future__ import annotations
 
-import ast
 import pathlib
+import re
 
 import pytest
 
@@ -12,17 +12,36 @@ import aiostream
 
 PACKAGE = pathlib.Path(aiostream.__file__).parent
 MODULES = sorted(PACKAGE.rglob("*.py"))
-MAX_CLASS_LINES = 300
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 
-@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_class_is_over_300_lines(path: pathlib.Path) -> None:
-    """A class that big holds several ideas: split it into parts that each hold one."""
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ClassDef):
-            assert node.end_lineno is not None
-            lines = node.end_lineno - node.lineno + 1
-            assert lines <= MAX_CLASS_LINES, f"{node.name} has {lines} lines"
+def _named_in_the_map() -> set[str]:
+    """The modules docs/architecture.md's table "What each module is for" names, as paths
+    relative to the package: a row's first cell names modules (``stream.py``) or a folder
+    (``_backends/cuda/``, its ``__init__.py`` included), whose modules the row's second cell
+    names by their stems, each followed by what it is for (``watcher`` (...))."""
+    text = ARCHITECTURE.read_text()
+    table = text[text.index("## What each module is for") :]
+    table = table[: table.index("\n## ")]
+    named: set[str] = set()
+    for row in re.findall(r"^\| (.+) \| (.+) \|$", table, re.MULTILINE):
+        first, job = row
+        for name in re.findall(r"`([\w/.]+)`", first):
+            if name.endswith("/"):
+                named.add(name + "__init__.py")
+                named.update(f"{name}{stem}.py" for stem in re.findall(r"`(\w+)` \(", job))
+            else:
+                named.add(name)
+    return named
+
+
+def test_the_map_names_every_module_and_no_missing_one() -> None:
+    """The layout is described once, in docs/architecture.md: every module of the package is
+    in its table, and every module the table names exists."""
+    modules = {str(p.relative_to(PACKAGE)) for p in MODULES}
+    named = _named_in_the_map()
+    assert modules - named == set(), "modules the map does not name"
+    assert named - modules == set(), "the map names modules that do not exist"
 
 
 USER_OBJECTS = [

@@ -57,7 +57,7 @@ def test_tests_live_in_the_folders_of_the_areas() -> None:
                 assert (sub / "__init__.py").exists(), f"{_rel(sub)} is not a package"
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+@pytest.mark.parametrize("path", SOURCES + sorted(TESTS.rglob("*.c")), ids=_rel)
 def test_no_test_file_is_over_800_lines(path: pathlib.Path) -> None:
     """Past that, a file holds several subjects: split it, each part named for its own."""
     lines = len(path.read_text().splitlines())

@@ -38,3 +38,24 @@ def test_run_in_virtual_time_is_exact_too() -> None:
 
     assert run_in_virtual_time(tenths) == 0.4
     assert run_in_virtual_time(tenths, backend="trio") == 0.4
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_timers_past_two_to_the_24_seconds_fire(backend: str) -> None:
+    """Past 2**24 s a float cannot hold now plus asyncio's clock resolution: its timers
+    still fire, those due at once included, and device work ends there too."""
+    far = 2.0**24 + 1
+
+    async def far_away() -> tuple[float, float]:
+        await anyio.sleep(far)
+        slept = ais.virtual.now()
+        await anyio.sleep(0)
+        await anyio.sleep(1e-9)  # under a float's step there
+        ais.delay(far)
+        await ais.current_stream()
+        return slept, ais.virtual.now()
+
+    slept, done = run_in_virtual_time(far_away, backend=backend)
+    assert slept == pytest.approx(far, abs=1e-6)
+    assert done == pytest.approx(2 * far, abs=1e-5)

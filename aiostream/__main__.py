@@ -71,7 +71,10 @@ def info() -> str:
     lines.append("loops: " + ", ".join(loops))
     lines.append("backends:")
     for kind in ("virtual", "cuda"):
-        ok, reason = _backends.probe(kind)
+        try:
+            ok, reason = _backends.probe(kind)
+        except ValueError as exc:  # the virtual backend's options: AIOSTREAM_VIRTUAL_PROFILE
+            ok, reason = False, str(exc)
         if ok:
             n = ais.device_count(kind)
             backend = _backends.get(kind)
@@ -471,10 +474,10 @@ def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
     """The device ``--device`` names, else ``$AIOSTREAM_DEVICE``, else the default device; an
     error names where the spec came from. A virtual device past the simulator's count is made,
     whichever names it: the CLI's simulator has as many devices as the command asks for."""
-    label = f"--device {spec}"
+    label = f"--device {spec}: " if spec is not None else ""  # the default's error says why
     if spec is None and os.environ.get("AIOSTREAM_DEVICE"):
         spec = os.environ["AIOSTREAM_DEVICE"]
-        label = f"AIOSTREAM_DEVICE={spec}"
+        label = f"AIOSTREAM_DEVICE={spec}: "
     try:
         if spec is not None and spec.strip().startswith("virtual:"):
             index = spec.strip().partition(":")[2]
@@ -482,7 +485,7 @@ def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
                 ais.virtual.reset(devices=int(index) + 1)
         return ais.device(spec)
     except (ValueError, TypeError, ais.AiostreamError) as exc:
-        parser.error(f"{label}: {exc}")
+        parser.error(f"{label}{exc}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -712,3 +713,26 @@ def test_calibrate_says_in_one_line_when_its_profile_cannot_be_written(
     assert " ".join(proc.stderr.split()).endswith(
         "calibrate: error: --out /dev/full: cannot write it: No space left on device"
     )
+
+
+@pytest.mark.timeout(120)
+def test_a_profile_in_the_environment_that_is_not_one_is_named_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """info says the virtual backend is unavailable and why; demo, on the default device (no
+    driver: virtual:0), is a usage error naming the variable; neither blocks on a FIFO, nor
+    ends in a traceback."""
+    from tests.helpers.fake_cuda import run_on
+
+    fifo, deep = tmp_path / "fifo.json", tmp_path / "deep.json"
+    os.mkfifo(fifo)
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for path in (fifo, deep):
+        said = f"AIOSTREAM_VIRTUAL_PROFILE: {path}: not a profile"
+        env = {"AIOSTREAM_VIRTUAL_PROFILE": str(path), "COLUMNS": "500"}
+        info = run_on(tmp_path, "-m", "aiostream", "info", timeout=30, **env)
+        assert info.returncode == 0 and "Traceback" not in info.stderr, info.stderr
+        assert f"virtual  unavailable: {said}" in info.stdout, info.stdout
+        demo = run_on(tmp_path, "-m", "aiostream", "demo", "--batches", "2", timeout=30, **env)
+        assert demo.returncode == 2 and "Traceback" not in demo.stderr, demo.stderr
+        assert f"demo: error: {said}" in demo.stderr and "--device None" not in demo.stderr

@@ -124,9 +124,13 @@ class VirtualOptions:
         if profile is False:  # none, whatever the environment says
             return None
         if profile is None:
-            profile = os.environ.get(PROFILE_VARIABLE) or None
-            if profile is None:
+            path = os.environ.get(PROFILE_VARIABLE) or None
+            if path is None:
                 return None
+            try:
+                return DeviceProfile.load(path)
+            except ValueError as exc:  # said where the file was named
+                raise ValueError(f"{PROFILE_VARIABLE}: {exc}") from None
         if isinstance(profile, DeviceProfile):
             return profile
         if isinstance(profile, (str, os.PathLike)):

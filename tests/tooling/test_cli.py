@@ -256,15 +256,27 @@ def test_help_shows_the_defaults(
         assert text in out
 
 
-@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["streams"], ["bench"]])
+@pytest.mark.parametrize("command", [[], ["info"], ["demo"], ["streams"], ["bench"], ["calibrate"]])
 def test_help_reads_as_plain_text(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main([*command, "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: python -m aiostream")
-    for markup in ("``", ":func:", ":class:", ":meth:"):
-        assert markup not in out, f"reST markup {markup!r} in --help"
+    for markup in ("``", ":func:", ":class:", ":meth:", "%%"):
+        assert markup not in out, f"markup {markup!r} in --help"
+
+
+def test_calibrate_without_a_driver_gives_no_advice_it_would_refuse(tmp_path: Path) -> None:
+    """Where no driver loads, calibrate says so, and not to use virtual:0 (which it refuses:
+    a virtual device's figures are the ones it was given)."""
+    from tests.helpers.fake_cuda import run_on
+
+    proc = run_on(tmp_path, "-m", "aiostream", "calibrate", timeout=30)  # no driver there
+    assert proc.returncode == 2, proc.stderr
+    err = " ".join(proc.stderr.split())
+    assert "no CUDA device to measure: no NVIDIA driver library" in err
+    assert "install the NVIDIA driver" in err and "virtual" not in err.split("error:")[1]
 
 
 @pytest.mark.slow

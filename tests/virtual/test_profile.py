@@ -218,6 +218,39 @@ def test_the_environment_names_a_profile_for_every_backend_made_without_one(
         ais.virtual.reset()
 
 
+def test_options_given_explicitly_win_over_the_environment_s_profile(
+    profile_file: Path, monkeypatch: pytest.MonkeyPatch, pytester: pytest.Pytester
+) -> None:
+    """AIOSTREAM_VIRTUAL_PROFILE is a default: reset() or the marker with an option the
+    profile sets gets its own model, without the profile (no "given beside a profile")."""
+    from tests.helpers.plugin_runs import run
+
+    monkeypatch.setenv("AIOSTREAM_VIRTUAL_PROFILE", str(profile_file))
+    ais.virtual.reset(clock=VirtualClock(), compute_slots=2)
+    assert _name() == "simulated"
+    ais.virtual.reset(clock=VirtualClock())
+    assert "simulated from a profile of Test GPU" in _name()
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import pytest
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.aiostream(compute_slots=2)
+async def test_two_at_once(virtual_time, anyio_backend):
+    streams = [ais.Stream(), ais.Stream()]
+    for s in streams:
+        ais.delay(1.0, stream=s)
+    for s in streams:
+        await s
+    assert ais.virtual.now() == 1.0  # no launch overhead: not the profile's model
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
 def _name() -> str:
     return ais.profile("virtual:0").device_name()
 

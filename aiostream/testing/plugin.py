@@ -33,6 +33,7 @@ import hashlib
 import inspect
 import re
 import time
+import types
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ import pytest
 
 from .. import _backends, _clash
 from .._backends.virtual import Isolation, VirtualBackend, VirtualOptions
+from .._objects import DeviceObject
 from ..device import Device
 from ._virtual_time import Unsupported, VirtualTime, format_timeline, running
 
@@ -224,7 +226,8 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
         live = _backends.installed("virtual")  # another, if the test called reset()
         if not (isinstance(live, VirtualBackend) and live.isolation is isolation):
             live = backend
-        leaks = isolation.leaks + _settled_leaks(live)
+        held = _held_by_fixtures(request.node)
+        leaks = isolation.leaks + _settled_leaks(live, held)
         races = isolation.races + live.races()
         timeline = live.timeline()
         _backends.restore("virtual", previous)
@@ -261,20 +264,65 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
 _OBJECTS_GRACE_S = 0.5
 
 
-def _settled_leaks(backend: VirtualBackend) -> list[str]:
+#: the most objects looked at for what a test's fixture values hold
+_HELD_MOST = 100_000
+#: what is never looked into for them: code, and what reaches everything from there
+_OPAQUE = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+    types.FrameType,
+    types.GeneratorType,
+    types.CoroutineType,
+)
+
+#: ... nor the objects of these modules: backends reach all their objects, pytest's fixtures
+#: (capsys, request) every test's
+_NOT_LOOKED_INTO = ("aiostream._backends.", "_pytest.", "pytest", "pluggy")
+
+
+def _held_by_fixtures(item: pytest.Item) -> list[object]:
+    """The handles of the aiostream objects (streams, events, buffers) that the test's
+    fixture values hold, in containers and objects too: pytest holds those values until the
+    test's teardown has ended, after the leak check, so they are no leak of the test's. Their
+    pending work still is (it is listed apart from the objects)."""
+    funcargs = getattr(item, "funcargs", None) or {}
+    todo = list(funcargs.values())
+    seen: set[int] = set()
+    held: list[object] = []
+    while todo and len(seen) < _HELD_MOST:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, DeviceObject):
+            handle = getattr(obj, "_handle", None)
+            if handle is not None:
+                held.append(handle)
+            continue  # the rest of it is its backend's
+        if type(obj).__module__.startswith(_NOT_LOOKED_INTO):
+            continue
+        todo.extend(gc.get_referents(obj))
+    return held
+
+
+def _settled_leaks(backend: VirtualBackend, held: list[object]) -> list[str]:
     """What ``backend`` still holds. Where that is only objects (streams, events, buffers),
     looked at again for up to half a second, collecting each time: a thread of a pool that
     ran the test's last call (``anyio.to_thread.run_sync(s.synchronize_blocking)``) may hold
     that call, and what it reaches, a moment after it has reported its result. Pending work
     is never waited for: it is told at once."""
-    leaks = backend.leaks()
+    leaks = backend.leaks(held)
     deadline = time.monotonic() + _OBJECTS_GRACE_S
     while leaks and all(line.startswith("live ") for line in leaks):
         if time.monotonic() > deadline:
             break
         time.sleep(0.01)
         gc.collect()
-        leaks = backend.leaks()
+        leaks = backend.leaks(held)
     return leaks
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Imported before any pytester run, which would drop it from sys.modules after importing it
+# for its inner tests' buffers: numpy's extension loads once per process.
+import numpy  # noqa: F401
 import pytest
 
 import aiostream as ais
@@ -89,6 +92,53 @@ def test_after(virtual_device):
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines(
         ["*ERROR at teardown of test_kept*", "*live stream virtual:0 stream 1 (priority 0)"]
+    )
+
+
+def test_objects_fixture_values_hold_are_no_leak_their_pending_work_is(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest holds fixture values until the test's teardown has ended, after the leak
+    check: a Stream, an Event and buffers a fixture returns (in a dict, in a list, in an
+    object) are not the test's leak, on every loop. Work still pending on them is."""
+    pytester.makeconftest(ANYIO_LOOPS)
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import pytest
+
+class Kit:
+    def __init__(self):
+        self.stream = ais.Stream()
+        self.buffers = {"dev": ais.DeviceBuffer(64), "host": [ais.HostBuffer(64)]}
+
+@pytest.fixture
+def kit(virtual_device):
+    return Kit()
+
+@pytest.fixture
+def done(virtual_device):
+    s = ais.Stream()
+    yield s, s.record_event()
+
+@pytest.mark.anyio
+async def test_uses_them(kit, done):
+    ais.copy_async(kit.buffers["dev"], kit.buffers["host"][0], stream=kit.stream)
+    await kit.stream
+    await done[1]
+
+def test_pending_work_in_a_fixture_is_still_a_leak(kit):
+    ais.virtual.submit(kit.stream, 5.0, name="forgotten")
+""",
+    )
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_pending_work_in_a_fixture_is_still_a_leak*",
+            "*the test leaked 1 thing(s) on the virtual backend:",
+            "*pending operation 'forgotten' on virtual:0 stream 1, engine compute*",
+        ]
     )
 
 

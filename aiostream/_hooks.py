@@ -148,6 +148,11 @@ class Listening:
     def _stopped(self) -> None:
         """What a subclass lets go of once closed."""
 
+    def _holds(self) -> list[Any]:
+        """The device objects (streams, events) a subclass keeps for itself while it listens:
+        no leak of the program's (the pytest plugin leaves them out of its listing)."""
+        return []
+
     def _failed(self, what: str) -> None:
         """Log, once, that this listener failed in ``what``."""
         _listener_failed(self._adapter, what)
@@ -174,6 +179,17 @@ class _Adapter:
 
     def __repr__(self) -> str:
         return repr(self.owner)
+
+
+def held() -> list[Any]:
+    """The device objects that the listeners plugged in keep for themselves (see
+    :meth:`Listening._holds`)."""
+    objects: list[Any] = []
+    for listener in listeners:
+        owner = getattr(listener, "owner", None)
+        if isinstance(owner, Listening):
+            objects += owner._holds()  # noqa: SLF001 - the owner's own
+    return objects
 
 
 def _listener_failed(listener: object, what: str) -> None:

@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from .. import _backends, _clash
+from .. import _backends, _clash, _hooks
 from .._backends.virtual import Isolation, VirtualBackend, VirtualOptions
 from .._objects import DeviceObject
 from ..device import Device
@@ -226,7 +226,7 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
         live = _backends.installed("virtual")  # another, if the test called reset()
         if not (isinstance(live, VirtualBackend) and live.isolation is isolation):
             live = backend
-        held = _held_by_fixtures(request.node)
+        held = _held_by_fixtures(request.node) + _held_by_listeners()
         leaks = isolation.leaks + _settled_leaks(live, held)
         races = isolation.races + live.races()
         timeline = live.timeline()
@@ -307,6 +307,16 @@ def _held_by_fixtures(item: pytest.Item) -> list[object]:
             continue
         todo.extend(gc.get_referents(obj))
     return held
+
+
+def _held_by_listeners() -> list[object]:
+    """The handles of the device objects aiostream's listeners keep for themselves while
+    they listen (``aiostream.tracing``'s anchor events), which no test leaked."""
+    return [
+        obj._handle  # noqa: SLF001 - aiostream's own
+        for obj in _hooks.held()
+        if isinstance(obj, DeviceObject) and obj._handle is not None  # noqa: SLF001
+    ]
 
 
 def _settled_leaks(backend: VirtualBackend, held: list[object]) -> list[str]:

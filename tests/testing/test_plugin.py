@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-# Imported before any pytester run, which would drop it from sys.modules after importing it
-# for its inner tests' buffers: numpy's extension loads once per process.
+# Imported before any pytester run, which would drop them from sys.modules after importing
+# them for its inner tests: numpy's extension loads once per process, and aiostream's modules
+# imported again would be a second copy beside the one aiostream's namespace keeps.
 import numpy  # noqa: F401
 import pytest
 
 import aiostream as ais
+import aiostream.buffers
+import aiostream.profiler
+import aiostream.tracing  # noqa: F401
 from aiostream.testing import format_timeline
 from tests.helpers import protocol
 from tests.helpers.plugin_runs import run
@@ -140,6 +144,34 @@ def test_pending_work_in_a_fixture_is_still_a_leak(kit):
             "*pending operation 'forgotten' on virtual:0 stream 1, engine compute*",
         ]
     )
+
+
+def test_tracing_left_on_across_tests_is_no_leak_of_theirs(pytester: pytest.Pytester) -> None:
+    """aiostream.tracing, instrumented for a whole module, keeps an anchor event per device
+    for the regions it times on a stream: that event is tracing's, not a leak of each test."""
+    pytester.makeconftest(ANYIO_LOOPS)
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import aiostream.tracing
+import pytest
+
+@pytest.fixture(scope="module", autouse=True)
+def tracing():
+    with aiostream.tracing.instrument():
+        yield
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("step", ["first", "second"])
+async def test_a_timed_region(virtual_device, step):
+    s = ais.Stream()
+    with ais.record_function(step, stream=s):
+        ais.delay(0.001, stream=s)
+    await s
+""",
+    )
+    result.assert_outcomes(passed=6)
 
 
 def test_leaks_fail_the_test_with_a_listing(pytester: pytest.Pytester) -> None:

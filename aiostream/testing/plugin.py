@@ -6,9 +6,10 @@ beside pytest-asyncio and anyio's pytest plugin, in their strict modes. Fixtures
 (they are not imported):
 
 - ``virtual_device``: a fresh, isolated virtual backend for the test, yielding ``virtual:0``;
-  configured by ``@pytest.mark.aiostream(devices=2, compute_slots=2, ...)``. At teardown it fails
-  the test if a wait, operation, stream or event leaked, listing them, and restores the backend
-  that was there before.
+  configured by ``@pytest.mark.aiostream(devices=2, compute_slots=2, ...)``, on the test, its
+  class or its module: their options merge, the closest to the test winning each one. At
+  teardown it fails the test if a wait, operation, stream or event leaked, listing them, and
+  restores the backend that was there before.
 - ``virtual_time``: the test runs on a fake clock that jumps to the next timer or device
   completion whenever every task is blocked; ``asyncio.sleep``/``anyio.sleep`` and device work
   share it, so ten simulated seconds take microseconds. On asyncio's default loop and on trio;
@@ -154,19 +155,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _marker_options(node: pytest.Item) -> dict[str, Any]:
-    marker = node.get_closest_marker("aiostream")
-    if marker is None:
-        return {}
-    if marker.args:
-        pytest.fail("@pytest.mark.aiostream takes keyword arguments only", pytrace=False)
-    unknown = sorted(set(marker.kwargs) - set(_OPTIONS))
-    if unknown:
-        pytest.fail(
-            f"@pytest.mark.aiostream got unknown option(s) {', '.join(unknown)}; "
-            f"accepted: {', '.join(_OPTIONS)}",
-            pytrace=False,
-        )
-    options = dict(marker.kwargs)
+    """The options of every ``aiostream`` marker on the test, its class and its module (and
+    ``pytestmark``s), merged: where two give one option, the closest to the test wins."""
+    options: dict[str, Any] = {}
+    for marker in reversed(list(node.iter_markers("aiostream"))):  # the farthest first
+        if marker.args:
+            pytest.fail("@pytest.mark.aiostream takes keyword arguments only", pytrace=False)
+        unknown = sorted(set(marker.kwargs) - set(_OPTIONS))
+        if unknown:
+            pytest.fail(
+                f"@pytest.mark.aiostream got unknown option(s) {', '.join(unknown)}; "
+                f"accepted: {', '.join(_OPTIONS)}",
+                pytrace=False,
+            )
+        options.update(marker.kwargs)
     for name in ("check_leaks", "check_races"):
         value = options.get(name, True)
         if not isinstance(value, bool):

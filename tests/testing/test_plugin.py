@@ -174,6 +174,39 @@ async def test_a_timed_region(virtual_device, step):
     result.assert_outcomes(passed=6)
 
 
+def test_markers_at_several_levels_merge_the_closest_winning_each_option(
+    pytester: pytest.Pytester,
+) -> None:
+    """A module's devices=2 holds for a class's and a test's own markers on other options;
+    an option given at several levels takes the closest one's value."""
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import pytest
+
+pytestmark = pytest.mark.aiostream(devices=2, compute_slots=2)
+
+kept = []
+
+@pytest.mark.aiostream(check_leaks=False)
+def test_own_marker(virtual_device):
+    assert ais.device_count("virtual") == 2
+    kept.append(ais.Stream())  # no leak: check_leaks=False is the test's
+
+@pytest.mark.aiostream(devices=3)
+class TestClass:
+    @pytest.mark.aiostream(devices=4)
+    def test_closest_wins(self, virtual_device):
+        assert ais.device_count("virtual") == 4
+
+    def test_class_over_module(self, virtual_device):
+        assert ais.device_count("virtual") == 3
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
 def test_leaks_fail_the_test_with_a_listing(pytester: pytest.Pytester) -> None:
     result = run(
         pytester,

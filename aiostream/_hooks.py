@@ -22,6 +22,7 @@ __all__ = [
     "copied",
     "device_range",
     "enable_nvtx",
+    "nvtx_failed",
     "failed",
     "install",
     "listeners",
@@ -253,6 +254,16 @@ def enable_nvtx() -> None:
     except ImportError:
         return
     nvtx = module
+
+
+def nvtx_failed(what: str) -> None:
+    """Log, once per ``what``, that the ``nvtx`` package raised (call it from an ``except``
+    block): instrumentation never changes what a program does."""
+    key = (id(nvtx), what)
+    if key in _failed_once:
+        return
+    _failed_once.add(key)
+    _log.exception("aiostream: nvtx failed in %s (said once); the program goes on", what)
 
 
 def failed(obs: object, what: str) -> None:

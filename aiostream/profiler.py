@@ -812,7 +812,10 @@ class record_function:  # named as torch.profiler.record_function
             self._told = _told(self.stream)
         prof = _active()
         if _hooks.nvtx is not None:
-            self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
+            try:
+                self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
+            except Exception:  # NVTX's failure never becomes the user's
+                _hooks.nvtx_failed("start_range")
         if prof is not None:
             try:
                 self._start = prof.now()
@@ -838,7 +841,10 @@ class record_function:  # named as torch.profiler.record_function
             _tell(self.name, self.stream, told)
         prof = _active()
         if _hooks.nvtx is not None and hasattr(self, "_range"):  # not if NVTX began inside
-            _hooks.nvtx.end_range(self._range)
+            try:
+                _hooks.nvtx.end_range(self._range)
+            except Exception:  # nor replaces the user's exception or result
+                _hooks.nvtx_failed("end_range")
             del self._range
         start = getattr(self, "_start", None)  # unset when the profile began inside the range
         if start is None or prof is None:

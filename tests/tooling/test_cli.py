@@ -493,6 +493,13 @@ def test_demo_writes_a_trace_and_an_svg(tmp_path: Path, capsys: pytest.CaptureFi
         "copy h2d",
     }
     assert svg.read_text().startswith("<svg ")
+    # tracks named for people: the pipeline's task, and what a stream's second lane holds
+    tracks = [e["args"]["name"] for e in events if e["name"] == "thread_name"]
+    assert "pipelined run" in tracks and not any("_run_demo" in t for t in tracks), tracks
+    for track in tracks:
+        assert not re.search(r"\) \(\d+\)$", track), track
+        if "overlapping spans" in track:
+            assert re.fullmatch(r".+, overlapping spans \(\d+\)", track), track
 
 
 @pytest.mark.slow

@@ -183,6 +183,8 @@ def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> s
         return text
 
     stages = ", ".join(stage(name, sec) for name, sec in seq.stage_s.items())
+    # a busy machine's timings miss the bound by its load, not aiostream's cost: said
+    cpus, busy = suite.load_words(os.cpu_count(), suite.load_average())
     slowest, per_batch = _demo.bound(seq, pipe)
     ideal = seq.batches * per_batch
     ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
@@ -200,6 +202,8 @@ def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> s
             f"{pipe.seconds:.3f} s)",
             f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
             f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
+            f"machine: {cpus}",
+            *([busy] if busy is not None else []),
         ]
     )
 

@@ -401,12 +401,14 @@ class DeviceBuffer(_objects.DeviceObject):
         is the buffer's allocation stream: use the buffer there, or make other streams wait
         for it (``Stream.wait_stream``). On CUDA another stream's first use waits for it
         anyway, as for a stream-ordered allocation. Freeing the buffer closes the memory
-        (``cuIpcCloseMemHandle``) after the work of the streams that used it.
+        (``cuIpcCloseMemHandle``) after the work of the streams that used it. In the process
+        that made the handle (where the driver opens nothing) it gives a buffer over the same
+        memory, ordered as elsewhere, freed once both buffers are dropped.
 
         Raises:
             TypeError: ``handle`` is not bytes.
-            ValueError: ``handle`` is not a buffer's IPC handle, or was made in this process
-                (on CUDA the driver opens shared memory in other processes only).
+            ValueError: ``handle`` is not a buffer's IPC handle (or, made in this process, its
+                buffer no longer exists, or it is opened on another device than its own).
             StaleHandleError: on a virtual device, a handle of another process or of a
                 replaced backend.
 

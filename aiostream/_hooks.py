@@ -22,6 +22,7 @@ __all__ = [
     "copied",
     "device_range",
     "enable_nvtx",
+    "nvtx_failed",
     "failed",
     "install",
     "listeners",
@@ -148,6 +149,11 @@ class Listening:
     def _stopped(self) -> None:
         """What a subclass lets go of once closed."""
 
+    def _holds(self) -> list[Any]:
+        """The device objects (streams, events) a subclass keeps for itself while it listens:
+        no leak of the program's (the pytest plugin leaves them out of its listing)."""
+        return []
+
     def _failed(self, what: str) -> None:
         """Log, once, that this listener failed in ``what``."""
         _listener_failed(self._adapter, what)
@@ -174,6 +180,17 @@ class _Adapter:
 
     def __repr__(self) -> str:
         return repr(self.owner)
+
+
+def held() -> list[Any]:
+    """The device objects that the listeners plugged in keep for themselves (see
+    :meth:`Listening._holds`)."""
+    objects: list[Any] = []
+    for listener in listeners:
+        owner = getattr(listener, "owner", None)
+        if isinstance(owner, Listening):
+            objects += owner._holds()  # noqa: SLF001 - the owner's own
+    return objects
 
 
 def _listener_failed(listener: object, what: str) -> None:
@@ -237,6 +254,16 @@ def enable_nvtx() -> None:
     except ImportError:
         return
     nvtx = module
+
+
+def nvtx_failed(what: str) -> None:
+    """Log, once per ``what``, that the ``nvtx`` package raised (call it from an ``except``
+    block): instrumentation never changes what a program does."""
+    key = (id(nvtx), what)
+    if key in _failed_once:
+        return
+    _failed_once.add(key)
+    _log.exception("aiostream: nvtx failed in %s (said once); the program goes on", what)
 
 
 def failed(obs: object, what: str) -> None:

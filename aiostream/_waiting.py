@@ -733,15 +733,16 @@ async def wait(
 
 def in_loop_thread() -> bool:
     """Return whether an event loop (asyncio, uvloop or trio) runs in this thread."""
-    asyncio = sys.modules.get("asyncio")  # not imported: no asyncio loop runs anywhere
-    if asyncio is not None:
+    # Either library runs a loop in this thread only if it was fully imported; while another
+    # thread imports it for the first time, the module is there half-made, without the
+    # attributes read here.
+    get_running_loop = getattr(sys.modules.get("asyncio"), "get_running_loop", None)
+    if get_running_loop is not None:
         try:
-            asyncio.get_running_loop()
+            get_running_loop()
             return True
         except RuntimeError:
             pass
-    # trio runs in this thread only if it was fully imported; while another thread imports it
-    # for the first time, the module is there half-made, without the attributes read here
     current_token = getattr(
         getattr(sys.modules.get("trio"), "lowlevel", None), "current_trio_token", None
     )

@@ -401,12 +401,14 @@ class DeviceBuffer(_objects.DeviceObject):
         is the buffer's allocation stream: use the buffer there, or make other streams wait
         for it (``Stream.wait_stream``). On CUDA another stream's first use waits for it
         anyway, as for a stream-ordered allocation. Freeing the buffer closes the memory
-        (``cuIpcCloseMemHandle``) after the work of the streams that used it.
+        (``cuIpcCloseMemHandle``) after the work of the streams that used it. In the process
+        that made the handle (where the driver opens nothing) it gives a buffer over the same
+        memory, ordered as elsewhere, freed once both buffers are dropped.
 
         Raises:
             TypeError: ``handle`` is not bytes.
-            ValueError: ``handle`` is not a buffer's IPC handle, or was made in this process
-                (on CUDA the driver opens shared memory in other processes only).
+            ValueError: ``handle`` is not a buffer's IPC handle (or, made in this process, its
+                buffer no longer exists, or it is opened on another device than its own).
             StaleHandleError: on a virtual device, a handle of another process or of a
                 replaced backend.
 
@@ -556,7 +558,9 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
 
     Raises:
         TypeError: a buffer is not a HostBuffer or DeviceBuffer, or ``stream`` not a Stream.
-        ValueError: the sizes differ, both are host buffers, or devices do not match.
+        ValueError: the sizes differ, both are host buffers, or devices do not match
+            (between two devices, stage the copy through a ``HostBuffer``: the error says
+            how).
 
     Note:
         Wraps ``cuMemcpyHtoDAsync``, ``cuMemcpyDtoHAsync`` and ``cuMemcpyDtoDAsync`` on CUDA.
@@ -573,7 +577,13 @@ def copy_async(dst: Buffer, src: Buffer, *, stream: Stream | None = None) -> Non
     kind = "h2d" if isinstance(src, HostBuffer) else "d2h" if isinstance(dst, HostBuffer) else "d2d"
     dev_buf = dst if isinstance(dst, DeviceBuffer) else src
     if kind == "d2d" and src.device != dst.device:
-        raise ValueError(f"copy_async copies within one device, got {src.device} and {dst.device}")
+        raise ValueError(
+            f"copy_async copies within one device, got {src.device} and {dst.device}; stage "
+            f"it through host memory: copy_async(staging, src) on a stream of {src.device}, "
+            f"a stream of {dst.device} made to wait for an event recorded after it "
+            f"(wait_event), then copy_async(dst, staging) there (staging = "
+            f"aiostream.HostBuffer({src.nbytes}))"
+        )
     stream = stream_or_current(stream, dev_buf.device)
     if stream.device != dev_buf.device:
         raise ValueError(

@@ -450,9 +450,14 @@ class _Turn:
         task = anyio.get_current_task()
         other = self.task
         if other is not None and other[0] != task.id and (self.scope is not None or holding):
+            who, whose = (
+                (f"task {task.name!r}", f"task {other[1]!r}")
+                if task.name != other[1]
+                else (f"a task named {task.name!r}", "another task of that name")
+            )
             raise RuntimeError(
-                f"task {task.name!r} asks for a batch of a DataLoader pass that task "
-                f"{other[1]!r} is consuming: a batch is valid until its consumer asks for the "
+                f"{who} asks for a batch of a DataLoader pass that {whose} is consuming: a "
+                "batch is valid until its consumer asks for the "
                 "next, so two consumers would reuse each other's buffers under their work. "
                 "Iterate a pass in one task (hand work to others from there), or make a "
                 "DataLoader per task"

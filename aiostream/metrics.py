@@ -26,16 +26,21 @@ Metrics (``device`` is ``cuda:0``, ``virtual:1``, ...):
   ``h2d``, ``d2h``, ``d2d``;
 - ``aiostream_loader_batches_total{device}`` and ``aiostream_loader_stall_seconds_total{device}``:
   batches a ``DataLoader`` handed out, and the seconds its consumer waited for them.
+
+Every device known (of the backends in use at a scrape, or seen by a hook) has each of these
+series from the start, at 0 (``pending_waits`` for the default wait strategy and each one seen
+on it): ``increase()`` counts the first device error, and an idle device's gauges read 0.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from . import _check, _diagnostics, _hooks
+from . import _backends, _check, _diagnostics, _hooks, _waiting
 from ._errors import AiostreamError
 
 __all__ = ["PrometheusMetrics"]
@@ -101,6 +106,9 @@ class PrometheusMetrics(_hooks.Listening):
             "loader_batches": {},
             "loader_stall_seconds": {},
         }
+        self._lock = threading.Lock()  # over the counters: a += is no atomic step
+        #: (device, strategy) of the waits begun: their pending_waits series stay, at 0
+        self._strategies: set[tuple[str, str]] = set()
         self._collector = _Collector(self)
         try:
             self.registry.register(self._collector)
@@ -123,11 +131,34 @@ class PrometheusMetrics(_hooks.Listening):
 
     def _add(self, name: str, labels: tuple[str, ...], value: float) -> None:
         counts = self._counters[name]
-        counts[labels] = counts.get(labels, 0.0) + value  # one thread's += at a time: the GIL
+        with self._lock:  # threads switch between the read and the write
+            counts[labels] = counts.get(labels, 0.0) + value
+
+    def _counts(self, name: str) -> dict[tuple[str, ...], float]:
+        with self._lock:
+            return dict(self._counters[name])
+
+    def _devices(self) -> set[str]:
+        """The devices known: those of the backends in use (none made here), and those the
+        hooks named."""
+        devices = {labels[0] for counts in self._counters.values() for labels in list(counts)}
+        devices.update(device for device, _ in list(self._strategies))
+        for kind in ("virtual", "cuda"):
+            backend = _backends.installed(kind)
+            if backend is None:
+                continue
+            try:
+                count = backend.device_count()
+            except Exception:  # noqa: BLE001 - a closed or failed backend: none of its devices
+                continue
+            devices.update(f"{kind}:{i}" for i in range(count))
+        return devices
 
     # ------------------------------------------------------------------ the listener
 
     def _wait_began(self, subject: str, device: str, strategy: str) -> object:
+        if strategy != "complete":  # set.add: one step, whichever thread
+            self._strategies.add((device, strategy))
         return time.monotonic(), device, strategy
 
     def _wait_ended(self, token: object, error: BaseException | None, outcome: str) -> None:
@@ -180,16 +211,31 @@ class _Collector:
             "loader_batches": ("batches data loaders handed out", ["device"]),
             "loader_stall_seconds": ("seconds loaders' consumers waited", ["device"]),
         }
+        devices = sorted(m._devices())  # noqa: SLF001
+        known: dict[str, list[tuple[str, ...]]] = {  # each at 0 until counted
+            "device_errors": [(d,) for d in devices],
+            "copied_bytes": [(d, k) for d in devices for k in ("h2d", "d2h", "d2d")],
+            "loader_batches": [(d,) for d in devices],
+            "loader_stall_seconds": [(d,) for d in devices],
+        }
         for name, (text, labels) in described.items():
             family = counter(f"aiostream_{name}", text, labels=labels)
-            for values, total in list(m._counters[name].items()):  # noqa: SLF001
+            counts = {key: 0.0 for key in known[name]}
+            counts.update(m._counts(name))  # noqa: SLF001
+            for values, total in counts.items():
                 family.add_metric(list(values), total)
             yield family
         waits = _diagnostics.pending_waits()
         pending = gauge(
             "aiostream_pending_waits", "waits in progress", labels=["device", "strategy"]
         )
-        by: dict[tuple[str, str], int] = {}
+        by: dict[tuple[str, str], int] = dict.fromkeys(list(m._strategies), 0)  # noqa: SLF001
+        try:
+            default = _waiting.get_wait_strategy()
+        except ValueError:  # a bad AIOSTREAM_WAIT_STRATEGY: said where a wait reads it
+            default = None
+        if default is not None:
+            by.update({(d, default): 0 for d in devices if (d, default) not in by})
         for w in waits:
             key = (w.device, w.strategy or "blocking")
             by[key] = by.get(key, 0) + 1
@@ -215,6 +261,8 @@ class _Collector:
             first.setdefault(w.device, w.waited)
             if threshold is not None and w.waited > threshold:
                 count[w.device] = count.get(w.device, 0) + 1
+        for device in devices:  # idle: nothing waits there
+            first.setdefault(device, 0.0)
         for device, waited in first.items():
             oldest.add_metric([device], waited)
             stuck.add_metric([device], count.get(device, 0))

@@ -530,6 +530,12 @@ def task_label(task: str) -> str:
     return ".".join(parts[-2:]) if len(parts) > 2 else ".".join(parts)
 
 
+def _more_lane(label: str, lane: int) -> str:
+    """The name of a track's lane past its first: where its spans overlap without nesting (a
+    device range around work that another range's work overlaps), which one row cannot show."""
+    return f"{label}, overlapping spans ({lane + 1})"
+
+
 def _stream_label(track: str, names: dict[str, str]) -> str:
     name = names.get(track)
     return track if name is None else f"{track} ({name})"
@@ -539,7 +545,8 @@ def _trace_events(
     spans: list[Span], t0: float, stream_names: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
     """The Chrome trace's events: a process per device (the host tasks' first), a thread per
-    task or stream, and one more where spans of one track overlap without nesting."""
+    task or stream, and one more, ``<track>, overlapping spans (2)``, where spans of one
+    track overlap without nesting."""
     tasks, streams = _tracks(spans)
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": 1, "tid": 0, "args": {"name": "host tasks"}}
@@ -565,7 +572,7 @@ def _trace_events(
                         "ph": "M",
                         "pid": pid,
                         "tid": tid,
-                        "args": {"name": label if lane == 0 else f"{label} ({lane + 1})"},
+                        "args": {"name": label if lane == 0 else _more_lane(label, lane)},
                     }
                 )
                 events.extend(_begin_end(lane_spans, pid, tid, t0))
@@ -812,7 +819,10 @@ class record_function:  # named as torch.profiler.record_function
             self._told = _told(self.stream)
         prof = _active()
         if _hooks.nvtx is not None:
-            self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
+            try:
+                self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
+            except Exception:  # NVTX's failure never becomes the user's
+                _hooks.nvtx_failed("start_range")
         if prof is not None:
             try:
                 self._start = prof.now()
@@ -838,7 +848,10 @@ class record_function:  # named as torch.profiler.record_function
             _tell(self.name, self.stream, told)
         prof = _active()
         if _hooks.nvtx is not None and hasattr(self, "_range"):  # not if NVTX began inside
-            _hooks.nvtx.end_range(self._range)
+            try:
+                _hooks.nvtx.end_range(self._range)
+            except Exception:  # nor replaces the user's exception or result
+                _hooks.nvtx_failed("end_range")
             del self._range
         start = getattr(self, "_start", None)  # unset when the profile began inside the range
         if start is None or prof is None:

@@ -110,6 +110,10 @@ class Tracing(_hooks.Listening):
         with self._lock:
             self._anchors.clear()  # their events go: nothing of the devices' stays held
 
+    def _holds(self) -> list[Any]:
+        with self._lock:  # the anchors' events, tracing's own: no leak of the program's
+            return [anchor.event for anchor in self._anchors.values()]
+
     def __enter__(self) -> Tracing:
         return self
 

@@ -126,8 +126,10 @@ def reset(
             latency and bandwidth (by direction, from pinned or pageable memory) and the
             kernels' launch overhead come from it, in place of ``compute_slots`` to
             ``d2d_bandwidth`` (giving one of those too is a ``ValueError``). None: the file
-            named by the environment variable ``AIOSTREAM_VIRTUAL_PROFILE``, if set. A file
-            that is not a profile raises ``ValueError`` naming the file and the field.
+            named by the environment variable ``AIOSTREAM_VIRTUAL_PROFILE``, if set, unless
+            one of ``compute_slots`` to ``d2d_bandwidth`` is given: the variable is a
+            default, and options given explicitly win (no profile then). A file that is not
+            a profile raises ``ValueError`` naming the file and the field.
     """
     options = VirtualOptions(
         devices=devices,

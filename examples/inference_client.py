@@ -206,10 +206,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(summary))
         return
-    print(
-        f"{summary['requests']} requests in {summary['seconds']:.1f} s from {args.clients} "
-        f"clients: {summary['rps']:.0f} req/s, {summary['of_bound']:.2f} of the device bound "
-        f"({summary['bound_rps']:.0f} req/s); mean batch {summary['mean_batch']:.1f}; "
+    print(report(summary, args.clients))
+
+
+def report(summary: dict[str, Any], clients: int) -> str:
+    """``measure``'s summary as lines a person reads, each within 100 columns."""
+    return (
+        f"{summary['requests']} requests in {summary['seconds']:.1f} s from {clients} "
+        f"clients: {summary['rps']:.0f} req/s,\n{summary['of_bound']:.2f} of the device bound "
+        f"({summary['bound_rps']:.0f} req/s); mean batch {summary['mean_batch']:.1f};\n"
         f"/health p50 {summary['health']['p50_ms']:.1f} ms, p99 "
         f"{summary['health']['p99_ms']:.1f} ms; {len(summary['errors'])} errors"
     )

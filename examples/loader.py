@@ -30,8 +30,8 @@ async def main() -> None:
     stats = loader.stats
     print(
         f"{stats.batches} batches; at most {stats.peak_in_use} of the loader's "
-        f"{stats.pool_size} slots in use, whose {stats.allocations} device buffers (an image "
-        f"and a label per slot) were each allocated once; last: {image}"
+        f"{stats.pool_size} slots in use,\nwhose {stats.allocations} device buffers (an image "
+        f"and a label per slot) were each allocated once;\nlast: {image}"
     )
 
 

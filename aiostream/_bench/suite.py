@@ -62,6 +62,29 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def load_average() -> float | None:
+    """The machine's load average over the last minute; None where it does not say."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows; a system that will not tell
+        return None
+
+
+def load_words(cpus: int | None, load: float | None) -> tuple[str, str | None]:
+    """The load beside the CPU count (``2 CPUs, load average 3.10``), and, where the load
+    exceeds the CPUs, a sentence saying what that does to timings (else None)."""
+    where = f"{cpus or '?'} CPUs"
+    if load is None:
+        return where, None
+    where += f", load average {load:.2f}"
+    if cpus is None or load <= cpus:
+        return where, None
+    return where, (
+        f"this machine was busy: load average {load:.2f} over its {cpus} CPUs; timings wait "
+        "for a CPU there, and may miss goals an idle machine meets"
+    )
+
+
 def machine() -> dict[str, Any]:
     """The machine and what runs on it."""
     ok, reason = _backends.probe("cuda")
@@ -72,6 +95,7 @@ def machine() -> dict[str, Any]:
     return {
         "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
         "cpus": os.cpu_count(),
+        "load": load_average(),
         "versions": _versions(),
         "gpus": gpus,
         "cuda": "available" if ok else f"unavailable: {reason}",
@@ -362,9 +386,10 @@ def table(report: dict[str, Any], width: int = 80) -> str:
     against its goal."""
     m = report["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    cpus, busy = load_words(m["cpus"], m.get("load"))
     head = (
         f"aiostream bench{' (quick)' if report['quick'] else ''}: {m['platform']}, "
-        f"{m['cpus']} CPUs; {versions}"
+        f"{cpus}; {versions}"
     )
     lines = textwrap.wrap(head, width, subsequent_indent="  ", break_on_hyphens=False)
     lines += [
@@ -400,4 +425,6 @@ def table(report: dict[str, Any], width: int = 80) -> str:
         if misses
         else "every goal met"
     )
+    if busy is not None:
+        lines += textwrap.wrap(busy, width)
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,17 +47,34 @@ class FakeLoopTime:
         return self._now
 
     def _select(self, timeout: float | None = None) -> Any:
-        if timeout is None or timeout <= 0:
+        if timeout is None:
             return self._real_select(timeout)
+        scheduled = self._loop._scheduled
+        if timeout <= 0:
+            events = self._real_select(timeout)
+            if not events and scheduled and scheduled[0]._when <= self._now:
+                self._reach(scheduled[0]._when)  # due, yet asyncio may not see it (below)
+            return events
         events = self._real_select(0)
         if events:
             return events
-        scheduled = self._loop._scheduled
         # asyncio computed ``timeout`` from the earliest live timer; land on it exactly
         when = scheduled[0]._when if scheduled else self._now + timeout
         if when > self._now:
-            self._now = when
+            self._reach(when)
         return []
+
+    def _reach(self, when: float) -> None:
+        """Move the clock to ``when``, or just past it where asyncio would not run it there.
+
+        asyncio runs a timer once it is earlier than now plus the clock's resolution; past
+        2**24 s a float cannot hold that sum (it rounds back to now), so the clock lands one
+        float past the timer, else the loop would spin on it forever.
+        """
+        now = max(when, self._now)
+        if not now + self._loop._clock_resolution > when:
+            now = math.nextafter(now, math.inf)
+        self._now = now
 
     def _shift_timers(self, delta: float) -> None:
         for handle in self._loop._scheduled:  # a uniform shift keeps the heap ordered

@@ -6,9 +6,10 @@ beside pytest-asyncio and anyio's pytest plugin, in their strict modes. Fixtures
 (they are not imported):
 
 - ``virtual_device``: a fresh, isolated virtual backend for the test, yielding ``virtual:0``;
-  configured by ``@pytest.mark.aiostream(devices=2, compute_slots=2, ...)``. At teardown it fails
-  the test if a wait, operation, stream or event leaked, listing them, and restores the backend
-  that was there before.
+  configured by ``@pytest.mark.aiostream(devices=2, compute_slots=2, ...)``, on the test, its
+  class or its module: their options merge, the closest to the test winning each one. At
+  teardown it fails the test if a wait, operation, stream or event leaked, listing them, and
+  restores the backend that was there before.
 - ``virtual_time``: the test runs on a fake clock that jumps to the next timer or device
   completion whenever every task is blocked; ``asyncio.sleep``/``anyio.sleep`` and device work
   share it, so ten simulated seconds take microseconds. On asyncio's default loop and on trio;
@@ -33,14 +34,16 @@ import hashlib
 import inspect
 import re
 import time
+import types
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .. import _backends, _clash
+from .. import _backends, _clash, _hooks
 from .._backends.virtual import Isolation, VirtualBackend, VirtualOptions
+from .._objects import DeviceObject
 from ..device import Device
 from ._virtual_time import Unsupported, VirtualTime, format_timeline, running
 
@@ -152,19 +155,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _marker_options(node: pytest.Item) -> dict[str, Any]:
-    marker = node.get_closest_marker("aiostream")
-    if marker is None:
-        return {}
-    if marker.args:
-        pytest.fail("@pytest.mark.aiostream takes keyword arguments only", pytrace=False)
-    unknown = sorted(set(marker.kwargs) - set(_OPTIONS))
-    if unknown:
-        pytest.fail(
-            f"@pytest.mark.aiostream got unknown option(s) {', '.join(unknown)}; "
-            f"accepted: {', '.join(_OPTIONS)}",
-            pytrace=False,
-        )
-    options = dict(marker.kwargs)
+    """The options of every ``aiostream`` marker on the test, its class and its module (and
+    ``pytestmark``s), merged: where two give one option, the closest to the test wins."""
+    options: dict[str, Any] = {}
+    for marker in reversed(list(node.iter_markers("aiostream"))):  # the farthest first
+        if marker.args:
+            pytest.fail("@pytest.mark.aiostream takes keyword arguments only", pytrace=False)
+        unknown = sorted(set(marker.kwargs) - set(_OPTIONS))
+        if unknown:
+            pytest.fail(
+                f"@pytest.mark.aiostream got unknown option(s) {', '.join(unknown)}; "
+                f"accepted: {', '.join(_OPTIONS)}",
+                pytrace=False,
+            )
+        options.update(marker.kwargs)
     for name in ("check_leaks", "check_races"):
         value = options.get(name, True)
         if not isinstance(value, bool):
@@ -224,7 +228,8 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
         live = _backends.installed("virtual")  # another, if the test called reset()
         if not (isinstance(live, VirtualBackend) and live.isolation is isolation):
             live = backend
-        leaks = isolation.leaks + _settled_leaks(live)
+        held = _held_by_fixtures(request.node) + _held_by_listeners()
+        leaks = isolation.leaks + _settled_leaks(live, held)
         races = isolation.races + live.races()
         timeline = live.timeline()
         _backends.restore("virtual", previous)
@@ -261,20 +266,75 @@ def virtual_device(request: pytest.FixtureRequest) -> Iterator[Device]:
 _OBJECTS_GRACE_S = 0.5
 
 
-def _settled_leaks(backend: VirtualBackend) -> list[str]:
+#: the most objects looked at for what a test's fixture values hold
+_HELD_MOST = 100_000
+#: what is never looked into for them: code, and what reaches everything from there
+_OPAQUE = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.CodeType,
+    types.FrameType,
+    types.GeneratorType,
+    types.CoroutineType,
+)
+
+#: ... nor the objects of these modules: backends reach all their objects, pytest's fixtures
+#: (capsys, request) every test's
+_NOT_LOOKED_INTO = ("aiostream._backends.", "_pytest.", "pytest", "pluggy")
+
+
+def _held_by_fixtures(item: pytest.Item) -> list[object]:
+    """The handles of the aiostream objects (streams, events, buffers) that the test's
+    fixture values hold, in containers and objects too: pytest holds those values until the
+    test's teardown has ended, after the leak check, so they are no leak of the test's. Their
+    pending work still is (it is listed apart from the objects)."""
+    funcargs = getattr(item, "funcargs", None) or {}
+    todo = list(funcargs.values())
+    seen: set[int] = set()
+    held: list[object] = []
+    while todo and len(seen) < _HELD_MOST:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, _OPAQUE):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, DeviceObject):
+            handle = getattr(obj, "_handle", None)
+            if handle is not None:
+                held.append(handle)
+            continue  # the rest of it is its backend's
+        if type(obj).__module__.startswith(_NOT_LOOKED_INTO):
+            continue
+        todo.extend(gc.get_referents(obj))
+    return held
+
+
+def _held_by_listeners() -> list[object]:
+    """The handles of the device objects aiostream's listeners keep for themselves while
+    they listen (``aiostream.tracing``'s anchor events), which no test leaked."""
+    return [
+        obj._handle  # noqa: SLF001 - aiostream's own
+        for obj in _hooks.held()
+        if isinstance(obj, DeviceObject) and obj._handle is not None  # noqa: SLF001
+    ]
+
+
+def _settled_leaks(backend: VirtualBackend, held: list[object]) -> list[str]:
     """What ``backend`` still holds. Where that is only objects (streams, events, buffers),
     looked at again for up to half a second, collecting each time: a thread of a pool that
     ran the test's last call (``anyio.to_thread.run_sync(s.synchronize_blocking)``) may hold
     that call, and what it reaches, a moment after it has reported its result. Pending work
     is never waited for: it is told at once."""
-    leaks = backend.leaks()
+    leaks = backend.leaks(held)
     deadline = time.monotonic() + _OBJECTS_GRACE_S
     while leaks and all(line.startswith("live ") for line in leaks):
         if time.monotonic() > deadline:
             break
         time.sleep(0.01)
         gc.collect()
-        leaks = backend.leaks()
+        leaks = backend.leaks(held)
     return leaks
 
 

@@ -339,6 +339,31 @@ def test_copies_stay_on_one_device(virtual_device: ais.Device) -> None:
         ais.copy_async(d0, ais.HostBuffer(8), stream=ais.Stream("virtual:1"))
 
 
+@pytest.mark.aiostream(devices=2)
+@pytest.mark.parametrize(
+    "anyio_backend",
+    ["asyncio", pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"), "trio"],
+)
+async def test_a_copy_between_devices_names_the_way_round_which_works(
+    virtual_device: ais.Device, anyio_backend: object
+) -> None:
+    d0, d1 = ais.DeviceBuffer(16, "virtual:0"), ais.DeviceBuffer(16, "virtual:1")
+    with pytest.raises(ValueError, match=r"stage it through host memory: .*HostBuffer\(16\)"):
+        ais.copy_async(d1, d0)
+    source = ais.HostBuffer(16)
+    source.numpy(np.float32)[:] = [1, 2, 3, 4]
+    s0, s1 = ais.Stream("virtual:0"), ais.Stream("virtual:1")
+    ais.copy_async(d0, source, stream=s0)
+    staging = ais.HostBuffer(16)  # the way the error says
+    ais.copy_async(staging, d0, stream=s0)
+    s1.wait_event(s0.record_event())
+    ais.copy_async(d1, staging, stream=s1)
+    out = ais.HostBuffer(16, device="virtual:1")
+    ais.copy_async(out, d1, stream=s1)
+    await s1
+    assert out.numpy(np.float32).tolist() == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize(
     "anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")]
 )

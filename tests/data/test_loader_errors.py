@@ -385,12 +385,28 @@ async def test_workers_need_the_async_with_block(virtual_device: ais.Device) -> 
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("when", ["holding a batch", "taking a batch"])
+@pytest.mark.parametrize(
+    ("names", "who"),
+    [
+        (("first", "second"), "task 'second' asks for a batch of a DataLoader pass that task "
+         "'first' is consuming"),
+        (("worker", "worker"), "a task named 'worker' asks for a batch of a DataLoader pass "
+         "that another task of that name is consuming"),
+    ],
+    ids=["named apart", "one name"],
+)  # fmt: skip
 async def test_a_second_task_taking_batches_from_one_pass_is_refused(
-    virtual_device: ais.Device, anyio_backend: object, mode: str, when: str
+    virtual_device: ais.Device,
+    anyio_backend: object,
+    mode: str,
+    when: str,
+    names: tuple[str, str],
+    who: str,
 ) -> None:
     """A batch is valid until its consumer asks for the next, so a second task asking for
     batches of the same pass (while the first holds one, or is taking one) is refused, saying
-    what to do; the first task's loop goes on unharmed, every batch read back as written."""
+    what to do (and which task, told apart when both share a name); the first task's loop goes
+    on unharmed, every batch read back as written."""
     gate = anyio.Event()  # the source's items 2 and 3 wait for the second task's attempt
 
     async def source() -> AsyncIterator[np.ndarray]:
@@ -432,11 +448,11 @@ async def test_a_second_task_taking_batches_from_one_pass_is_refused(
 
         with deadline(10, "both tasks to be done"):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(first, name="first")
-                tg.start_soon(second, name="second")
+                tg.start_soon(first, name=names[0])
+                tg.start_soon(second, name=names[1])
         await it.aclose()  # the source, not taken to its end, is closed
     assert refused == [
-        "task 'second' asks for a batch of a DataLoader pass that task 'first' is consuming: "
+        f"{who}: "
         "a batch is valid until its consumer asks for the next, so two consumers would reuse "
         "each other's buffers under their work. Iterate a pass in one task (hand work to "
         "others from there), or make a DataLoader per task"

@@ -297,6 +297,14 @@ async def test_a_shared_buffer_opens_on_the_device_named_in_its_current_stream_o
     ais.virtual.assert_no_races()
 
 
+def test_the_docs_of_opening_a_buffer_say_a_handle_opens_in_its_own_process() -> None:
+    """What the tests above do (a handle opened where it was made) is what the docstring says,
+    not that it is refused."""
+    doc = " ".join((ais.DeviceBuffer.from_ipc_handle.__doc__ or "").split())
+    assert "In the process that made the handle (where the driver opens nothing) it gives " in doc
+    assert "or was made in this process" not in doc
+
+
 def test_a_freed_shared_virtual_buffer_keeps_no_bytes_alive() -> None:
     """Sharing a buffer keeps it openable only while it lives: once freed, its bytes go (the
     memory Python traced for them is given back)."""

@@ -162,3 +162,29 @@ def test_closed_it_leaves_the_registry(registry: prometheus_client.CollectorRegi
     metrics.close()
     metrics.close()
     assert prometheus_client.generate_latest(other) == b""
+
+
+async def test_known_devices_have_every_series_from_the_start_at_0(
+    virtual_device: ais.Device, registry: prometheus_client.CollectorRegistry
+) -> None:
+    """Before any wait, error, copy or batch, each series of a device in use reads 0 (so
+    increase() counts the first device error); an idle device's gauges read 0 again."""
+    dev, strategy = str(virtual_device), ais.get_wait_strategy()
+
+    def read(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"device": dev, **labels})
+
+    for name in ("device_errors", "loader_batches", "loader_stall_seconds"):
+        assert read(f"aiostream_{name}_total") == 0.0, name
+    for direction in ("h2d", "d2h", "d2d"):
+        assert read("aiostream_copied_bytes_total", direction=direction) == 0.0
+    assert read("aiostream_pending_waits", strategy=strategy) == 0.0
+    assert read("aiostream_stuck_waits") == 0.0
+    assert read("aiostream_oldest_wait_seconds") == 0.0
+    s = ais.Stream()
+    ais.virtual.submit(s, 0.01, error="illegal address")
+    with pytest.raises(ais.DeviceError):
+        await s
+    assert read("aiostream_device_errors_total") == 1.0
+    assert read("aiostream_pending_waits", strategy=strategy) == 0.0  # idle again: still there
+    assert read("aiostream_oldest_wait_seconds") == 0.0

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+# Imported before any pytester run, which would drop them from sys.modules after importing
+# them for its inner tests: numpy's extension loads once per process, and aiostream's modules
+# imported again would be a second copy beside the one aiostream's namespace keeps.
+import numpy  # noqa: F401
 import pytest
 
 import aiostream as ais
+import aiostream.buffers
+import aiostream.profiler
+import aiostream.tracing  # noqa: F401
 from aiostream.testing import format_timeline
 from tests.helpers import protocol
 from tests.helpers.plugin_runs import run
@@ -90,6 +97,114 @@ def test_after(virtual_device):
     result.stdout.fnmatch_lines(
         ["*ERROR at teardown of test_kept*", "*live stream virtual:0 stream 1 (priority 0)"]
     )
+
+
+def test_objects_fixture_values_hold_are_no_leak_their_pending_work_is(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest holds fixture values until the test's teardown has ended, after the leak
+    check: a Stream, an Event and buffers a fixture returns (in a dict, in a list, in an
+    object) are not the test's leak, on every loop. Work still pending on them is."""
+    pytester.makeconftest(ANYIO_LOOPS)
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import pytest
+
+class Kit:
+    def __init__(self):
+        self.stream = ais.Stream()
+        self.buffers = {"dev": ais.DeviceBuffer(64), "host": [ais.HostBuffer(64)]}
+
+@pytest.fixture
+def kit(virtual_device):
+    return Kit()
+
+@pytest.fixture
+def done(virtual_device):
+    s = ais.Stream()
+    yield s, s.record_event()
+
+@pytest.mark.anyio
+async def test_uses_them(kit, done):
+    ais.copy_async(kit.buffers["dev"], kit.buffers["host"][0], stream=kit.stream)
+    await kit.stream
+    await done[1]
+
+def test_pending_work_in_a_fixture_is_still_a_leak(kit):
+    ais.virtual.submit(kit.stream, 5.0, name="forgotten")
+""",
+    )
+    result.assert_outcomes(passed=4, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_pending_work_in_a_fixture_is_still_a_leak*",
+            "*the test leaked 1 thing(s) on the virtual backend:",
+            "*pending operation 'forgotten' on virtual:0 stream 1, engine compute*",
+        ]
+    )
+
+
+def test_tracing_left_on_across_tests_is_no_leak_of_theirs(pytester: pytest.Pytester) -> None:
+    """aiostream.tracing, instrumented for a whole module, keeps an anchor event per device
+    for the regions it times on a stream: that event is tracing's, not a leak of each test."""
+    pytester.makeconftest(ANYIO_LOOPS)
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import aiostream.tracing
+import pytest
+
+@pytest.fixture(scope="module", autouse=True)
+def tracing():
+    with aiostream.tracing.instrument():
+        yield
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("step", ["first", "second"])
+async def test_a_timed_region(virtual_device, step):
+    s = ais.Stream()
+    with ais.record_function(step, stream=s):
+        ais.delay(0.001, stream=s)
+    await s
+""",
+    )
+    result.assert_outcomes(passed=6)
+
+
+def test_markers_at_several_levels_merge_the_closest_winning_each_option(
+    pytester: pytest.Pytester,
+) -> None:
+    """A module's devices=2 holds for a class's and a test's own markers on other options;
+    an option given at several levels takes the closest one's value."""
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import pytest
+
+pytestmark = pytest.mark.aiostream(devices=2, compute_slots=2)
+
+kept = []
+
+@pytest.mark.aiostream(check_leaks=False)
+def test_own_marker(virtual_device):
+    assert ais.device_count("virtual") == 2
+    kept.append(ais.Stream())  # no leak: check_leaks=False is the test's
+
+@pytest.mark.aiostream(devices=3)
+class TestClass:
+    @pytest.mark.aiostream(devices=4)
+    def test_closest_wins(self, virtual_device):
+        assert ais.device_count("virtual") == 4
+
+    def test_class_over_module(self, virtual_device):
+        assert ais.device_count("virtual") == 3
+""",
+    )
+    result.assert_outcomes(passed=3)
 
 
 def test_leaks_fail_the_test_with_a_listing(pytester: pytest.Pytester) -> None:

@@ -65,11 +65,14 @@ def test_calibrate_refuses_what_it_cannot_measure(stand_in_folder: Path, tmp_pat
     there: a message that says so, exit status 2, no traceback."""
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "aiostream-device-profile", "version": 7}))
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
     cases = [
         (stand_in_folder, ["--device", "virtual:0"], "calibrate measures a CUDA device"),
         (tmp_path, [], "no CUDA device to measure"),  # a folder without a driver
         (stand_in_folder, ["--check", str(bad)], "bad.json: version: 7 is not a version"),
         (stand_in_folder, ["--check", str(tmp_path / "none.json")], "none.json"),
+        (stand_in_folder, ["--check", str(deep)], "deep.json: not a profile"),
         (stand_in_folder, ["--out", str(tmp_path / "no" / "p.json")], "is not a folder"),
         (stand_in_folder, ["--device", "cuda:5"], "--device cuda:5"),
     ]

@@ -784,3 +784,14 @@ def test_server_benchmark_smoke_run() -> None:
     assert [r["bound_rps"] for r in report["rows"]] == [100.0, 400.0]
     assert all(r["errors"] == 0 and r["rps"] > 0 for r in [*report["rows"], report["blocking"]])
     assert report["blocking"]["blocking"] and report["http_ceiling_rps"] > 0
+
+
+def test_the_clients_report_fits_100_columns() -> None:
+    summary = {
+        "requests": 123_456_789, "seconds": 12_345.6, "rps": 1_234_567.0, "of_bound": 0.99,
+        "bound_rps": 1_250_000.0, "mean_batch": 31.9,
+        "health": {"p50_ms": 1_234.5, "p99_ms": 98_765.4}, "errors": ["x"] * 1000,
+    }  # fmt: skip
+    text = client.report(summary, 100_000)
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    assert "1234567 req/s" in text and "1000 errors" in text

@@ -2,7 +2,7 @@
 abuse use them, each a reproduction: from threads, they return once the work is done whatever
 the clock and whoever completes it (PyTorch's ``test_stream_event_nogil``, CuPy's
 ``test_stream_thread``); in a thread that runs an event loop they are refused, leaving the
-loop's own waits alone, and that check survives a half-imported trio.
+loop's own waits alone, and that check survives a half-imported trio or asyncio.
 """
 
 from __future__ import annotations
@@ -149,6 +149,17 @@ def test_a_half_imported_trio_does_not_break_blocking_waits(
 ) -> None:
     """What another thread importing trio for the first time looks like from this one."""
     monkeypatch.setitem(sys.modules, "trio", types.ModuleType("trio"))
+    s = ais.Stream()
+    ais.delay(0.001, stream=s)
+    assert _in_thread(s.synchronize_blocking) is None
+    s.synchronize_blocking()  # in the main thread too, which runs no loop
+
+
+def test_a_half_imported_asyncio_does_not_break_blocking_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What another thread importing asyncio for the first time looks like from this one."""
+    monkeypatch.setitem(sys.modules, "asyncio", types.ModuleType("asyncio"))
     s = ais.Stream()
     ais.delay(0.001, stream=s)
     assert _in_thread(s.synchronize_blocking) is None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +218,39 @@ def test_the_environment_names_a_profile_for_every_backend_made_without_one(
         ais.virtual.reset()
 
 
+def test_options_given_explicitly_win_over_the_environment_s_profile(
+    profile_file: Path, monkeypatch: pytest.MonkeyPatch, pytester: pytest.Pytester
+) -> None:
+    """AIOSTREAM_VIRTUAL_PROFILE is a default: reset() or the marker with an option the
+    profile sets gets its own model, without the profile (no "given beside a profile")."""
+    from tests.helpers.plugin_runs import run
+
+    monkeypatch.setenv("AIOSTREAM_VIRTUAL_PROFILE", str(profile_file))
+    ais.virtual.reset(clock=VirtualClock(), compute_slots=2)
+    assert _name() == "simulated"
+    ais.virtual.reset(clock=VirtualClock())
+    assert "simulated from a profile of Test GPU" in _name()
+    result = run(
+        pytester,
+        """
+import aiostream as ais
+import pytest
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.aiostream(compute_slots=2)
+async def test_two_at_once(virtual_time, anyio_backend):
+    streams = [ais.Stream(), ais.Stream()]
+    for s in streams:
+        ais.delay(1.0, stream=s)
+    for s in streams:
+        await s
+    assert ais.virtual.now() == 1.0  # no launch overhead: not the profile's model
+""",
+    )
+    result.assert_outcomes(passed=2)
+
+
 def _name() -> str:
     return ais.profile("virtual:0").device_name()
 
@@ -231,10 +266,17 @@ def test_a_profile_and_the_options_it_sets_are_not_both_given(profile_file: Path
 
 def test_a_copy_too_long_for_the_clock_names_the_profile(tmp_path: Path) -> None:
     path = tmp_path / "slow.json"
-    path.write_text(json.dumps(profile_dict(figures__h2d_pinned_latency_s={"value": 1e10})))
+    path.write_text(
+        json.dumps(
+            profile_dict(
+                figures__h2d_pinned_latency_s={"value": 9.19e9},
+                figures__h2d_pinned_bandwidth={"value": 1},
+            )
+        )
+    )
     ais.virtual.reset(profile=path)
-    with pytest.raises(ValueError, match="h2d copy of 64 bytes .* the profile's figures cannot"):
-        ais.copy_async(ais.DeviceBuffer(64), ais.HostBuffer(64))
+    with pytest.raises(ValueError, match="h2d copy of 16777216 bytes .* the profile's figures"):
+        ais.copy_async(ais.DeviceBuffer(16 * MiB), ais.HostBuffer(16 * MiB))
 
 
 # ---------------------------------------------------------------------- bad profiles
@@ -260,6 +302,13 @@ def test_a_copy_too_long_for_the_clock_names_the_profile(tmp_path: Path) -> None
         ({"device__name": _DELETE}, "device.name must be a non-empty string"),
         ({"device": "GPU"}, "device is missing"),
         ({"figures": []}, "figures is missing"),
+        ({"version": True}, "version: True is not a version"),
+        ({"figures__launch_s": {"value": 1e300}}, "figures.launch_s.value must be at most 9.2e"),
+        ({"figures__gap_s": {"value": 10**400}}, "figures.gap_s.value must be a finite"),
+        ({"figures__gap_s": {"value": 0, "spread": 10**400}}, "figures.gap_s.spread must be"),
+        ({"figures__compute_slots": {"value": 1e300}}, "figures.compute_slots.value must be a"),
+        ({"device__name": "GPU\n\x1b[2J"}, "device.name must be printable text"),
+        ({"device__name": "G" * 10_000}, "device.name must be printable text of at most 200"),
     ],
 )
 def test_a_profile_that_is_not_one_names_the_file_and_the_field(
@@ -278,6 +327,61 @@ def test_a_file_that_does_not_parse_says_so(tmp_path: Path) -> None:
     path.write_text("{figures: 1")
     with pytest.raises(ValueError, match="broken.json: not a profile: the JSON does not parse"):
         ais.virtual.reset(profile=str(path))
+
+
+def test_a_file_nested_too_deep_is_not_a_profile(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"deep.json: not a profile: .* \(nested too deep\)"):
+        DeviceProfile.load(path)
+
+
+@pytest.mark.timeout(20)
+def test_only_a_regular_file_of_a_profile_s_size_is_read(tmp_path: Path) -> None:
+    """A FIFO (which would block the reader forever), a device such as /dev/zero (which
+    never ends), a folder, or a file past MAX_BYTES: refused without reading them whole."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (MiB + 1))  # a profile holds at most 1 MiB
+    for path, said in (
+        (fifo, "not a regular file"),
+        (Path("/dev/zero"), "not a regular file"),
+        (tmp_path, "not a regular file"),
+        (big, "over the 1048576"),
+    ):
+        with pytest.raises(ValueError, match=f"{re.escape(str(path))}: not a profile: .*{said}"):
+            ais.virtual.reset(profile=path)
+
+
+def test_a_profile_is_made_of_figures_or_numbers_and_read_by_name(profile_file: Path) -> None:
+    p = DeviceProfile.load(profile_file)
+    numbers = {name: figure.value for name, figure in p.figures.items()}
+    plain = DeviceProfile(
+        name="GPU", driver="1", date="2026", measured_on="cuda:0", figures=numbers
+    )
+    assert plain.value("launch_s") == FIGURES["launch_s"]
+    assert plain.figures["launch_s"].spread == 0.0
+    ais.virtual.reset(profile=plain)
+    with pytest.raises(ValueError, match="'nope' is not a figure of version 1 profiles"):
+        p.value("nope")
+    with pytest.raises(ValueError, match=r"figures\.launch_s must be a Figure or a number"):
+        DeviceProfile(
+            name="GPU", driver="1", date="2026", measured_on="cuda:0", figures={"launch_s": "1"}
+        )
+
+
+def test_a_profile_is_written_to_and_read_from_paths_never_file_descriptors(
+    profile_file: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    p = DeviceProfile.load(profile_file)
+    for fd in (1, 0):
+        with pytest.raises(TypeError, match="path must be a str or an os.PathLike"):
+            p.dump(fd)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="path must be a str or an os.PathLike"):
+            DeviceProfile.load(fd)  # type: ignore[arg-type]
+    print("stdout still open")
+    assert "stdout still open" in capfd.readouterr().out
 
 
 def test_a_written_profile_reads_back_the_same(profile_file: Path, tmp_path: Path) -> None:
@@ -313,3 +417,18 @@ async def test_pageable(virtual_time, anyio_backend):
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+def test_the_marker_says_in_one_line_that_the_environment_s_profile_is_not_one(
+    pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.helpers.plugin_runs import run
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    monkeypatch.setenv("AIOSTREAM_VIRTUAL_PROFILE", str(deep))
+    result = run(pytester, "def test_device(virtual_device):\n    pass\n")
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert f"AIOSTREAM_VIRTUAL_PROFILE: {deep}: not a profile" in out
+    assert "RecursionError" not in out

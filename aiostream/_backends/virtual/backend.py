@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import ClassVar
 
 from ..._errors import NotReadyError
@@ -301,16 +301,19 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
                 buffers=len(self._memory.live),
             )
 
-    def leaks(self) -> list[str]:
-        """One line per live stream, live event, pending operation and pending wait."""
+    def leaks(self, held: Collection[object] = ()) -> list[str]:
+        """One line per live stream, live event, live buffer, pending operation and pending
+        wait; the streams, events and buffers in ``held`` (handles: what the pytest plugin
+        found held by a test's fixture values) are left out."""
+        ids = {id(handle) for handle in held}
         with self._sim.lock:
             self._sim.sync_locked()
             return inspect.leaks(
                 sorted((t.item for t in self._sim.targets), key=_by_seq),
                 self._sim.sched.unfinished_ops(),
-                self._live_streams,
-                self._live_events,
-                self._memory.live,
+                [s for s in self._live_streams if id(s) not in ids],
+                [e for e in self._live_events if id(e) not in ids],
+                [m for m in self._memory.live if id(m) not in ids],
             )
 
     def timeline(self) -> list[OpRecord]:

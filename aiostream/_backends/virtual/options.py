@@ -97,12 +97,13 @@ class VirtualOptions:
     """A :class:`DeviceProfile` or the path of one (``python -m aiostream calibrate`` writes
     them): the engines' concurrency, each copy's latency and bandwidth (by direction, pinned
     or pageable) and the kernels' launch overhead come from it. None: the file named by the
-    environment variable ``AIOSTREAM_VIRTUAL_PROFILE`` if it is set, else none; False: none,
-    whatever the environment says."""
+    environment variable ``AIOSTREAM_VIRTUAL_PROFILE`` if it is set and none of the options
+    it sets (``compute_slots`` to ``d2d_bandwidth``) is given, else none: the variable is a
+    default, which options given explicitly win over; False: none, whatever the environment
+    says."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise through the base class
-        set_(self, "profile", self._profile())
         set_(self, "devices", _count(self.devices, "devices", MAX_DEVICES))
         for name in ("compute_slots", "h2d_slots", "d2h_slots"):
             set_(self, name, _count(getattr(self, name), name, _MAX_SLOTS))
@@ -110,23 +111,30 @@ class VirtualOptions:
         set_(self, "bandwidth", _rate(self.bandwidth, "bandwidth"))
         set_(self, "d2d_bandwidth", _rate(self.d2d_bandwidth, "d2d_bandwidth"))
         set_(self, "latency", seconds_to_ns(self.latency, "latency") / 1e9)
-        if self.profile is not None:
-            defaults = {f.name: f.default for f in dataclasses.fields(self)}
-            given = [name for name in _PROFILED if getattr(self, name) != defaults[name]]
-            if given:
-                raise ValueError(
-                    f"{', '.join(given)} given beside a profile, which sets them: leave "
-                    "them out, or leave the profile out"
-                )
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        given = [name for name in _PROFILED if getattr(self, name) != defaults[name]]
+        if self.profile is None and given:
+            # the environment's profile is a default: options given explicitly win over it
+            set_(self, "profile", False)
+        set_(self, "profile", self._profile())
+        if self.profile is not None and given:
+            raise ValueError(
+                f"{', '.join(given)} given beside a profile, which sets them: leave "
+                "them out, or leave the profile out"
+            )
 
     def _profile(self) -> DeviceProfile | None:
         profile = self.profile
         if profile is False:  # none, whatever the environment says
             return None
         if profile is None:
-            profile = os.environ.get(PROFILE_VARIABLE) or None
-            if profile is None:
+            path = os.environ.get(PROFILE_VARIABLE) or None
+            if path is None:
                 return None
+            try:
+                return DeviceProfile.load(path)
+            except ValueError as exc:  # said where the file was named
+                raise ValueError(f"{PROFILE_VARIABLE}: {exc}") from None
         if isinstance(profile, DeviceProfile):
             return profile
         if isinstance(profile, (str, os.PathLike)):

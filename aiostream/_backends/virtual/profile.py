@@ -13,13 +13,32 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["COPY_KINDS", "FIGURES", "FORMAT", "VERSION", "DeviceProfile", "Figure"]
+from ..._check import MAX_SECONDS
+
+__all__ = [
+    "COPY_KINDS",
+    "FIGURES",
+    "FORMAT",
+    "MAX_BYTES",
+    "VERSION",
+    "DeviceProfile",
+    "Figure",
+]
 
 FORMAT = "aiostream-device-profile"
 VERSION = 1
+
+#: The most bytes a profile's file may hold (``calibrate`` writes about 6 KB): a larger file
+#: is refused unread.
+MAX_BYTES = 1 << 20
+#: The most characters of a device's name, driver, date or aiostream device.
+_MAX_TEXT = 200
+#: The most a count may be: as many slots as ``aiostream.virtual.reset`` gives an engine.
+_MAX_COUNT = 1 << 20
 
 #: The copies a profile measures: each direction from pinned and from pageable host memory,
 #: and device to device.
@@ -81,15 +100,39 @@ class DeviceProfile:
     def __post_init__(self) -> None:
         where = self.source or "profile"
         for key in ("name", "driver", "date", "measured_on"):
-            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+            text = getattr(self, key)
+            if not isinstance(text, str) or not text:
                 raise ValueError(f"{where}: device.{key} must be a non-empty string")
+            if len(text) > _MAX_TEXT or not text.isprintable():
+                raise ValueError(
+                    f"{where}: device.{key} must be printable text of at most {_MAX_TEXT} "
+                    f"characters (no line breaks or control characters), got {_show(text)}"
+                )
+        if not isinstance(self.figures, dict):
+            raise ValueError(
+                f"{where}: figures must be a dict of figure names to Figure or numbers, got "
+                f"{_show(self.figures)}"
+            )
+        figures: dict[str, Figure] = {}
+        for name, figure in self.figures.items():
+            if isinstance(figure, Figure):
+                figures[name] = figure
+            elif isinstance(figure, (int, float)) and not isinstance(figure, bool):
+                figures[name] = Figure(figure)  # its value alone, measured without spread
+            else:
+                raise ValueError(
+                    f"{where}: figures.{_show_name(name)} must be a Figure or a number, got "
+                    f"{_show(figure)}"
+                )
+        object.__setattr__(self, "figures", figures)  # frozen: set through the base class
         missing = [name for name in FIGURES if name not in self.figures]
         if missing:
             raise ValueError(f"{where}: figures.{missing[0]} is missing")
         unknown = sorted(set(self.figures) - set(FIGURES))
         if unknown:
             raise ValueError(
-                f"{where}: figures.{unknown[0]} is not a figure of version {VERSION} profiles"
+                f"{where}: figures.{_show_name(unknown[0])} is not a figure of version "
+                f"{VERSION} profiles"
             )
         for name, (unit, _) in FIGURES.items():
             figure = self.figures[name]
@@ -97,7 +140,15 @@ class DeviceProfile:
             _check(where, name, "spread", figure.spread, "")
 
     def value(self, name: str) -> float:
-        return self.figures[name].value
+        """The value of the figure ``name`` (one of ``FIGURES``); ``ValueError`` if there
+        is no such figure."""
+        figure = self.figures.get(name) if isinstance(name, str) else None
+        if figure is None:
+            raise ValueError(
+                f"{_show(name)} is not a figure of version {VERSION} profiles; they are: "
+                f"{', '.join(FIGURES)}"
+            )
+        return figure.value
 
     def describe(self) -> str:
         """One line: what the profile was measured on."""
@@ -127,24 +178,30 @@ class DeviceProfile:
         }
 
     def dump(self, path: str | os.PathLike[str]) -> None:
-        with open(path, "w", encoding="utf-8") as f:
+        """Write the profile to the file ``path`` (a str or path-like: never a file
+        descriptor, which ``open`` would take, and close)."""
+        with open(_path(path), "w", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, indent=2)
             f.write("\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> DeviceProfile:
         """Read and check a profile; ``ValueError`` naming the file (and the field) if it is
-        not one, or cannot be read."""
-        where = os.fspath(path)
+        not one, or cannot be read: only a regular file of at most ``MAX_BYTES`` (1 MiB) is
+        read. ``path`` is a str or path-like (``TypeError`` otherwise)."""
+        where = os.fsdecode(_path(path))
         try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
+            text = _read(where, _path(path)).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"{where}: not a profile: the file cannot be read ({exc})") from None
         try:
             data = json.loads(text)
         except ValueError as exc:
             raise ValueError(f"{where}: not a profile: the JSON does not parse ({exc})") from None
+        except RecursionError:
+            raise ValueError(
+                f"{where}: not a profile: the JSON does not parse (nested too deep)"
+            ) from None
         return cls.from_dict(data, source=where)
 
     @classmethod
@@ -156,9 +213,9 @@ class DeviceProfile:
                 "python -m aiostream calibrate)"
             )
         version = data.get("version")
-        if version != VERSION:
+        if type(version) is not int or version != VERSION:  # true is no version
             raise ValueError(
-                f"{where}: version: {version!r} is not a version this aiostream reads "
+                f"{where}: version: {_show(version)} is not a version this aiostream reads "
                 f"({VERSION}); measure the device again with python -m aiostream calibrate"
             )
         device = data.get("device")
@@ -170,7 +227,9 @@ class DeviceProfile:
         parsed: dict[str, Figure] = {}
         for name, entry in figures.items():
             if not isinstance(entry, dict) or "value" not in entry:
-                raise ValueError(f"{where}: figures.{name} must be an object with a value")
+                raise ValueError(
+                    f"{where}: figures.{_show_name(name)} must be an object with a value"
+                )
             parsed[name] = Figure(entry["value"], entry.get("spread", 0.0))
         return cls(
             name=device.get("name"),  # type: ignore[arg-type] # checked by __post_init__
@@ -185,10 +244,79 @@ class DeviceProfile:
 def _check(where: str, name: str, part: str, value: object, unit: str) -> None:
     field_ = f"figures.{name}.{part}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{where}: {field_} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}: {field_} must be a finite number >= 0, got {value!r}")
-    if unit == _RATE and value < 1:
+        raise ValueError(f"{where}: {field_} must be a number, got {_show(value)}")
+    try:
+        number = float(value)  # an int too large for a float is no figure either
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{where}: {field_} must be a finite number >= 0, got {_show(value)}")
+    if unit == _SECONDS and number > MAX_SECONDS:
+        raise ValueError(
+            f"{where}: {field_} must be at most {MAX_SECONDS:g} seconds (292 years, what a "
+            f"device clock holds), got {_show(value)}"
+        )
+    if unit == _RATE and number < 1:
         raise ValueError(f"{where}: {field_} must be >= 1 (bytes per second), got {value!r}")
-    if unit == _COUNT and (value < 1 or value != int(value)):
-        raise ValueError(f"{where}: {field_} must be a whole number >= 1, got {value!r}")
+    if unit == _COUNT and (number < 1 or number > _MAX_COUNT or number != int(number)):
+        raise ValueError(
+            f"{where}: {field_} must be a whole number from 1 to {_MAX_COUNT}, got {_show(value)}"
+        )
+
+
+def _path(path: object) -> str | bytes:
+    """``path`` as a file system path: a str, bytes or path-like; never an int, which
+    ``open`` takes for a file descriptor."""
+    if isinstance(path, int) or not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path must be a str or an os.PathLike, got {_show(path)}")
+    return os.fspath(path)
+
+
+def _read(where: str, path: str | bytes) -> bytes:
+    """The bytes of a profile's file: a regular file of at most ``MAX_BYTES``, read without
+    blocking on a FIFO and no more than that however long it goes on (``/proc``)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)  # a FIFO opens at once, and is refused below
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(
+                f"{where}: not a profile: not a regular file (a folder, a FIFO or a device)"
+            )
+        if info.st_size > MAX_BYTES:
+            raise ValueError(
+                f"{where}: not a profile: {info.st_size} bytes, over the {MAX_BYTES} a "
+                "profile may hold"
+            )
+        chunks: list[bytes] = []
+        left = MAX_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise ValueError(
+                f"{where}: not a profile: over the {MAX_BYTES} bytes a profile may hold"
+            )
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _show(value: object, most: int = 60) -> str:
+    """``value``'s repr, cut to about ``most`` characters: what an error quotes of input."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**most:
+        return f"an integer of over {most} digits"
+    try:
+        text = repr(value)
+    except RecursionError:  # nested too deep to write
+        return f"a {type(value).__name__} nested too deep to show"
+    return text if len(text) <= most else f"{text[: most - 3]}..."
+
+
+def _show_name(name: object) -> str:
+    """A figure's name as an error writes it: as it is when it is a plain word, else quoted."""
+    plain = isinstance(name, str) and name.isidentifier() and len(name) <= 60
+    return name if plain else _show(name)  # type: ignore[return-value]

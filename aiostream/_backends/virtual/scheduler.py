@@ -150,6 +150,10 @@ class Scheduler(_Starts):
         # equivalent mutant (unmarked): 1 -> 2: sequence numbers only order items among themselves
         self._seq = itertools.count(1)
         self._timeline: deque[_Entry] = deque(maxlen=TIMELINE_LIMIT)
+        # When all the work submitted so far has ended, at the latest: as if every operation
+        # ran after the others. Work that could end past what a device clock holds is refused
+        # at its submission, rather than failing the waits once the clock gets there.
+        self.horizon = t
 
     # ------------------------------------------------------------------ time
 
@@ -201,6 +205,7 @@ class Scheduler(_Starts):
         eng = None
         if engine is not None:
             eng = device.engines[engine]
+            self._extend(t, duration + max(eng.launch, eng.gap))
             if device.faults:
                 duration, error = _apply_faults(device, stream, engine, duration, error)
             self.pending_ops += 1
@@ -231,6 +236,11 @@ class Scheduler(_Starts):
         """
         t = self.t
         device = stream.device
+        cost = 0
+        for op, member in zip(shape.ops, shape.members, strict=True):
+            eng = streams[member].device.engines[op.engine]
+            cost += op.duration + max(eng.launch, eng.gap)
+        self._extend(t, cost)
         run = Launch(shape, streams, t)
         start = Item(next(self._seq), stream, t, 0, None, None, None, "launch")
         end = Item(next(self._seq), stream, t, 0, None, None, None, "replay")
@@ -251,6 +261,19 @@ class Scheduler(_Starts):
                 self._start_ready(engine, t)
                 self._reopen(engine, t)
         return end
+
+    def _extend(self, t: int, cost: int) -> None:
+        """Count ``cost`` more ns of work submitted at ``t``; refuse it (ValueError) if the
+        work submitted so far could then end past what a device clock holds."""
+        horizon = max(self.horizon, t) + cost
+        if horizon > _MAX_NS:
+            raise ValueError(
+                f"the work submitted to the virtual devices could take them to "
+                f"t={horizon / 1e9:g} s, past the {MAX_SECONDS:g} s (292 years) a device "
+                "clock holds; submit less device time (a profile's figures count: its "
+                "launch overhead and copy speeds)"
+            )
+        self.horizon = horizon
 
     def _make(self, run: Launch, j: int) -> None:
         """Node ``j`` of ``run`` is ready: make it an item, ready for its engine."""

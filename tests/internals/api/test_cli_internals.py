@@ -68,6 +68,44 @@ def test_bench_marks_a_missed_goal_and_exits_1(
     assert capsys.readouterr().out.splitlines()[-1] == "every goal met"
 
 
+@pytest.mark.parametrize(("load", "busy"), [(1.5, False), (3.25, True), (None, False)])
+def test_the_bench_table_says_the_load_beside_the_cpus_and_when_it_exceeds_them(
+    load: float | None,
+    busy: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from aiostream._bench import suite
+
+    report = {
+        "machine": {
+            "platform": "Linux-x86_64", "cpus": 2, "load": load, "versions": {"aiostream": "0"},
+            "gpus": [], "cuda": "unavailable: none",
+        },
+        "quick": True, "seconds": 1.0, "clock": "real time", "skipped": [],
+        "rows": [_row(1.6, "<= 1.5")],
+    }  # fmt: skip
+    monkeypatch.setattr(suite, "run", lambda *args: report)
+    assert main(["bench", "--loops", "asyncio"]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    said = "2 CPUs" if load is None else f"2 CPUs, load average {load:.2f}"
+    assert f"Linux-x86_64, {said}; aiostream 0" in " ".join(lines[:2])
+    assert ("this machine was busy: load average 3.25 over its 2 CPUs" in out) == busy
+    assert "1 of 1 goals missed" in lines
+
+
+def test_demo_says_the_load_when_it_exceeds_the_cpus(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    argv = ["demo", "--device", "virtual:0", "--batches", "2", "--batch-kb", "16"]
+    assert main([*argv, "--host-ms", "1", "--compute-ms", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"machine: {os.cpu_count()} CPUs, load average 64.00" in out
+    assert f"this machine was busy: load average 64.00 over its {os.cpu_count()} CPUs" in out
+
+
 def test_the_bench_table_fits_80_columns_with_long_sizes_and_many_gpus() -> None:
     """A size wider than its column (the CUDA rows') goes with its measure; a long list of
     GPUs wraps."""

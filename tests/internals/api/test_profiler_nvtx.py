@@ -105,3 +105,44 @@ def test_nvtx_is_turned_on_only_where_installed(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "nvtx", fake_nvtx)
     _hooks.enable_nvtx()
     assert _hooks.nvtx is fake_nvtx
+
+
+class RaisingNvtx:
+    """An nvtx package that raises: at the start of a range, or at its end."""
+
+    def __init__(self, at: str) -> None:
+        self.at = at
+
+    def start_range(self, message: str | None = None, domain: str | None = None) -> object:
+        if self.at == "start":
+            raise RuntimeError("nvtx broke at the start")
+        return 1
+
+    def end_range(self, range_id: object) -> None:
+        if self.at == "end":
+            raise RuntimeError("nvtx broke at the end")
+
+
+@pytest.mark.parametrize("at", ["start", "end"])
+def test_a_raising_nvtx_never_changes_what_the_program_does(
+    at: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The block runs and its own exception and result come out as without NVTX; the failure
+    is logged, once."""
+    monkeypatch.setattr(_hooks, "nvtx", RaisingNvtx(at))
+
+    @ais.record_function("decorated")
+    def double(x: int) -> int:
+        return 2 * x
+
+    ran = []
+    for _ in range(3):
+        with ais.record_function("plain"):
+            ran.append(1)
+    assert double(21) == 42
+    with pytest.raises(KeyError, match="the user's"):
+        with ais.record_function("raising"):
+            raise KeyError("the user's")
+    assert ran == [1, 1, 1]
+    said = [r for r in caplog.records if "nvtx failed" in r.getMessage()]
+    assert len(said) == 1 and f"{at}_range" in said[0].getMessage()

@@ -18,13 +18,18 @@ the device writes, at most one thread per device whatever the load, no Python on
 thread). A CUDA wait's *strategy* (:func:`set_wait_strategy`) says how promptly the backend
 learns it, and whether the loop also polls it:
 
-- ``hybrid`` (the default): the loop checks the wait on its next turns for ``SPIN_S`` after the
-  last progress, then with back-off, for the first ``HYBRID_HANDOFF_S``: short waits resume
-  without any thread, and cost the stream nothing. Then the loop hands the wait to the
-  backend (``watch``): a host function, enqueued after the work if nothing followed it,
-  wakes the device's watcher when it completes: long waits cost no CPU.
-- ``poll``: the loop alone checks, on its next turns for ``SPIN_S``, then sleeping for half the
-  time since the last progress, up to ``POLL_CAP_S``. No thread, no host function.
+- ``hybrid`` (the default): the loop reads the wait's completion flag (``WaitTarget.peek``,
+  no driver call) on each of its own turns for a short *check budget* (adaptive: 1.5 times
+  the typical length of the device's recent waits, at most ``SPIN_MAX_S``, only
+  ``SPIN_MIN_S`` when recent waits were longer; at most ``SPIN_LANES`` streams at once):
+  short waits resume without any thread, and cost the stream nothing. Then the loop hands
+  the wait to the backend (``watch``): a host function, enqueued after the work if nothing
+  followed it, wakes the device's watcher when it completes, whose word finishes the wait
+  in one hop to the loop: long waits cost no CPU. No waiter ever sleeps on a timer shorter
+  than the loop honours (``TIMER_FLOOR_S``).
+- ``poll``: the loop alone checks, on its turns for the check budget, then sleeping for half
+  the wait's age, at least ``TIMER_FLOOR_S``, up to ``POLL_CAP_S``. No thread, no host
+  function.
 - ``thread``: the device's watcher alone, which polls the completion flags with a back-off up
   to 2 ms. No host function: nothing is added to the user's stream but the flag's write.
 - ``callback``: the watcher alone, woken by the host function.
@@ -43,6 +48,7 @@ import math
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -76,15 +82,31 @@ checkpoint = anyio.lowlevel.checkpoint
 _waiters: anyio.lowlevel.RunVar[dict[tuple[int, int], _Waiter]] = anyio.lowlevel.RunVar(
     "aiostream_waiters"
 )
+#: the typical length of each device's recent waits on this loop (``_StrategyWaiter.typical``),
+#: kept while no waiter runs: sequential waits each start a waiter of their own
+_typical: anyio.lowlevel.RunVar[dict[tuple[int, int], float]] = anyio.lowlevel.RunVar(
+    "aiostream_typical_waits"
+)
 _COMPACT_MIN = 64
 
 STRATEGIES = ("hybrid", "poll", "thread", "callback")
-SPIN_S = 100e-6  #: poll: check every loop turn this long after progress
+#: the shortest sleep the loop's timer honours: asyncio's selector and trio's epoll round a
+#: timeout up to whole milliseconds, so no waiter sleeps less (it checks on the next turn)
+TIMER_FLOOR_S = 1e-3
+#: the check budget: a wait's first look-ups on the loop's own turns (``WaitTarget.peek``)
+#: last 1.5 times the recent waits' typical length plus ``SPIN_MIN_S``, at most ``SPIN_MAX_S``;
+#: when recent waits ran longer than that, ``SPIN_MIN_S`` only
+SPIN_MIN_S = 50e-6
+SPIN_MAX_S = 500e-6
+SPIN_LANES = 16  #: at most this many streams' waits are checked on every turn at once
 POLL_CAP_S = 2e-3  #: poll: the longest sleep between checks
-HYBRID_HANDOFF_S = 1e-3  #: hybrid: the loop stops checking a wait this old
 #: the strategies whose waits ask the backend to learn of completion promptly
 WAKE = frozenset({"hybrid", "callback"})
 _loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
+#: the clock of the check budget: uvloop's loop clock counts whole milliseconds (tests freeze it)
+_clock = time.perf_counter
+#: gives the CPU to the threads ready to run (none: a no-op), on each turn of a spinning loop
+_yield_cpu: Callable[[], object] = getattr(os, "sched_yield", None) or (lambda: None)
 _ENV = "AIOSTREAM_WAIT_STRATEGY"
 _strategy: str | None = None  # set_wait_strategy(); None: $AIOSTREAM_WAIT_STRATEGY or hybrid
 
@@ -199,6 +221,7 @@ class _Entry:
         "parked",
         "record",
         "since",
+        "started",
         "strategy",
         "target",
         "waiter",
@@ -216,7 +239,8 @@ class _Entry:
         self.target = target
         self.record = record
         self.strategy = strategy
-        self.since = _loop_time()  # loop time, for the watchdog and hybrid's hand-off
+        self.since = _loop_time()  # loop time, for the watchdog
+        self.started = _clock()  # for the check budget
         # what the waiting task sleeps on: a future (asyncio, uvloop) or a trio.Event, both
         # far smaller than an anyio.Event with its queue of waiters
         self.parked = parked
@@ -505,6 +529,12 @@ class _Waiter:
                 delay = due if delay is None else min(delay, due)
             if self._kicked:
                 continue
+            if delay == 0.0:  # a look on the loop's next turn: no timer, no scope to cancel
+                # the CPU to any thread ready to run (the driver's, the watcher's) first: a
+                # spinning loop must not hold up the completion it waits for
+                _yield_cpu()
+                await anyio.lowlevel.checkpoint()
+                continue
             with anyio.CancelScope() as scope:
                 self._scope = scope
                 if delay is None:
@@ -552,13 +582,15 @@ class _TimedWaiter(_Waiter):
 
 class _StrategyWaiter(_Waiter):
     """For backends that cannot say when work will complete (CUDA): the backend tells of
-    completions (``watch``) as it learns them, and the loop also polls the waits whose
-    strategy says so (``poll``; ``hybrid`` for its first ``HYBRID_HANDOFF_S``).
+    completions (``watch``) as it learns them, and the loop also looks at the waits whose
+    strategy says so (``hybrid`` for its check budget, ``poll``).
 
-    Waits on one stream (a *lane*) complete in order, so the loop polls only the head of each
-    lane, each lane on its own schedule (every loop turn for ``SPIN_S`` of its head's age,
-    then every half of that age, up to ``POLL_CAP_S``), kept in a heap: a wake visits only the
-    lanes that are due, and a new wait costs O(log n) however many are pending.
+    Waits on one stream (a *lane*) complete in order, so the loop looks only at the head of
+    each lane, each lane on its own schedule (every loop turn for the check budget, then, for
+    ``poll``, every half of the head's age, at least ``TIMER_FLOOR_S``, up to ``POLL_CAP_S``),
+    kept in a heap: a wake visits only the lanes that are due, and a new wait costs O(log n)
+    however many are pending. The backend's word (``watch``) reaches the loop in one hop: the
+    callback it sends finishes the told waits itself, without waking the waiter's task.
     """
 
     def __init__(self, backend: AnyBackend, index: int, registry: dict[tuple[int, int], _Waiter]):
@@ -568,19 +600,52 @@ class _StrategyWaiter(_Waiter):
         self._dead = 0
         self._due_at: dict[Hashable, float] = {}  # each polled lane's next look (loop time)
         self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
+        self._spinning: set[Hashable] = set()  # the lanes looked at on every turn
+        try:
+            self._lengths = _typical.get()
+        except LookupError:
+            self._lengths = {}
+            _typical.set(self._lengths)
+
+    @property
+    def typical(self) -> float | None:
+        """The typical length of the device's recent waits on this loop (s): a moving
+        average, None before the first."""
+        return self._lengths.get(self._key)
+
+    def budget(self) -> float:
+        """The check budget of a wait (s): how long the loop looks at it on each of its
+        turns before the backend alone watches it (``hybrid``) or it sleeps between looks
+        (``poll``)."""
+        typical = self.typical
+        if typical is None:
+            return SPIN_MAX_S
+        if typical > SPIN_MAX_S:
+            return SPIN_MIN_S  # recent waits were long: a look or two, then the watcher
+        return min(SPIN_MAX_S, 1.5 * typical + SPIN_MIN_S)
+
+    def _finish(self, entry: _Entry, error: BaseException | None) -> None:
+        super()._finish(entry, error)
+        if error is None:
+            took = min(_clock() - entry.started, 4 * SPIN_MAX_S)  # one long wait weighs little
+            typical = self._lengths.get(self._key)
+            self._lengths[self._key] = took if typical is None else typical + (took - typical) / 4
 
     def _added(self, entry: _Entry) -> None:
         if entry.strategy in ("thread", "callback"):
             entry.target.watch(entry)  # hybrid's, once the loop hands it over
-        if entry.strategy in ("hybrid", "poll"):
-            lane = entry.target.lane
-            heap = self._lanes.get(lane)
-            if heap is None:
-                heap = self._lanes[lane] = []
-            heapq.heappush(heap, (entry.target.seq, next(self._order), entry))
-            if heap[0][2] is entry:  # a new head: look at it on the next turn
-                self._plan(lane, entry.since)
-                self._kick()
+            return
+        lane = entry.target.lane
+        heap = self._lanes.get(lane)
+        if heap is None:
+            if entry.strategy == "hybrid" and len(self._spinning) >= SPIN_LANES:
+                entry.target.watch(entry)  # enough streams are looked at on every turn
+                return
+            heap = self._lanes[lane] = []
+        heapq.heappush(heap, (entry.target.seq, next(self._order), entry))
+        if heap[0][2] is entry:  # a new head: look at it on the next turn
+            self._plan(lane, entry.since)
+            self._kick()
 
     def _plan(self, lane: Hashable, at: float) -> None:
         if self._due_at.get(lane, math.inf) > at:
@@ -601,7 +666,17 @@ class _StrategyWaiter(_Waiter):
                 self._lanes[lane] = live
             else:
                 del self._lanes[lane]
+                self._spinning.discard(lane)
         self._dead = 0
+
+    def _kicked_from_afar(self) -> None:
+        """The backend's word, in the loop's thread: finish the told waits here and now (one
+        hop from the watcher to the waiting task); the waiter's task is woken only to see
+        that nothing is left."""
+        self._kick_sent = False
+        self._told()
+        if not self._pending:
+            self._kick()
 
     def _told(self) -> None:
         """Finish the waits the backend told of."""
@@ -621,43 +696,66 @@ class _StrategyWaiter(_Waiter):
             if self._due_at.get(lane) == at:  # else planned again since: a later entry stands
                 del self._due_at[lane]
                 lanes.append(lane)
-        for lane in lanes:
-            head = self._sweep_lane(lane, now)
-            if head is not None:
-                age = now - head.since
-                self._plan(lane, now if age < SPIN_S else now + min(POLL_CAP_S, age / 2))
+        if lanes:
+            clock, budget = _clock(), self.budget()
+            for lane in lanes:
+                next_look = self._sweep_lane(lane, now, clock, budget)
+                if next_look is not None:
+                    self._plan(lane, next_look)
         # a wait handed over above may have been told at once, from this very sweep (its
         # work completed since the look before): no kick comes for it
         self._told()
         if not schedule:
             return None  # until the backend tells, or a new wait comes
-        return max(0.0, schedule[0][0] - now)
+        delay = schedule[0][0] - now
+        # never a timer shorter than the loop honours: it would sleep its floor anyway
+        return 0.0 if delay <= 0.0 else max(delay, TIMER_FLOOR_S)
 
-    def _sweep_lane(self, lane: Hashable, now: float) -> _Entry | None:
-        """Finish the lane's completed waits in order, and stop polling hybrid's old ones;
-        return the head still to poll, if any."""
+    def _sweep_lane(self, lane: Hashable, now: float, clock: float, budget: float) -> float | None:
+        """Finish the lane's completed waits in order, and hand hybrid's over to the backend
+        once past their check budget; return when to look at the lane again (loop time), or
+        None."""
         heap = self._lanes.get(lane)
+        spinning = self._spinning
         while heap:
             entry = heap[0][2]
             if entry.dead:
                 heapq.heappop(heap)
                 self._dead -= 1
                 continue
-            if entry.finished or self._check(entry):
+            if entry.finished:
                 heapq.heappop(heap)
                 continue
-            if entry.strategy == "hybrid" and now - entry.since >= HYBRID_HANDOFF_S:
+            age = clock - entry.started
+            spin = age < budget and (lane in spinning or len(spinning) < SPIN_LANES)
+            if spin:
+                seen = entry.target.peek()  # the flag the device writes: no driver call
+                if seen is None:  # the backend cannot tell without one: no spinning
+                    spin = False
+                elif seen and self._check(entry):
+                    heapq.heappop(heap)
+                    continue
+            if spin:
+                spinning.add(lane)
+                return now  # the next turn
+            spinning.discard(lane)
+            if entry.strategy == "hybrid":
                 heapq.heappop(heap)
                 entry.target.watch(entry)  # the backend has it from here
                 continue
-            return entry
+            if self._check(entry):  # poll, past its budget: done() tells a failed device too
+                heapq.heappop(heap)
+                continue
+            return now + min(POLL_CAP_S, max(TIMER_FLOOR_S, age / 2))
         self._lanes.pop(lane, None)
+        spinning.discard(lane)
         return None
 
     def _abandoned(self) -> None:
         self._lanes.clear()
         self._due_at.clear()
         self._schedule.clear()
+        self._spinning.clear()
         self._dead = 0  # pragma: no mutate (equivalent: its waits are settled: none is discarded)
 
 

@@ -6,6 +6,12 @@ driver (tests/fake_cuda, which runs kernels on the CPU in real time: its figures
 design costs in threads and CPU, not what a GPU's latency is). Every row is measured in this
 run, on this device:
 
+0. The short wait: ``await event.synchronize()`` (default strategy) of pending 200 us and 2 ms
+   kernels on each loop, against a blocking ``cuEventSynchronize`` of the same work in the
+   same thread, interleaved; extra = submission to resumption minus the kernel (goal: median
+   ratio at most 1.5 on asyncio and trio, 2 on uvloop). Beside it the await of complete work
+   (goal: at most 10 us more than ``cuEventSynchronize`` of complete work) and the
+   submission's cost; then driver calls per wait and host functions per 1,000 waits.
 1. Short kernels: ``--short`` awaits, one after another, each of a ``--kernel-us`` sleep kernel
    on an idle stream. Latency is the time from submission to the waiting code resuming, minus
    the kernel's duration: what the wait itself adds (launch overhead included, the same for
@@ -43,9 +49,11 @@ import aiostream as ais
 from aiostream import _backends
 from aiostream._bench.cuda import (
     DEVICE,
+    driver_calls,
     floor_thread,
     look_cost,
     pending_cpu,
+    pending_wait,
     scale,
     short_awaits,
     strategy_wait,
@@ -122,6 +130,29 @@ def main() -> None:
         f"CUDA wait benchmark, {datetime.date.today()}, {name} ({DEVICE}), "
         f"Python {platform.python_version()}"
     )
+    print("\n0. the short wait: await of pending work vs cuEventSynchronize, same thread, medians")
+    print(
+        f"   {'kernel':>7} {'loop':8} {'await us':>9} {'sync us':>8} {'ratio':>6} "
+        f"{'complete-work await us':>23} {'sync us':>8} {'submit us':>10}"
+    )
+    n = 50 if args.quick else 300
+    for kernel in (200e-6, 2e-3):
+        for loop in LOOPS:
+            r = pending_wait(loop, kernel, n)
+            print(
+                f"   {kernel * 1e6:5.0f}us {loop:8} {r['await'] * 1e6:9.1f} {r['sync'] * 1e6:8.1f} "
+                f"{r['await'] / r['sync']:6.2f} {r['done'] * 1e6:23.1f} "
+                f"{r['done_sync'] * 1e6:8.1f} {r['submit'] * 1e6:10.1f}"
+            )
+    print("   driver calls per wait (submission included) and host functions per 1,000 waits:")
+    for streams in (1, 100):
+        for kernel in (200e-6, 2e-3):
+            per_wait, hosts = driver_calls("asyncio", kernel, 1000, streams)
+            print(
+                f"   {streams:>3} stream(s), {kernel * 1e6:5.0f} us kernels: "
+                f"{per_wait:5.1f} calls per wait, {hosts:6.0f} host functions per 1,000 waits"
+            )
+
     print(f"\n1. {args.short} awaits of {args.kernel_us:g} us kernels: latency beyond the kernel")
     print(f"   {'method':50} {'median us':>10} {'p99 us':>10} {'CPU s':>8}")
     rows: dict[str, tuple[float, float, float]] = {}

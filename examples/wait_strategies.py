@@ -2,11 +2,12 @@
 
 On CUDA devices the strategy decides how the loop learns that work completed (README's
 "How waiting works" has the details and costs): ``hybrid`` (the default) has the loop read
-the work's completion mark on its next turns for the first millisecond, then hands the wait to
-the device's watcher thread, woken by a host function; ``poll`` has the loop alone read the
-mark, backing off to 2 ms; ``thread`` has the watcher alone poll the marks, backing off to
-2 ms; ``callback`` has the watcher alone, woken by the host function. A virtual device knows
-when its work completes, so there every strategy sleeps until that moment.
+the work's completion mark on its turns for a short check budget (at most 500 us, adapted to
+the recent waits), then hands the wait to the device's watcher thread, woken by a host
+function; ``poll`` has the loop alone read the mark, backing off to 2 ms; ``thread`` has the
+watcher alone poll the marks, backing off to 2 ms; ``callback`` has the watcher alone, woken
+by the host function. A virtual device knows when its work completes, so there every strategy
+sleeps until that moment.
 
 Run it with ``python examples/wait_strategies.py``: on ``cuda:0`` where a GPU works, else on
 ``virtual:0``.

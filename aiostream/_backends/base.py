@@ -43,6 +43,13 @@ class WaitTarget(Protocol):
     def done(self) -> bool:
         """Return whether the captured work completed; raise ``DeviceError`` if it failed."""
 
+    def peek(self) -> bool | None:
+        """Whether the captured work has completed, if the backend can tell without a driver
+        call (CUDA: a read of the completion flag the device writes for this wait's mark);
+        None if it cannot. Never raises: a failed device reads as not complete, and
+        :meth:`done` says why. The loop may call it on each of its turns for a short while
+        before it hands the wait to :meth:`watch`."""
+
     def watch(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, from any thread, when the work completes or fails or the
         backend closes (at once if it already has); :meth:`release` cancels it. The waiter

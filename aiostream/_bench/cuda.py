@@ -348,3 +348,112 @@ def look_cost(n: int, repeats: int = 20) -> tuple[float, float]:
                 driver.cuEventQuery(h)
         queries = (time.thread_time() - cpu) / repeats
     return flags, queries
+
+
+# ---------------------------------------------------------------------- the short wait
+
+
+def _run_on(loop: str, main: Callable[[], Awaitable[Any]]) -> Any:
+    backend, options = (loop, {}) if loop != "uvloop" else ("asyncio", {"use_uvloop": True})
+    return anyio.run(main, backend=backend, backend_options=options)
+
+
+def pending_wait(
+    loop: str, kernel_s: float, n: int, strategy: str | None = None
+) -> dict[str, float]:
+    """Medians (s) of what an await of pending work adds, interleaved in one loop's thread
+    with the same work waited by a blocking ``cuEventSynchronize`` (the baseline): a kernel of
+    ``kernel_s`` launched, an event recorded after it, then awaited; extra = submission to
+    resumption minus the kernel. Also the await of complete work (the event waited already)
+    against ``cuEventSynchronize`` of the same complete event, and the submission's cost."""
+    from cuda.bindings import driver
+
+    async def main() -> dict[str, float]:
+        s = ais.Stream(DEVICE)
+        e = ais.Event(DEVICE)
+        e.record(s)
+        handle = _objects.handle(e).ptr
+        rows: dict[str, list[float]] = {
+            k: [] for k in ("await", "sync", "done", "done_sync", "submit")
+        }
+        with primary_context():
+            for i in range(n + 20):
+                t0 = time.perf_counter()
+                ais.delay(kernel_s, stream=s)
+                e.record(s)
+                t1 = time.perf_counter()
+                await e.synchronize(strategy=strategy)
+                t2 = time.perf_counter()
+                await e.synchronize(strategy=strategy)  # complete work
+                t3 = time.perf_counter()
+                driver.cuEventSynchronize(handle)
+                t4 = time.perf_counter()
+                ais.delay(kernel_s, stream=s)
+                e.record(s)
+                driver.cuEventSynchronize(handle)
+                t5 = time.perf_counter()
+                if i >= 20:  # warm-up: the check budget learns the kernels' length
+                    rows["await"].append(t2 - t0 - kernel_s)
+                    rows["done"].append(t3 - t2)
+                    rows["done_sync"].append(t4 - t3)
+                    rows["sync"].append(t5 - t4 - kernel_s)
+                    rows["submit"].append(t1 - t0)
+        return {k: statistics.median(v) for k, v in rows.items()}
+
+    result: dict[str, float] = _run_on(loop, main)
+    return result
+
+
+def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[float, float]:
+    """(driver calls per wait, host functions per 1,000 waits): ``n`` waits of ``kernel_s``
+    kernels on ``streams`` streams (records back to back, all awaited at once), the
+    submission's calls included."""
+    backend = _backends.get("cuda")
+    dev = backend._devices.get(0)  # type: ignore[attr-defined]  # noqa: SLF001
+    drv, watcher = dev.drv, dev.watcher
+    calls = [0]
+    real_cu, real_launch = drv.cu, watcher.launch
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            value = getattr(real_cu, name)
+            if not (callable(value) and name.startswith("cu")):
+                return value
+
+            def call(*args: Any) -> Any:
+                calls[0] += 1
+                return value(*args)
+
+            return call
+
+    launches = [0]
+
+    def launch(*args: Any) -> int:
+        launches[0] += 1
+        result: int = real_launch(*args)
+        return result
+
+    async def main() -> None:
+        pool = [ais.Stream(DEVICE) for _ in range(streams)]
+        per = max(1, n // streams)
+        for s in pool:  # warm-up
+            ais.delay(kernel_s, stream=s)
+            await s.record_event().synchronize()
+        drv.cu = dev.pushed.cu = Counting()
+        watcher.launch = launch if real_launch is not None else None
+        try:
+            events = []
+            for s in pool:
+                for _ in range(per):
+                    ais.delay(kernel_s, stream=s)
+                    events.append(s.record_event())
+            async with anyio.create_task_group() as tg:
+                for e in events:
+                    tg.start_soon(e.synchronize)
+        finally:
+            drv.cu = dev.pushed.cu = real_cu
+            watcher.launch = real_launch
+
+    _run_on(loop, main)
+    waits = max(1, n // streams) * streams
+    return calls[0] / waits, launches[0] * 1000 / waits

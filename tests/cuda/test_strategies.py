@@ -44,7 +44,7 @@ async def test_each_strategy_waits_where_it_says(anyio_backend: object, strategy
     async with anyio.create_task_group() as tg:
         tg.start_soon(wait)
         await until(ais.pending_waits, "the wait to begin")
-        if strategy != "hybrid":  # (hybrid's first millisecond may be over already)
+        if strategy != "hybrid":  # (hybrid's check budget may be over already)
             assert held()["watched"] == (strategy != "poll")
         await anyio.sleep(0.05)
         assert held()["watched"] == (strategy != "poll")
@@ -189,7 +189,7 @@ async def test_an_awaited_handed_out_stream_is_idle(anyio_backend: object, strat
     """On a stream whose handle was handed out, a wait's host function comes right before its
     mark: once ``await s.synchronize()`` returns, ``s.query()`` (the driver's answer there) is
     True, as after ``synchronize_blocking()``: no host function of aiostream's is left queued,
-    after short waits (the loop's first millisecond) and long ones (the watcher's), even where
+    after short waits (the loop's check budget) and long ones (the watcher's), even where
     the driver runs host functions late (the stand-in delays them by 20 ms here)."""
     s = ais.Stream(DEV)
     s.__cuda_stream__()

@@ -13,7 +13,7 @@
 
 With ``wake`` (the ``hybrid`` and ``callback`` strategies) a host function after the mark
 announces it, launched when the wait is handed to the watcher (``Target.watch``: at once for
-``callback``, after the loop's first millisecond for ``hybrid``, so that short waits cost the
+``callback``, after the loop's check budget for ``hybrid``, so that short waits cost the
 stream nothing), and only while nothing of the user's was submitted to the stream after the
 mark: a host function placed later would wait for that later work too. On a stream whose
 handle was handed out, others may submit unseen: a stream capture's host function is launched

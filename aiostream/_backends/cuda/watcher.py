@@ -48,7 +48,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 import numpy as np
@@ -77,6 +77,7 @@ POLL_CAP_S = 2e-3  #: and its longest interval between them
 #: after the watcher is posted while a mark announced ahead is watched, how long it polls
 #: (with the same back-off) for the mark, which lands once the host function has returned
 CHASE_S = 0.02
+FEW = 32  #: a sweep after a host function reads the watched marks alone up to this many
 DRAIN_S = 0.25  #: with nothing watched, how often slots of cancelled waits are looked at
 EVENT_DISABLE_TIMING = 0x2
 
@@ -243,6 +244,20 @@ class Target:
         watcher.check()
         return False
 
+    def peek(self) -> bool | None:
+        """Whether the mark has landed: one read of its flag, no driver call (None: a wait on
+        an event, which only ``cuEventQuery`` can answer). The mark is this wait's own, held
+        until it is released, so a re-record of the event does not move it."""
+        if self.complete:
+            return True
+        mark = self.mark
+        if mark is None or (mark.slot < 0 and not mark.complete):
+            return None  # an event, or a marker event: a driver call would tell
+        if self.watcher.reached(mark):  # one flag read (lock held), no driver call
+            self.complete = True
+            return True
+        return False
+
     def watch(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, from the watcher's thread, when the work completes or the
         device fails; :meth:`release` cancels it."""
@@ -325,9 +340,19 @@ class Flags:
         slot = mark.slot
         return bool(self.chunks[slot // CHUNK].flags[slot % CHUNK] == mark.value)
 
-    def sweep(self) -> list[Mark]:
-        """Free every slot whose value landed; return their marks, now complete."""
+    def sweep(self, targets: Iterable[Target] | None = None) -> list[Mark]:
+        """Free every slot whose value landed, or only those of the ``targets``' marks (a
+        read of each, where a vectorised comparison of every slot would cost more); return
+        their marks, now complete."""
         done: list[Mark] = []
+        if targets is not None:
+            for target in targets:
+                mark = target.mark
+                if mark is not None and mark.slot >= 0 and self.landed(mark):
+                    mark.complete = True
+                    self.free(mark)
+                    done.append(mark)
+            return done
         for chunk in self.chunks:
             if not chunk.used:
                 continue
@@ -629,36 +654,35 @@ class Watcher:
 
     def _run(self) -> None:
         self.drv.own_thread()  # its queries never break another thread's capture
+        with self.lock:
+            if self.closed:
+                return
+            timeout = _plan_sleep(self)
         while True:
-            with self.lock:
-                if self.closed:
-                    return
-                now = time.monotonic()
-                timeout = self._timeout(now)
-                # equivalent mutant (unmarked): "inf" -> "INF": float() reads it in any case
-                self.sleeping_until = float("inf") if timeout is None else now + timeout
             posted = False
             if semaphores is not None:
                 posted = semaphores.wait(self.sem, timeout)
             else:
                 time.sleep(POLL_CAP_S if timeout is None else timeout)
             with self.lock:
-                self.sleeping_until = 0.0
                 if self.closed:
                     return
-                due = self._sweep()
+                due = self._sweep(few=posted)  # posted: the watched marks, not every slot
                 if posted and self.ahead:  # maybe the host function before a watched mark
                     now = time.monotonic()
                     self.progress_at, self.chase_until = now, now + CHASE_S
                 if self.later:
                     due += self.later
                     self.later = []
+                # planned before the callbacks: the loops they wake need the GIL it holds
+                timeout = _plan_sleep(self)
             _call(due)
 
-    def _sweep(self) -> list[Callable[[], None]]:
+    def _sweep(self, few: bool = False) -> list[Callable[[], None]]:
         """Find the waits whose work completed (lock held): their callbacks."""
         due: list[Callable[[], None]] = []
-        for mark in self.flags.sweep():  # complete: each wait's done() reads it so
+        # woken by a host function with few waits watched: a read of each of their marks
+        for mark in self.flags.sweep(self.watched if few and len(self.watched) <= FEW else None):
             for target in list(mark.waits):
                 self._fire(target, due)
         failed = False  # equivalent mutant (unmarked): = None, read only as a truth value
@@ -723,6 +747,15 @@ def watcher_stats(watcher: Watcher) -> tuple[int, int, int]:
         if not watcher.closed:
             watcher.collect()
         return len(watcher.watched), watcher.flags.used(), len(watcher.flags.chunks)
+
+
+def _plan_sleep(watcher: Watcher) -> float | None:
+    """How long ``watcher``'s thread sleeps next (lock held), noted in ``sleeping_until``."""
+    now = time.monotonic()
+    timeout = watcher._timeout(now)  # noqa: SLF001 (the thread's own plan, split off its class)
+    # equivalent mutant (unmarked): "inf" -> "INF": float() reads it in any case
+    watcher.sleeping_until = float("inf") if timeout is None else now + timeout
+    return timeout
 
 
 def _call(callbacks: list[Callable[[], None]]) -> None:

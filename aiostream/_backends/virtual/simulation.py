@@ -45,6 +45,11 @@ class Target:
         self.sim.check_moving(self.item)  # pending on a clock that stopped: it never will be
         return False
 
+    def peek(self) -> bool | None:
+        """None: the simulator tells its waits when their work completes (its waiter never
+        polls them)."""
+        return None
+
     def watch(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, from any thread, when the work completes or fails or the
         backend closes; at once if it already has."""

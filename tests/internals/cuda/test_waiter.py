@@ -1,5 +1,6 @@
 """The loop's waiter on CUDA, white-box: ``hybrid`` waits handed to the watcher at once
-(``HYBRID_HANDOFF_S`` set to 0) or left to the loop (set wide), and the compaction of
+(the check budget, ``SPIN_MIN_S`` and ``SPIN_MAX_S``, set to 0) or left to the loop (set
+wide), and the compaction of
 cancelled polled waits (``_COMPACT_MIN``).
 
 These tune or read ``aiostream._waiting``'s constants and lanes, so they live here; where each
@@ -22,6 +23,12 @@ from tests.helpers.stand_in import FAKE, hurry, needs_stand_in
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
 
+def spin_budget(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every wait's check budget ``seconds``, whatever the recent waits took."""
+    monkeypatch.setattr(ais._waiting, "SPIN_MIN_S", seconds)
+    monkeypatch.setattr(ais._waiting, "SPIN_MAX_S", seconds)
+
+
 # ------------------------------------------------------ hybrid's handoff
 
 
@@ -30,9 +37,9 @@ async def test_short_hybrid_waits_add_no_host_function(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """hybrid hands a wait to the watcher, with its host function, only after the loop's
-    first millisecond: waits shorter than that add nothing to the stream. (The window is
+    check budget: waits shorter than that add nothing to the stream. (The budget is
     widened here, so that a loaded machine's slow loop turns do not make the waits long.)"""
-    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.5)
+    spin_budget(monkeypatch, 0.5)
     s = ais.Stream(DEV)
     calls = FAKE.fake_cuda_host_calls()
     for _ in range(20):
@@ -50,7 +57,7 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     it: the watcher, posted, keeps looking for it for a while, rather than at its next health
     check, 50 ms later. (The stand-in's thread takes 8 ms to return here; hybrid hands the
     wait over at once.)"""
-    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    spin_budget(monkeypatch, 0.0)
     s = ais.Stream(DEV)
     s.__cuda_stream__()
     took = []
@@ -82,7 +89,7 @@ async def test_a_record_after_an_announced_wait_is_complete(
     captured no work of the user's that had not completed: it, its stream, and an earlier
     event recorded again, are complete at once, and ``elapsed_time`` reads them (waiting the
     host function out), as where no host function was added."""
-    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    spin_budget(monkeypatch, 0.0)
     s = ais.Stream(DEV)
     start = ais.Event(DEV, enable_timing=True)
     if FAKE is not None:
@@ -116,7 +123,7 @@ async def test_a_record_after_others_work_is_not_complete(
     """Others may record another library's event unseen, and, once a stream's handle is
     handed out, submit to it unseen: an event recorded after an announced wait is then
     complete only once the driver says so."""
-    monkeypatch.setattr(ais._waiting, "HYBRID_HANDOFF_S", 0.0)
+    spin_budget(monkeypatch, 0.0)
     s = ais.Stream(DEV)
     owner = ais.Event(DEV)
     ais.delay(0.001, stream=s)

@@ -385,8 +385,8 @@ async def test_a_wait_told_to_look_too_early_waits_on(
     sweep = Watcher._sweep
     told: list[int] = []
 
-    def too_early(self: Watcher) -> list[Any]:
-        due = sweep(self)
+    def too_early(self: Watcher, few: bool = False) -> list[Any]:
+        due = sweep(self, few)
         if not told and self.watched:
             told.append(len(self.watched))
             for target in list(self.watched):

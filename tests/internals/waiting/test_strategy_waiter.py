@@ -33,13 +33,18 @@ class _Work:
     def __init__(self, lane: str, seq: int, wake: bool = True) -> None:
         self.lane, self.seq, self.wake = lane, seq, wake
         self.complete = threading.Event()
-        self.checks = 0
+        self.checks = 0  # looks of either kind
+        self.peeks = 0  # those of the check budget
         self.released = False
         self.watched: Any = None
 
     def done(self) -> bool:
         self.checks += 1
         return self.complete.is_set()
+
+    def peek(self) -> bool | None:
+        self.peeks += 1
+        return self.done()
 
     def watch(self, callback: Any) -> None:
         self.watched = callback
@@ -82,14 +87,14 @@ async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str
     # Only poll leaves the backend out; only hybrid and poll have the loop check meanwhile.
     assert (work.watched is None) == (strategy == "poll")
     if strategy == "poll":
-        # every turn for 100 us (up to 1 ms on uvloop, whose clock counts milliseconds: a
-        # hundred turns or so), then half the age, up to 2 ms: about 10 looks to reach the
-        # cap, then one per 2 ms. A poll that spun every turn would look thousands of times
-        # in 30 ms; one that never looked again would never see the work done (the fail_after
-        # above). At least the look that found it pending and the one that found it done: a
-        # loop the machine's load holds up may make no other in 30 ms. (The exact schedule:
+        # every turn for the check budget (at most 500 us: a few hundred turns), then half
+        # the age, at least 1 ms, up to 2 ms: a few looks to reach the cap, then one per
+        # 2 ms. A poll that spun every turn would look thousands of times in 30 ms; one that
+        # never looked again would never see the work done (the fail_after above). At least
+        # the look that found it pending and the one that found it done: a loop the machine's
+        # load holds up may make no other in 30 ms. (The exact schedule:
         # test_poll_backs_off_to_half_the_age_then_to_2_ms.)
-        assert 2 <= work.checks <= 300 + (anyio.current_time() - start) / 0.002, work.checks
+        assert 2 <= work.checks <= 500 + (anyio.current_time() - start) / 0.002, work.checks
     elif strategy in ("thread", "callback"):
         assert work.checks == 1  # once, when the backend said it completed
 
@@ -134,6 +139,9 @@ class _Told:
         self.callback: Any = None
 
     def done(self) -> bool:
+        return self.complete
+
+    def peek(self) -> bool | None:
         return self.complete
 
     def watch(self, callback: Any) -> None:
@@ -193,6 +201,7 @@ class _FrozenLoopTime:
 def loop_time(monkeypatch: pytest.MonkeyPatch) -> _FrozenLoopTime:
     frozen = _FrozenLoopTime()
     monkeypatch.setattr(_waiting, "_loop_time", frozen)
+    monkeypatch.setattr(_waiting, "_clock", frozen)  # the check budget's
     return frozen
 
 
@@ -205,7 +214,7 @@ async def test_hybrid_catches_short_waits_on_the_loop(
 
     async def finish_soon() -> None:
         await anyio.lowlevel.checkpoint()
-        loop_time.now += _waiting.HYBRID_HANDOFF_S / 2  # within the window
+        loop_time.now += _waiting.SPIN_MAX_S / 2  # within the check budget
         work.complete.set()
 
     with anyio.fail_after(5):
@@ -223,7 +232,7 @@ async def test_hybrid_leaves_a_wait_past_its_window_to_the_backend(
 
     async def outlast_the_window() -> None:
         await anyio.lowlevel.checkpoint()
-        loop_time.now += 2 * _waiting.HYBRID_HANDOFF_S  # the window has passed, work pending
+        loop_time.now += 2 * _waiting.SPIN_MAX_S  # the budget has passed, work pending
         await anyio.sleep(0.02)
         checks = work.checks
         await anyio.sleep(0.02)
@@ -255,7 +264,7 @@ async def test_a_wait_complete_as_hybrid_hands_it_over_is_not_lost(
 
     async def outlast_the_window() -> None:
         await anyio.lowlevel.checkpoint()
-        loop_time.now += 2 * _waiting.HYBRID_HANDOFF_S
+        loop_time.now += 2 * _waiting.SPIN_MAX_S
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -344,7 +353,8 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
     anyio_backend: object, loop_time: _FrozenLoopTime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The poll strategy's schedule, read from the sleeps the waiter asks for on a frozen
-    loop clock: every turn for the first 100 us, then half the wait's age, up to 2 ms."""
+    loop clock: every turn for the check budget (500 us with no wait before it), then half
+    the wait's age, never under the loop timer's 1 ms, up to 2 ms."""
     backend = _ManualBackend()
     work = _Work("s", 0)
     asked: list[tuple[float, float | None]] = []  # (loop time, sleep asked for)
@@ -369,9 +379,9 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
         while not asked:
             await anyio.lowlevel.checkpoint()
         assert await asked_at(0.0) == {0.0}  # spinning: every turn
-        assert await asked_at(50e-6) == {0.0}  # still within the first 100 us
-        assert await asked_at(0.001) == {0.0005}  # half the age
-        assert await asked_at(0.003) == {0.0015}
+        assert await asked_at(400e-6) == {0.0}  # still within the budget
+        assert await asked_at(0.001) == {0.001}  # half the age, 0.5 ms: the timer's 1 ms
+        assert await asked_at(0.003) == {0.0015}  # half the age
         assert await asked_at(1.0) == {0.002}  # the cap, however old the wait
         assert await asked_at(100.0) == {0.002}
         work.complete.set()
@@ -382,3 +392,136 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
             tg.start_soon(drive)
             await _waiting.wait(backend, 0, work, "work", strategy="poll")  # type: ignore[arg-type]
     assert work.watched is None  # the loop alone looked
+
+
+# ------------------------------------------------ the short wait: check budget and one hop
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "poll"])
+async def test_no_sleep_is_shorter_than_the_loop_timer(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """asyncio's selector and trio's epoll round a timeout up to a whole millisecond: a waiter
+    asks for a look on the next turn (0), or for a sleep of at least ``TIMER_FLOOR_S``, never
+    for one in between."""
+    backend = _ManualBackend()
+    asked: list[float | None] = []
+    sweep = _waiting._StrategyWaiter._sweep
+
+    def recorded(self: _waiting._StrategyWaiter) -> float | None:
+        delay = sweep(self)
+        asked.append(delay)
+        return delay
+
+    monkeypatch.setattr(_waiting._StrategyWaiter, "_sweep", recorded)
+    works = [_Work(lane, 0) for lane in "abc"]
+    for i, work in enumerate(works):
+        _complete_later(work, 0.004 + 0.003 * i)
+
+    async def wait(work: _Work) -> None:
+        await _waiting.wait(backend, 0, work, "work", strategy=strategy)  # type: ignore[arg-type]
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for work in works:
+                tg.start_soon(wait, work)
+    assert asked and 0.0 in asked  # it spun first
+    short = [d for d in asked if d is not None and 0.0 < d < _waiting.TIMER_FLOOR_S]
+    assert not short, short
+
+
+async def test_the_backends_word_ends_the_wait_in_one_hop(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A completion told from the watcher's thread finishes its wait in the callback that
+    crosses to the loop: no sweep of the waiter's task runs between the word and the
+    waiting task's resumption."""
+    backend = _ManualBackend()
+    target = _Told(0)
+    events: list[str] = []
+    sweep = _waiting._StrategyWaiter._sweep
+
+    def recorded(self: _waiting._StrategyWaiter) -> float | None:
+        events.append("sweep")
+        return sweep(self)
+
+    monkeypatch.setattr(_waiting._StrategyWaiter, "_sweep", recorded)
+
+    def tell() -> None:
+        target.complete = True
+        events.append("told")
+        target.callback()
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+
+            async def waiting() -> None:
+                await _waiting.wait(backend, 0, target, "work", strategy="thread")  # type: ignore[arg-type]
+                events.append("resumed")
+
+            tg.start_soon(waiting)
+            await anyio.wait_all_tasks_blocked()
+            thread = threading.Thread(target=tell)
+            thread.start()
+            thread.join()
+    told = events.index("told")
+    assert events[told + 1] == "resumed", events
+
+
+async def test_the_check_budget_follows_the_recent_waits(
+    anyio_backend: object, loop_time: _FrozenLoopTime
+) -> None:
+    """The loop checks a wait on its turns for 1.5 times the recent waits' typical length,
+    plus ``SPIN_MIN_S``, at most ``SPIN_MAX_S``; after long waits, ``SPIN_MIN_S`` only; the
+    length outlives the waiter, which leaves with its last wait."""
+    backend = _ManualBackend()
+
+    async def one(length: float) -> None:
+        work = _Work("s", 0)
+        work.watch = lambda callback: None  # type: ignore[method-assign]  # the loop alone
+
+        async def finish() -> None:
+            await anyio.lowlevel.checkpoint()
+            loop_time.now += length
+            work.complete.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(finish)
+            await _waiting.wait(backend, 0, work, "work", strategy="poll")  # type: ignore[arg-type]
+
+    def budget() -> float:
+        return _waiting._waiter(backend, 0).budget()  # type: ignore[attr-defined,arg-type]
+
+    with anyio.fail_after(5):
+        assert budget() == _waiting.SPIN_MAX_S  # nothing known yet
+        for _ in range(20):
+            await one(100e-6)
+        assert budget() == pytest.approx(1.5 * 100e-6 + _waiting.SPIN_MIN_S)
+        for _ in range(20):
+            await one(0.01)
+        assert budget() == _waiting.SPIN_MIN_S
+
+
+async def test_at_most_spin_lanes_streams_are_checked_on_every_turn(
+    anyio_backend: object, loop_time: _FrozenLoopTime
+) -> None:
+    """Hybrid waits on more streams than ``SPIN_LANES`` at once: the others go to the
+    backend at once, so that a turn's checks stay few however many streams wait."""
+    backend = _ManualBackend()
+    lanes = _waiting.SPIN_LANES + 5
+    works = [_Work(str(i), 0) for i in range(lanes)]
+
+    async def wait(work: _Work) -> None:
+        await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            for work in works:
+                tg.start_soon(wait, work)
+            for _ in range(20):
+                await anyio.lowlevel.checkpoint()
+            spinning = [w for w in works if w.watched is None]
+            assert len(spinning) == _waiting.SPIN_LANES
+            assert all(w.peeks for w in spinning)
+            for work in works:
+                work.complete.set()

@@ -16,8 +16,6 @@ built without its hooks, the tests that provoke them run in a child process).
 from __future__ import annotations
 
 import ctypes
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,10 +24,11 @@ import pytest
 
 from tests.helpers.driver_calls import (
     Context,
+    Counter,
     Word,
+    Worker,
     code,
     devices,
-    libc,
     ok,
     on_the_stand_in,
     provokes_violations,
@@ -67,61 +66,6 @@ def invalidated(n: int) -> None:
     """The stand-in counted ``n`` captures invalidated since the last read (its hook)."""
     if FAKE is not None:
         assert FAKE.fake_cuda_captures_invalidated() == n
-
-
-class Counter:
-    """A host function that is a C function (``sem_post``, launched through the driver's own
-    ``cuLaunchHostFunc``, not cuda-python's Python wrapper), and how often it ran."""
-
-    def __init__(self) -> None:
-        self.sem = ctypes.create_string_buffer(64)
-        libc.sem_init(self.sem, 0, 0)
-        pfn = ok(cu.cuGetProcAddress(b"cuLaunchHostFunc", 10000, 0))[0]
-        self._launch = ctypes.CFUNCTYPE(
-            ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
-        )(pfn)
-
-    def launch(self, stream: Any) -> int:
-        post = ctypes.cast(libc.sem_post, ctypes.c_void_p).value
-        return int(self._launch(int(stream), post, ctypes.addressof(self.sem)))
-
-    @property
-    def runs(self) -> int:
-        value = ctypes.c_int()
-        libc.sem_getvalue(self.sem, ctypes.byref(value))
-        return value.value
-
-
-class Worker:
-    """A thread of its own, with a context current, that runs what it is given in order: a
-    capture begun there is that thread's."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.jobs: queue.Queue[Any] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, args=(ctx.ctx,), daemon=True)
-        self.thread.start()
-
-    def _run(self, ctx: Any) -> None:
-        ok(cu.cuCtxPushCurrent(ctx))
-        while (job := self.jobs.get()) is not None:
-            fn, box = job
-            try:
-                box.put((True, fn()))
-            except BaseException as exc:  # handed to the caller
-                box.put((False, exc))
-        ok(cu.cuCtxPopCurrent())
-
-    def __call__(self, fn: Callable[[], Any]) -> Any:
-        box: queue.Queue[Any] = queue.Queue()
-        self.jobs.put((fn, box))
-        done, value = box.get(timeout=30)
-        if not done:
-            raise value
-        return value
-
-    def close(self) -> None:
-        self.jobs.put(None)
-        self.thread.join(30)
 
 
 @pytest.fixture

@@ -1,8 +1,13 @@
 """The stand-in driver keeps the CUDA driver API's documented contract: it refuses what the
 documentation says is invalid, so that the CUDA backend's tests fail where a GPU would.
 
-These talk to the stand-in through cuda-python's bindings directly (no aiostream), and run only
-where it is the driver (CI's CUDA lane runs this file against it, with one and two devices).
+These talk to the driver through cuda-python's bindings directly (no aiostream), and run on every
+driver where they check the documented contract: on a GPU they check that the stand-in models
+the real driver. Its own counts are read where its hooks are; the refusals it counts as
+violations are taken where it is the driver (``tests/helpers/driver_calls.py``: on the stand-in
+built without its hooks, the tests that provoke them run in a child process). What only the
+stand-in models (its exit report, its checks of undefined behaviour, its sleep kernel's time)
+runs on either build of it; its hooks tested themselves, and fault injection, need the hooks.
 """
 
 from __future__ import annotations
@@ -15,13 +20,25 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.driver_calls import Context, code, libc, ok
+from tests.helpers.driver_calls import (
+    Context,
+    Word,
+    code,
+    devices,
+    libc,
+    ok,
+    on_the_stand_in,
+    provokes_violations,
+    stand_in_only,
+    take,
+    violations,
+)
 from tests.helpers.process import run_python
-from tests.helpers.stand_in import FAKE, take_violations
+from tests.helpers.stand_in import FAKE, OK
 
-pytestmark = [pytest.mark.cuda, pytest.mark.stand_in]
+pytestmark = [pytest.mark.cuda]
 
-if FAKE is not None:
+if OK:  # a CUDA driver works: the stand-in's or a GPU's
     from cuda.bindings import driver as cu
 
 INVALID_VALUE, INVALID_CONTEXT, INVALID_HANDLE, NOT_READY, LAUNCH_FAILED = 1, 201, 400, 600, 719
@@ -29,17 +46,15 @@ INVALID_VALUE, INVALID_CONTEXT, INVALID_HANDLE, NOT_READY, LAUNCH_FAILED = 1, 20
 
 @pytest.fixture
 def ctx0() -> Iterator[Context]:
-    take_violations()
+    take()
     c = Context(0)
     yield c
-    FAKE.fake_cuda_clear_error()
+    if FAKE is not None:
+        FAKE.fake_cuda_clear_error()
     c.release()
 
 
-def devices() -> int:
-    return int(ok(cu.cuDeviceGetCount()))
-
-
+@provokes_violations
 def test_calls_on_a_contexts_objects_need_that_context_current(ctx0: Context) -> None:
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
@@ -57,27 +72,26 @@ def test_calls_on_a_contexts_objects_need_that_context_current(ctx0: Context) ->
         cu.cuStreamDestroy(stream),
     ):
         assert code(result) == INVALID_CONTEXT
-    n, log = take_violations()
-    assert n == 9 and "with no current context" in log
+    violations(9, "with no current context")
     if devices() > 1:  # another device's context current is no better
         other = Context(1)
         with other:
             assert code(cu.cuEventRecord(event, stream)) == INVALID_CONTEXT
         other.release()
-        n, log = take_violations()
-        assert n == 1 and "on an object of cuda:0's context with cuda:1's context current" in log
+        violations(1, "on an object of cuda:0's context with cuda:1's context current")
     with ctx0:  # and with it current, all is well
         ok(cu.cuEventRecord(event, stream))
         ok(cu.cuEventSynchronize(event))
         ok(cu.cuEventDestroy(event))
         ok(cu.cuStreamDestroy(stream))
-    assert take_violations()[0] == 0
+    violations(0)
 
 
+@provokes_violations
 def test_an_event_is_recorded_on_a_stream_of_its_context() -> None:
     if devices() < 2:
         pytest.skip("needs two devices")
-    take_violations()
+    take()
     a, b = Context(0), Context(1)
     with a:
         event = ok(cu.cuEventCreate(2))
@@ -89,39 +103,46 @@ def test_an_event_is_recorded_on_a_stream_of_its_context() -> None:
         ok(cu.cuEventDestroy(event))
     a.release()
     b.release()
-    n, log = take_violations()
-    assert n == 1 and "an event of cuda:0 on a stream of cuda:1" in log
+    violations(1, "an event of cuda:0 on a stream of cuda:1")
 
 
 @pytest.mark.parametrize("flags", [1, 2])
+@provokes_violations
 def test_a_stream_waits_for_an_event_with_flags_0_only(ctx0: Context, flags: int) -> None:
     """``CU_EVENT_WAIT_EXTERNAL`` (1) is invalid outside stream capture, and no other flag
-    exists: CUDA_ERROR_INVALID_VALUE, and a violation."""
+    exists: CUDA_ERROR_INVALID_VALUE, and a violation. (The reference says what the flag does
+    in a capture only: a GPU's driver may take it outside one, where the stand-in takes the
+    least forgiving reading.)"""
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         event = ok(cu.cuEventCreate(2))
         ok(cu.cuEventRecord(event, stream))
-        assert code(cu.cuStreamWaitEvent(stream, event, flags)) == INVALID_VALUE
+        result = code(cu.cuStreamWaitEvent(stream, event, flags))
+        if flags == 1 and not on_the_stand_in():
+            assert result in (0, INVALID_VALUE)
+        else:
+            assert result == INVALID_VALUE
         ok(cu.cuStreamWaitEvent(stream, event, 0))
         ok(cu.cuStreamSynchronize(stream))
         ok(cu.cuEventDestroy(event))
         ok(cu.cuStreamDestroy(stream))
-    n, log = take_violations()
-    assert n == 1 and f"cuStreamWaitEvent with flags {flags:#x}" in log, log
+    violations(1, f"cuStreamWaitEvent with flags {flags:#x}")
 
 
 def test_a_wait_for_a_pending_record_keeps_its_stream_busy(ctx0: Context) -> None:
-    """A wait is an operation of its stream: until the record it waits for completes,
-    cuStreamQuery answers CUDA_ERROR_NOT_READY (on the legacy default stream too), and the
-    context's synchronize waits for it; a wait for a completed record is over at once."""
+    """A wait is an operation of its stream: until the record it waits for completes (here
+    held behind a gate), cuStreamQuery answers CUDA_ERROR_NOT_READY (on the legacy default
+    stream too), and the context's synchronize waits for it; a wait for a completed record is
+    over at once."""
     with ctx0:
         busy, waiting = ok(cu.cuStreamCreate(1)), ok(cu.cuStreamCreate(1))
         event = ok(cu.cuEventCreate(2))
-        assert ctx0.sleep(busy, 0.2) == 0
+        gate = Word().hold(busy)
         ok(cu.cuEventRecord(event, busy))
         for stream in (waiting, cu.CUstream(0)):
             ok(cu.cuStreamWaitEvent(stream, event, 0))
             assert code(cu.cuStreamQuery(stream)) == NOT_READY
+        gate.release()
         ok(cu.cuCtxSynchronize())
         assert code(cu.cuEventQuery(event)) == 0
         for stream in (waiting, cu.CUstream(0)):
@@ -131,7 +152,8 @@ def test_a_wait_for_a_pending_record_keeps_its_stream_busy(ctx0: Context) -> Non
         ok(cu.cuEventDestroy(event))
         ok(cu.cuStreamDestroy(busy))
         ok(cu.cuStreamDestroy(waiting))
-    assert take_violations()[0] == 0
+        gate.free()
+    violations(0)
 
 
 def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
@@ -141,11 +163,13 @@ def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
         dst = ok(cu.cuMemHostAlloc(16, 1))
         dev = ok(cu.cuMemAllocAsync(16, stream))
         ctypes.memset(src, 7, 16)
-        assert ctx0.sleep(stream, 0.05) == 0
+        gate = Word().hold(stream)
         ok(cu.cuMemcpyHtoDAsync(dev, src, 16, stream))
         ok(cu.cuMemcpyDtoHAsync(dst, dev, 16, stream))
+        time.sleep(0.01)
         assert ctypes.string_at(dst, 16) == bytes(16)  # not at the call
         assert code(cu.cuStreamQuery(stream)) == NOT_READY
+        gate.release()
         ok(cu.cuStreamSynchronize(stream))
         assert ctypes.string_at(dst, 16) == bytes([7] * 16)
         ok(cu.cuMemFreeAsync(dev, stream))
@@ -153,17 +177,20 @@ def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:
         ok(cu.cuMemFreeHost(src))
         ok(cu.cuMemFreeHost(dst))
         ok(cu.cuStreamDestroy(stream))
-    assert take_violations()[0] == 0
+        gate.free()
+    violations(0)
 
 
 @pytest.mark.parametrize("flags", [0, 1, 2])
+@provokes_violations
 def test_a_value_written_without_a_barrier_may_be_seen_before_the_work_before_it(
     ctx0: Context, flags: int
 ) -> None:
     """``cuStreamWriteValue32`` takes ``CU_STREAM_WRITE_VALUE_DEFAULT`` (0), whose memory
     barrier makes the work before it visible first, or ``..._NO_MEMORY_BARRIER`` (1), which
     "permits the write to be reordered with writes issued before it": here its value is seen
-    while the copy before it has moved nothing and the stream is busy. Any other flag is
+    while the copy before it has moved nothing and the stream is busy (on the stand-in, whose
+    sleep kernel and reordering are its own: a GPU may or may not reorder). Any other flag is
     CUDA_ERROR_INVALID_VALUE, and a violation."""
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
@@ -188,7 +215,8 @@ def test_a_value_written_without_a_barrier_may_be_seen_before_the_work_before_it
             assert seen.value == 5, "waited 5 s in vain for the value to land"
             before = ctypes.string_at(dst, 16), code(cu.cuStreamQuery(stream))
             if flags == 1:
-                assert before == (bytes(16), NOT_READY)
+                if on_the_stand_in():
+                    assert before == (bytes(16), NOT_READY)
             else:
                 assert before[0] == bytes([7] * 16)
         ok(cu.cuMemFreeAsync(dev, stream))
@@ -197,12 +225,15 @@ def test_a_value_written_without_a_barrier_may_be_seen_before_the_work_before_it
         for p in (src, dst, flag):
             ok(cu.cuMemFreeHost(p))
         ok(cu.cuStreamDestroy(stream))
-    n, log = take_violations()
-    assert n == (flags == 2), log
-    assert flags != 2 or "cuStreamWriteValue32 with flags 0x2" in log, log
+    if flags == 2:
+        violations(1, "cuStreamWriteValue32 with flags 0x2")
+    else:
+        violations(0)
 
 
+@provokes_violations
 def test_freeing_memory_that_pending_work_uses_is_reported(ctx0: Context) -> None:
+    stand_in_only("freeing memory that pending work uses is undefined behaviour on a GPU")
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         host = ok(cu.cuMemHostAlloc(16, 1))
@@ -216,13 +247,16 @@ def test_freeing_memory_that_pending_work_uses_is_reported(ctx0: Context) -> Non
         ok(cu.cuStreamSynchronize(other))
         ok(cu.cuStreamDestroy(stream))
         ok(cu.cuStreamDestroy(other))
-    n, log = take_violations()
-    assert "cuMemFreeHost of pinned memory that 1 pending copies still use" in log
-    assert "cuMemFreeAsync freed device memory that 1 pending operation(s) still use" in log
-    assert n == 3, log  # and the copy itself then ran on freed memory
+    violations(  # and the copy itself then ran on freed memory: the third
+        3,
+        "cuMemFreeHost of pinned memory that 1 pending copies still use",
+        "cuMemFreeAsync freed device memory that 1 pending operation(s) still use",
+    )
 
 
+@provokes_violations
 def test_a_stream_ordered_allocation_is_used_elsewhere_only_after_it(ctx0: Context) -> None:
+    stand_in_only("memory used before its stream-ordered allocation completed: undefined on a GPU")
     with ctx0:
         alloc, other = ok(cu.cuStreamCreate(1)), ok(cu.cuStreamCreate(1))
         host = ok(cu.cuMemHostAlloc(16, 1))
@@ -230,8 +264,7 @@ def test_a_stream_ordered_allocation_is_used_elsewhere_only_after_it(ctx0: Conte
         unordered = ok(cu.cuMemAllocAsync(16, alloc))
         ok(cu.cuMemcpyHtoDAsync(unordered, host, 16, other))
         ok(cu.cuStreamSynchronize(other))
-        n, log = take_violations()
-        assert n == 1 and "before the allocation completed" in log
+        violations(1, "before the allocation completed")
         assert ctx0.sleep(alloc, 0.02) == 0
         ordered = ok(cu.cuMemAllocAsync(16, alloc))
         after = ok(cu.cuEventCreate(2))
@@ -239,7 +272,7 @@ def test_a_stream_ordered_allocation_is_used_elsewhere_only_after_it(ctx0: Conte
         ok(cu.cuStreamWaitEvent(other, after, 0))
         ok(cu.cuMemcpyHtoDAsync(ordered, host, 16, other))
         ok(cu.cuCtxSynchronize())
-        assert take_violations()[0] == 0
+        violations(0)
         for ptr in (unordered, ordered):
             ok(cu.cuMemFreeAsync(ptr, alloc))
         ok(cu.cuCtxSynchronize())
@@ -249,10 +282,12 @@ def test_a_stream_ordered_allocation_is_used_elsewhere_only_after_it(ctx0: Conte
             ok(cu.cuStreamDestroy(s))
 
 
+@provokes_violations
 def test_pinned_memory_of_another_context_needs_to_be_portable() -> None:
     if devices() < 2:
         pytest.skip("needs two devices")
-    take_violations()
+    stand_in_only("pinned memory not portable, used in another context: undefined on a GPU")
+    take()
     a, b = Context(0), Context(1)
     with a:
         plain = ok(cu.cuMemHostAlloc(16, 0))
@@ -261,11 +296,10 @@ def test_pinned_memory_of_another_context_needs_to_be_portable() -> None:
         stream = ok(cu.cuStreamCreate(1))
         dev = ok(cu.cuMemAlloc(16))
         ok(cu.cuMemcpyHtoDAsync(dev, portable, 16, stream))
-        assert take_violations()[0] == 0
+        violations(0)
         ok(cu.cuMemcpyHtoDAsync(dev, plain, 16, stream))
         ok(cu.cuStreamSynchronize(stream))
-        n, log = take_violations()
-        assert n == 1 and "without CU_MEMHOSTALLOC_PORTABLE" in log
+        violations(1, "without CU_MEMHOSTALLOC_PORTABLE")
         ok(cu.cuMemFree(dev))
         ok(cu.cuStreamDestroy(stream))
     with a:
@@ -275,6 +309,10 @@ def test_pinned_memory_of_another_context_needs_to_be_portable() -> None:
     b.release()
 
 
+@pytest.mark.stand_in(
+    "fault injection: a kernel failing on the device (fake_cuda_fail_next_launch), its sticky "
+    "error cleared (fake_cuda_clear_error)"
+)
 def test_a_sticky_error_belongs_to_its_context_and_stops_host_functions(ctx0: Context) -> None:
     sem = ctypes.create_string_buffer(64)
     libc.sem_init(sem, 0, 0)
@@ -303,26 +341,32 @@ def test_a_sticky_error_belongs_to_its_context_and_stops_host_functions(ctx0: Co
             ok(cu.cuStreamSynchronize(s))
             ok(cu.cuStreamDestroy(s))
         other.release()
-    assert take_violations()[0] == 0
+    violations(0)
 
 
+@provokes_violations
 def test_a_host_function_that_runs_python_is_reported(ctx0: Context) -> None:
     """cuda-python's own cuLaunchHostFunc launches a wrapper that takes the GIL on the driver's
-    thread, whatever function it is given: the stand-in refuses it as Python."""
+    thread, whatever function it is given: the stand-in reports it as Python (and runs it, as
+    a GPU's driver does)."""
     sem = ctypes.create_string_buffer(64)
     libc.sem_init(sem, 0, 0)
     post = cu.CUhostFn(ctypes.cast(libc.sem_post, ctypes.c_void_p).value)
-    before = FAKE.fake_cuda_host_calls_python()
+    before = FAKE.fake_cuda_host_calls_python() if FAKE is not None else 0
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         ok(cu.cuLaunchHostFunc(stream, post, ctypes.addressof(sem)))
         ok(cu.cuStreamSynchronize(stream))
         ok(cu.cuStreamDestroy(stream))
-    assert FAKE.fake_cuda_host_calls_python() == before + 1
-    n, log = take_violations()
-    assert n == 1 and "no C function of a loaded library" in log
+    value = ctypes.c_int()
+    libc.sem_getvalue(sem, ctypes.byref(value))
+    assert value.value == 1  # it ran
+    if FAKE is not None:
+        assert FAKE.fake_cuda_host_calls_python() == before + 1
+    violations(1, "no C function of a loaded library")
 
 
+@pytest.mark.stand_in("its hook fake_cuda_fail_call, tested itself")
 def test_a_chosen_call_fails_on_its_nth_call(ctx0: Context) -> None:
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
@@ -343,13 +387,14 @@ def test_a_chosen_call_fails_on_its_nth_call(ctx0: Context) -> None:
     ok(cu.cuDeviceGet(0))
     with ctx0:  # pushed now
         assert int(ok(cu.cuCtxGetCurrent())) == int(ctx0.ctx)
-    assert take_violations()[0] == 0
+    violations(0)
 
 
 def test_kernel_launches_keep_the_device_limits(ctx0: Context) -> None:
     """cuLaunchKernel refuses a launch no device takes (CUDA_ERROR_INVALID_VALUE): a grid or
     block dimension of 0, more than 1024 threads a block, more than 48 KiB of dynamic shared
-    memory; a launch it takes is recorded for the tests, grid, block and shared memory."""
+    memory; a launch it takes is recorded for the tests (where the stand-in's hooks are), grid,
+    block and shared memory."""
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         assert ctx0.sleep(stream, 0.0) == 0
@@ -366,14 +411,16 @@ def test_kernel_launches_keep_the_device_limits(ctx0: Context) -> None:
         ):
             assert code(cu.cuLaunchKernel(fn, *dims, stream, args, 0)) == 1, dims
         ok(cu.cuLaunchKernel(fn, 2, 3, 4, 32, 32, 1, 48 * 1024, stream, args, 0))
-        launch = (ctypes.c_uint * 7)()
-        FAKE.fake_cuda_last_launch(launch)
-        assert list(launch) == [2, 3, 4, 32, 32, 1, 48 * 1024]
+        if FAKE is not None:
+            launch = (ctypes.c_uint * 7)()
+            FAKE.fake_cuda_last_launch(launch)
+            assert list(launch) == [2, 3, 4, 32, 32, 1, 48 * 1024]
         ok(cu.cuStreamSynchronize(stream))
         ok(cu.cuStreamDestroy(stream))
-    assert take_violations()[0] == 0
+    violations(0)
 
 
+@pytest.mark.stand_in("its hook fake_cuda_fail_call, tested itself: a failed call does nothing")
 def test_a_failed_call_has_no_effect(ctx0: Context) -> None:
     """A call made to fail returns its code before it does anything: no stream is made, no
     operation is submitted, and the sticky error of the context is untouched."""
@@ -392,41 +439,60 @@ def test_a_failed_call_has_no_effect(ctx0: Context) -> None:
         ok(cu.cuStreamSynchronize(stream))
         assert time.perf_counter() - start < 30
         ok(cu.cuStreamDestroy(stream))
-    assert take_violations()[0] == 0
+    violations(0)
 
 
 def test_priorities_are_recorded(ctx0: Context) -> None:
+    """A priority in the context's range is kept; one outside it is clamped, as the driver
+    documents (the stand-in's range: -5 greatest, 0 least, as recent GPUs')."""
     with ctx0:
-        stream = ok(cu.cuStreamCreateWithPriority(1, -3))
-        assert FAKE.fake_cuda_stream_priority(int(stream)) == -3
-        assert ok(cu.cuStreamGetPriority(stream)) == -3
-        ok(cu.cuStreamDestroy(stream))
-        # outside the range (-5 greatest, 0 least): clamped, as the driver documents
         least, greatest = ok(cu.cuCtxGetStreamPriorityRange())
-        assert (least, greatest) == (0, -5)
-        for asked, kept in ((-9, -5), (4, 0)):
+        if on_the_stand_in():
+            assert (least, greatest) == (0, -5)
+        middle = max(greatest, -3)
+        stream = ok(cu.cuStreamCreateWithPriority(1, middle))
+        if FAKE is not None:
+            assert FAKE.fake_cuda_stream_priority(int(stream)) == middle
+        assert ok(cu.cuStreamGetPriority(stream)) == middle
+        ok(cu.cuStreamDestroy(stream))
+        for asked, kept in ((greatest - 4, greatest), (least + 4, least)):
             stream = ok(cu.cuStreamCreateWithPriority(1, asked))
-            assert FAKE.fake_cuda_stream_priority(int(stream)) == kept
+            if FAKE is not None:
+                assert FAKE.fake_cuda_stream_priority(int(stream)) == kept
             assert ok(cu.cuStreamGetPriority(stream)) == kept
             ok(cu.cuStreamDestroy(stream))
-    assert FAKE.fake_cuda_stream_priority(None) == -100
+    if FAKE is not None:
+        assert FAKE.fake_cuda_stream_priority(None) == -100
 
 
 def test_event_flags_are_recorded(ctx0: Context) -> None:
+    """Each combination is taken (read back where the stand-in's hooks are); an event without
+    timing has no elapsed time (CUDA_ERROR_INVALID_HANDLE, as documented)."""
     with ctx0:
+        stream = ok(cu.cuStreamCreate(1))
         for flags in (0, 1, 2, 3, 6, 7):  # BLOCKING_SYNC 1, DISABLE_TIMING 2, INTERPROCESS 4
             event = ok(cu.cuEventCreate(flags))
-            assert FAKE.fake_cuda_event_flags(int(event)) == flags
+            if FAKE is not None:
+                assert FAKE.fake_cuda_event_flags(int(event)) == flags
+            ok(cu.cuEventRecord(event, stream))
+            ok(cu.cuEventSynchronize(event))
+            timed = code(cu.cuEventElapsedTime(event, event))
+            assert timed == (INVALID_HANDLE if flags & 2 else 0), (flags, timed)
             ok(cu.cuEventDestroy(event))
+        ok(cu.cuStreamDestroy(stream))
         # interprocess needs timing disabled, as the driver documents
         assert code(cu.cuEventCreate(4)) == INVALID_VALUE
-    assert FAKE.fake_cuda_event_flags(None) == -1
+    if FAKE is not None:
+        assert FAKE.fake_cuda_event_flags(None) == -1
 
 
 # ---------------------------------------------------------------------- in a process of its own
 
 
 def _run(code_: str, **env: str) -> Any:
+    """Run the program on the stand-in (either build: the tests of its exit report and of
+    what it models of a GPU skip elsewhere)."""
+    stand_in_only("its exit report, and what a program leaves at exit")
     return run_python("-c", PRELUDE + textwrap.dedent(code_), **env)
 
 
@@ -436,14 +502,22 @@ from cuda.bindings import driver as cu
 cu.cuInit(0)
 ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
 cu.cuCtxPushCurrent(ctx)
-lib = ctypes.CDLL("libcuda.so.1")  # the stand-in's hooks
-lib.fake_cuda_touch.argtypes = [
-    ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_uint64
-]
+lib = ctypes.CDLL("libcuda.so.1")
+HOOKS = hasattr(lib, "fake_cuda_live")  # the stand-in's, where it is built with them
+
+
+def gate(stream):  # hold the stream's later work (a memory wait) until the word is 1
+    word = cu.cuMemHostAlloc(4, 3)[1]  # portable, mapped for the device
+    ctypes.memset(word, 0, 4)
+    address = cu.cuMemHostGetDevicePointer(word, 0)[1]
+    assert int(cu.cuStreamWaitValue32(stream, address, 1, 0)[0]) == 0
+    return ctypes.c_uint32.from_address(int(word))
 """
 
 
 def test_freed_pinned_memory_is_unmapped_and_touching_it_crashes() -> None:
+    """(A GPU's driver unmaps it too, as far as is known; its pages could also be kept for
+    reuse, which the documentation leaves open: this checks the stand-in's model.)"""
     proc = _run(
         """
         p = cu.cuMemHostAlloc(4096, 0)[1]
@@ -485,12 +559,13 @@ def test_a_context_last_seen_busy_may_be_left_to_exit(last_query: str) -> None:
         stream = cu.cuStreamCreate(1)[1]
         event = cu.cuEventCreate(2)[1]
         p = cu.cuMemAlloc(16)[1]
-        lib.fake_cuda_touch(0, int(stream), int(p), 16, 50_000_000)
+        word = gate(stream)
         cu.cuEventRecord(event, stream)
         if {last_query!r} == "busy":
             assert int(cu.cuStreamQuery(stream)[0]) == 600
         if {last_query!r}.startswith("event"):
             assert int(cu.cuEventQuery(event)[0]) == 600
+        word.value = 1
         time.sleep(0.1)  # the work completes before the exit
         if {last_query!r} in ("idle", "event-then-idle"):
             assert int(cu.cuStreamQuery(stream)[0]) == 0
@@ -511,7 +586,7 @@ mine = cu.cuStreamCreate(1)[1]  # and a stream of cuda:0 nothing else excuses
 cu.cuCtxPushCurrent(ctx1)
 other = cu.cuStreamCreate(1)[1]
 dev = cu.cuMemAlloc(16)[1]
-lib.fake_cuda_touch(1, int(other), int(dev), 16, 300_000_000)  # cuda:1 busy for 0.3 s
+word = gate(other)  # cuda:1 held until the word is set
 cu.cuMemcpyHtoDAsync(dev, host, 16, other)  # then reads cuda:0's memory
 cu.cuCtxPopCurrent()
 """
@@ -540,7 +615,8 @@ def test_memory_left_to_exit_is_excused_but_not_streams(seen_busy: bool) -> None
     if devices() < 2:
         pytest.skip("needs two devices")
     seen = "cu.cuCtxPushCurrent(ctx1)\nassert int(cu.cuStreamQuery(other)[0]) == 600\n"
-    proc = _run(USED_BY_ANOTHER + (seen if seen_busy else "") + "time.sleep(0.4)\n")
+    done = "word.value = 1\ntime.sleep(0.1)\n"  # the copy completes before the exit
+    proc = _run(USED_BY_ANOTHER + (seen if seen_busy else "") + done)
     assert proc.returncode == 70, proc.stderr
     if seen_busy:
         assert "1 live handle(s), 1 stream\n" in proc.stderr, proc.stderr
@@ -560,18 +636,21 @@ def test_releasing_the_last_reference_resets_the_context() -> None:
         cu.cuMemHostAlloc(16, 1)
         cu.cuCtxPopCurrent()
         cu.cuDevicePrimaryCtxRelease(0)
-        print("live", lib.fake_cuda_live(0), lib.fake_cuda_live(3), flush=True)
+        if HOOKS:
+            print("live", lib.fake_cuda_live(0), lib.fake_cuda_live(3), flush=True)
         cu.cuCtxPushCurrent(cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1])
         print("query", int(cu.cuStreamQuery(stream)[0]), flush=True)
         """
     )
-    assert "live 0 0\nquery 400\n" in proc.stdout, proc.stdout + proc.stderr
+    seen = ("live 0 0\n" if FAKE is not None else "") + "query 400\n"
+    assert seen in proc.stdout, proc.stdout + proc.stderr
     assert "2 handle(s) leaked at a context reset" in proc.stderr  # both were still alive
     assert "used after it was destroyed with its context" in proc.stderr
     assert proc.returncode == 70
 
 
 def test_time_passes_for_device_work_as_it_does_on_a_gpu(ctx0: Context) -> None:
+    stand_in_only("its sleep kernel takes its time (on a GPU it returns at once)")
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         start = time.perf_counter()

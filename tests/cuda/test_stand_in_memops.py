@@ -6,7 +6,9 @@ condition, and so is the work of the streams that wait for a record among it.
 These reach the driver through cuda-python's bindings and aiostream's public names; only the
 tests marked ``stand_in`` use the stand-in's hooks. The others run on a GPU as on the stand-in,
 checking the stand-in against the driver it imitates (a violation the stand-in counts for a
-refused call is taken where the stand-in is the driver).
+refused call is taken where the stand-in is the driver: on its build without hooks, in a child
+process, ``tests/helpers/driver_calls.py``); what only the stand-in models runs on either
+build of it.
 """
 
 from __future__ import annotations
@@ -23,16 +25,19 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.cuda import DEV, N, primary_context
-from tests.helpers.driver_calls import Context, code, libc, ok
+from tests.helpers.driver_calls import (
+    Context,
+    Word,
+    code,
+    libc,
+    ok,
+    provokes_violations,
+    stand_in_only,
+    violations,
+)
 from tests.helpers.gate import gate, gated
 from tests.helpers.process import run_python
-from tests.helpers.stand_in import (
-    FAKE,
-    OK,
-    needs_stand_in,
-    skip_on_a_stand_in_without_hooks,
-    take_violations,
-)
+from tests.helpers.stand_in import FAKE, OK
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -41,7 +46,7 @@ if OK:  # a CUDA driver works: the stand-in's or a GPU's
 
 GEQ, EQ, AND, NOR, FLUSH = 0, 1, 2, 3, 1 << 30  # CUstreamWaitValue_flags
 INVALID_VALUE, NOT_READY, LAUNCH_FAILED = 1, 600, 719
-PORTABLE_DEVICEMAP, RELAXED = 1 | 2, 2
+RELAXED = 2
 # CUdevice_attribute
 CAN_FLUSH_REMOTE_WRITES, CAN_USE_64_BIT_STREAM_MEM_OPS, CAN_USE_STREAM_WAIT_VALUE_NOR = 98, 122, 123
 HELD_FOR = 0.03  # seconds a held state is watched for
@@ -59,40 +64,6 @@ def needs_attribute(attribute: int, what: str) -> None:
     device = ok(cu.cuDeviceGet(0))
     if not ok(cu.cuDeviceGetAttribute(cu.CUdevice_attribute(attribute), device)):
         pytest.skip(f"cuda:0 does not support {what}")
-
-
-def expect_violations(n: int, phrase: str) -> None:
-    """The stand-in counted ``n`` violations saying ``phrase`` (taken); nothing on a GPU."""
-    if FAKE is not None:
-        got, log = take_violations()
-        assert got == n and phrase in log, log
-
-
-class Word:
-    """Pinned host memory mapped for the device (current context's), ``nbytes`` long: a word
-    for stream memory operations, read and written by the host as ``value``."""
-
-    def __init__(self, width: int = 4, nbytes: int = 8) -> None:
-        self.width = width
-        self.host = int(ok(cu.cuMemHostAlloc(nbytes, PORTABLE_DEVICEMAP)))
-        ctypes.memset(self.host, 0, nbytes)
-        self.address = int(ok(cu.cuMemHostGetDevicePointer(self.host, 0)))
-
-    @property
-    def _view(self) -> Any:
-        kind = ctypes.c_uint64 if self.width == 8 else ctypes.c_uint32
-        return kind.from_address(self.host)
-
-    @property
-    def value(self) -> int:
-        return int(self._view.value)
-
-    @value.setter
-    def value(self, v: int) -> None:
-        self._view.value = v
-
-    def free(self) -> None:
-        ok(cu.cuMemFreeHost(self.host))
 
 
 def held_for(pending: Callable[[], bool], seconds: float = HELD_FOR) -> None:
@@ -205,8 +176,8 @@ def test_a_64_bit_write_lands_when_its_stream_reaches_it(ctx0: Context) -> None:
 @pytest.mark.parametrize(
     "call", ["cuStreamWaitValue32", "cuStreamWaitValue64", "cuStreamWriteValue64"]
 )
+@provokes_violations
 def test_an_unaligned_word_is_refused(ctx0: Context, call: str) -> None:
-    skip_on_a_stand_in_without_hooks()
     if call.endswith("64"):
         needs_attribute(CAN_USE_64_BIT_STREAM_MEM_OPS, "64-bit stream memory operations")
     with ctx0:
@@ -214,7 +185,7 @@ def test_an_unaligned_word_is_refused(ctx0: Context, call: str) -> None:
         word = Word(nbytes=16)
         offset = 4 if call.endswith("64") else 2
         assert code(getattr(cu, call)(stream, word.address + offset, 1, 0)) == INVALID_VALUE
-        expect_violations(1, "not aligned to")
+        violations(1, "not aligned to")
         ok(cu.cuStreamSynchronize(stream))
         word.free()
         ok(cu.cuStreamDestroy(stream))
@@ -229,26 +200,28 @@ def test_an_unaligned_word_is_refused(ctx0: Context, call: str) -> None:
         ("cuStreamWriteValue64", 2),
     ],
 )
+@provokes_violations
 def test_unknown_flags_are_refused(ctx0: Context, call: str, flags: int) -> None:
-    skip_on_a_stand_in_without_hooks()
     if call.endswith("64"):
         needs_attribute(CAN_USE_64_BIT_STREAM_MEM_OPS, "64-bit stream memory operations")
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         word = Word(8)
         assert code(getattr(cu, call)(stream, word.address, 1, flags)) == INVALID_VALUE
-        expect_violations(1, f"{call} with flags {flags:#x}")
+        violations(1, f"{call} with flags {flags:#x}")
         ok(cu.cuStreamSynchronize(stream))
         word.free()
         ok(cu.cuStreamDestroy(stream))
 
 
-@needs_stand_in  # on a GPU such a word may fault the device (a sticky error) rather than fail
 @pytest.mark.parametrize("memory", ["pageable", "pinned-unmapped", "freed-device"])
 @pytest.mark.parametrize(
     "call", ["cuStreamWaitValue32", "cuStreamWaitValue64", "cuStreamWriteValue64"]
 )
+@provokes_violations
 def test_a_word_in_no_live_device_memory_is_refused(ctx0: Context, call: str, memory: str) -> None:
+    # on a GPU such a word may fault the device (a sticky error, for the rest of the process)
+    stand_in_only("a word in no live device-accessible memory refused, not faulting the device")
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
         pageable = ctypes.create_string_buffer(16)
@@ -260,7 +233,7 @@ def test_a_word_in_no_live_device_memory_is_refused(ctx0: Context, call: str, me
             address = int(ok(cu.cuMemAlloc(16)))
             ok(cu.cuMemFree(address))
         assert code(getattr(cu, call)(stream, address, 1, 0)) == INVALID_VALUE
-        expect_violations(1, "which is no live device-accessible memory")
+        violations(1, "which is no live device-accessible memory")
         if free is not None:
             ok(free(address))
         ok(cu.cuStreamDestroy(stream))
@@ -321,7 +294,7 @@ def test_a_graph_launched_behind_a_wait_is_held(ctx0: Context) -> None:
 # ---------------------------------------------------------------------- the stand-in's own
 
 
-@needs_stand_in
+@pytest.mark.stand_in("its hook fake_cuda_hurry, tested itself: it ends no held work")
 def test_hurrying_ends_the_work_before_a_wait_not_the_work_it_holds(ctx0: Context) -> None:
     with ctx0:
         stream = ok(cu.cuStreamCreate(1))
@@ -345,7 +318,10 @@ def test_hurrying_ends_the_work_before_a_wait_not_the_work_it_holds(ctx0: Contex
         ok(cu.cuStreamDestroy(stream))
 
 
-@needs_stand_in
+@pytest.mark.stand_in(
+    "fault injection: a kernel failing on the device (fake_cuda_fail_next_launch), its held "
+    "work dropped (fake_cuda_pending), the sticky error cleared (fake_cuda_clear_error)"
+)
 def test_a_fault_of_its_context_drops_held_work(ctx0: Context) -> None:
     """A sticky error ends the wait, and the work it held takes no effect."""
     with ctx0:
@@ -388,11 +364,11 @@ print("done", flush=True)
 """
 
 
-@needs_stand_in
 @pytest.mark.parametrize("end", ["exit", "reset"])
 def test_held_work_is_pending_work_at_exit_and_at_a_reset(end: str) -> None:
     """Held at the exit or at the context's reset, it is work left pending: no leak, no
     violation of its own."""
+    stand_in_only("its exit report of work left held")
     proc = run_python("-c", f"END = {end!r}\n" + textwrap.dedent(HELD_AT_THE_END))
     assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
     assert proc.stderr == ""

@@ -57,12 +57,9 @@ _LAZY = {
 
 def __getattr__(name: str) -> _Any:
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from ._version import version
 
-        try:
-            value: _Any = version("aiostream-cuda")
-        except PackageNotFoundError:  # running from a source tree that was not installed
-            value = "0+unknown"
+        value: _Any = version()
     elif name in _LAZY:
         try:
             module = _importlib.import_module(f".{_LAZY[name]}", __name__)

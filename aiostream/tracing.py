@@ -91,10 +91,10 @@ class Tracing(_hooks.Listening):
                 f"tracer_provider must be an OpenTelemetry TracerProvider, got {tracer_provider!r}"
             )
         trace, context = _api()
-        from . import __version__
+        from ._version import version
 
         self._trace, self._context = trace, context
-        self._tracer = trace.get_tracer("aiostream", __version__, tracer_provider=tracer_provider)
+        self._tracer = trace.get_tracer("aiostream", version(), tracer_provider=tracer_provider)
         self._status = trace.Status, trace.StatusCode
         # host monotonic seconds -> the epoch nanoseconds spans carry
         self._epoch = time.time_ns() - time.monotonic_ns()

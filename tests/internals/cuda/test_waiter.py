@@ -152,13 +152,17 @@ async def test_a_record_after_others_work_is_not_complete(
     with anyio.fail_after(5):
         await foreign.synchronize(strategy=strategy)
     elsewhere = ais.Stream(DEV)
-    ais.delay(0.2, stream=elsewhere)
+    releases = [gate(elsewhere)]  # the work after it waits until the test releases it
+    ais.delay(0.001, stream=elsewhere)
     owner.record(elsewhere)  # the same CUDA event, recorded where the wrapper does not see
     assert not foreign.query()
     others = ais.ExternalStream(s.__cuda_stream__()[1], DEV)
-    ais.delay(0.2, stream=others)  # another library's work, unseen by s
+    releases.append(gate(others))
+    ais.delay(0.001, stream=others)  # another library's work, unseen by s
     after = s.record_event()
     assert not after.query() and not s.query()
+    for release in releases:
+        release()
     with anyio.fail_after(5):
         await after.synchronize()
         await foreign.synchronize()  # its latest record is owner's, on elsewhere

@@ -196,7 +196,8 @@ async def test_a_new_backend_announces_callback_waits_with_a_host_function(
             tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
             await until(lambda: own_backend.held(0)["watched"], "the watcher to have the wait")
             (launch_args,) = launched  # libc's sem_post, of the watcher's semaphore
-            assert launch_args[1:] == (watcher_module.semaphores.post_address, watcher.sem)
+            post = watcher_module.semaphores
+            assert post is not None and launch_args[1:] == (post.post_address, watcher.sem)
             if FAKE is not None:
                 assert FAKE.fake_cuda_host_calls() - host_calls == 1
             tg.cancel_scope.cancel()

@@ -286,7 +286,11 @@ async def test_waits_a_sweep_off_the_thread_finds_complete_are_called_back_by_th
 
     monkeypatch.setattr(watcher, "HEALTH_S", 30.0)
     done = []
-    launched = []
+    launched: list[tuple[int, int, int]] = []
+
+    def launch_nothing(stream: int, fn: int, data: int) -> int:
+        launched.append((stream, fn, data))
+        return 0  # CUDA_SUCCESS: as if launched, and never run
 
     async def wait(s: ais.Stream) -> None:
         await s.synchronize(strategy="callback")
@@ -294,7 +298,7 @@ async def test_waits_a_sweep_off_the_thread_finds_complete_are_called_back_by_th
 
     s = ais.Stream(DEV)
     thread = own_backend._devices.get(0).watcher
-    monkeypatch.setattr(thread, "launch", lambda *args: launched.append(args) or 0)
+    monkeypatch.setattr(thread, "launch", launch_nothing)
     # work that ends when the test says: the watcher has the wait before its mark lands (a
     # short kernel may end first on a busy machine, and the wait then takes the fast path)
     with gated(s) as release:

@@ -138,13 +138,19 @@ def new_backend() -> AnyBackend:
 def own_backend() -> Iterator[Any]:
     """A CUDA backend of the block's own, installed for it (objects made meanwhile use it)
     and closed after it, as the process's exit closes the shared one."""
+    from tests.helpers import gate
+
     ais.Stream(DEV)  # the shared backend holds the context: the block's close never resets it
-    # what earlier tests dropped is released now, not during the block: their work ends (on
-    # the stand-in) and is over, an allocation frees the memory that waited for it (and the
-    # streams that waited for their memory), and a sweep gives back idle flag memory
-    hurry()
+    # what earlier tests dropped is released now, not during the block: their work is let go
+    # (a gate left held; on the stand-in, a kernel that never ends) and is over, the gates'
+    # words are freed, an allocation frees the memory that waited for it (and the streams
+    # that waited for their memory), and a sweep gives back idle flag memory
+    gate.release_all()
+    if FAKE is not None:
+        hurry()
     with primary_context() as cu:
         cu.cuCtxSynchronize()
+    gate.sweep()
     gc.collect()
     ais.DeviceBuffer(1, DEV)
     held(0)
@@ -167,23 +173,13 @@ def close_with_a_failed_release(
     What earlier tests left for the collector is collected first: a buffer of theirs freed
     by the collection below would take the failure meant for ``let_go``'s.
 
-    The failure is injected at the bindings (``tests/helpers/faults.py``), on any driver; the
-    failed call's arguments are returned (the handle it left). Where the test replaced the
-    entry point with a spy of its own, which sees only the calls that reach it, the stand-in
-    fails the call beneath the spy instead (and nothing is returned)."""
-    from cuda.bindings import driver
-
+    The failure is injected at the bindings (``tests/helpers/faults.py``), on any driver,
+    above whatever spy the test put in the entry point's place (which never sees the failed
+    call); the failed call's arguments are returned (the handle it left)."""
     from tests.helpers.faults import failing
 
     gc.collect()
-    spied = FAKE is not None and not isinstance(getattr(driver, call), type(driver.cuInit))
-    fault = None
-    with contextlib.ExitStack() as stack:
-        if spied:
-            assert FAKE.fake_cuda_fail_call(call.encode(), nth, 999)
-            stack.callback(FAKE.fake_cuda_clear_error)
-        else:
-            fault = stack.enter_context(failing(call, nth))
+    with failing(call, nth) as fault:
         let_go.clear()
         gc.collect()
         # the markers the frees wait for complete first (memory still waiting at close is
@@ -197,7 +193,8 @@ def close_with_a_failed_release(
         f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
         "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
     ]
-    return fault.args if fault is not None else ()
+    assert fault.failed, f"close made no call {nth} of {call}"
+    return fault.args
 
 
 def a_failed_call_is_raised_where_it_was_made(

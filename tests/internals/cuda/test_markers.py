@@ -24,7 +24,10 @@ from tests.helpers.cuda import (
     primary_context,
     program,
 )
-from tests.helpers.stand_in import EVENTS, FAKE, PINNED, needs_stand_in
+from tests.helpers.faults import calls, failing, succeeded
+from tests.helpers.stand_in import EVENTS, FAKE, PINNED
+
+NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: a driver without stream memory operations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -57,52 +60,61 @@ def test_markers_of_frees_go_back_to_a_bounded_pool() -> None:
     assert after <= before + MARKER_POOL + 1, (before, after)
 
 
-@needs_stand_in
 def test_a_device_keeps_so_many_idle_markers_and_destroys_the_rest(own_backend: Any) -> None:
     """Markers given back go to the device's pool until it holds ``MARKER_POOL``; the rest are
     destroyed at once. Close destroys the pool and every marker in use; one of those given
     back after close is neither kept nor destroyed a second time."""
     from aiostream._backends.cuda.devices import MARKER_POOL
 
+    def destroyed(made: dict[str, list[Any]]) -> list[int]:
+        return [int(args[0]) for args, result in made["cuEventDestroy"] if int(result[0]) == 0]
+
     ais.Stream(DEV)
     dev = own_backend._devices.get(0)
-    before = FAKE.fake_cuda_live(EVENTS)
-    markers = [dev.marker() for _ in range(MARKER_POOL + 3)]
-    assert FAKE.fake_cuda_live(EVENTS) == before + MARKER_POOL + 3
-    for marker in markers[:-1]:
-        dev.give_back(marker)
-    assert dev.markers == markers[:MARKER_POOL]
-    assert FAKE.fake_cuda_live(EVENTS) == before + MARKER_POOL + 1  # the pool and one in use
-    assert dev.marker() is markers[MARKER_POOL - 1]  # taken from the pool, last in first out
-    own_backend.close()
-    assert FAKE.fake_cuda_live(EVENTS) == before
-    for marker in markers:
-        dev.give_back(marker)  # the stand-in would count a second destroy as a violation
-    assert dev.markers == []
-    assert FAKE.fake_cuda_live(EVENTS) == before
+    before = FAKE.fake_cuda_live(EVENTS) if FAKE is not None else 0
+    with calls("cuEventCreate", "cuEventDestroy") as made:
+        markers = [dev.marker() for _ in range(MARKER_POOL + 3)]
+        assert succeeded(made["cuEventCreate"]) == MARKER_POOL + 3
+        assert [int(m) for m in markers] == [int(r[1]) for _, r in made["cuEventCreate"]]
+        for marker in markers[:-1]:
+            dev.give_back(marker)
+        assert dev.markers == markers[:MARKER_POOL]
+        # the pool and one in use are left; the two given back past the pool, destroyed
+        assert destroyed(made) == [int(m) for m in markers[MARKER_POOL:-1]]
+        if FAKE is not None:
+            assert FAKE.fake_cuda_live(EVENTS) == before + MARKER_POOL + 1
+        assert dev.marker() is markers[MARKER_POOL - 1]  # taken from the pool, last in first out
+        own_backend.close()
+        gone = destroyed(made)
+        assert {int(m) for m in markers} <= set(gone)  # every marker, in the pool or in use
+        assert len(gone) == len(set(gone))  # each destroyed once
+        if FAKE is not None:
+            assert FAKE.fake_cuda_live(EVENTS) == before
+        for marker in markers:
+            dev.give_back(marker)  # neither kept nor destroyed a second time
+        assert dev.markers == []
+        assert destroyed(made) == gone
+    if FAKE is not None:
+        assert FAKE.fake_cuda_live(EVENTS) == before
 
 
-@needs_stand_in
 def test_an_event_destroyed_gives_back_the_marker_its_record_took(own_backend: Any) -> None:
     """A device found unable to write values at an event's record (stream memory operations
     unsupported) marks that record with an internal marker event, which the event holds:
     destroyed, the event gives it back to the device's pool."""
-    assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
-    try:
+    with failing("cuStreamWriteValue32", code=NOT_SUPPORTED) as fault:
         s = ais.Stream(DEV)
         ais.delay(0.001, stream=s)
         e = s.record_event()
-        dev = own_backend._devices.get(0)
-        assert not dev.watcher.memops and not dev.markers
-        del e
-        gc.collect()
-        assert len(dev.markers) == 1
-    finally:
-        FAKE.fake_cuda_clear_error()
+    assert fault.failed
+    dev = own_backend._devices.get(0)
+    assert not dev.watcher.memops and not dev.markers
+    del e
+    gc.collect()
+    assert len(dev.markers) == 1
     device_finishes()
 
 
-@needs_stand_in
 async def test_devices_that_write_no_values_wait_on_marker_events(
     anyio_backend: object, own_backend: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -111,11 +123,12 @@ async def test_devices_that_write_no_values_wait_on_marker_events(
     goes back to its pool when its last wait and event let go of it."""
     from aiostream._backends.cuda.devices import MARKER_POOL
 
-    assert FAKE.fake_cuda_fail_call(b"cuStreamWriteValue32", 1, 801)  # NOT_SUPPORTED
     s, t = ais.Stream(DEV), ais.Stream(DEV)
-    with caplog.at_level("DEBUG", logger="aiostream"):
-        s.record_event()
-        s.record_event()
+    with failing("cuStreamWriteValue32", code=NOT_SUPPORTED) as fault:
+        with caplog.at_level("DEBUG", logger="aiostream"):
+            s.record_event()
+            s.record_event()
+    assert fault.made == 1  # asked once: the device writes no values from then on
     said = "cuda:0: no cuStreamWriteValue32: events mark waits"
     assert caplog.messages.count(said) == 1, caplog.messages
     t.__cuda_stream__()  # handed out: its event waits get no host function
@@ -141,10 +154,20 @@ async def test_devices_that_write_no_values_wait_on_marker_events(
 
 NO_POOLS = """
 import gc, numpy as np, anyio, aiostream as ais
-from tests.helpers.stand_in import hurry
+from cuda.bindings import driver
+from aiostream._backends.cuda.driver import ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+from tests.helpers.gate import gate, sweep
 
 async def main():
-    s = ais.Stream("cuda:0")
+    # the device says it has no memory pools, as a driver without them does (the stand-in
+    # has none either, with FAKE_CUDA_NO_POOLS: a stream-ordered allocation would fail there)
+    real = driver.cuDeviceGetAttribute
+    def attribute(attr, device):
+        err, value = real(attr, device)
+        return (err, 0) if int(attr) == ATTRIBUTE_MEMORY_POOLS_SUPPORTED else (err, value)
+    driver.cuDeviceGetAttribute = attribute
+    s = ais.Stream("cuda:0")  # the device is opened
+    driver.cuDeviceGetAttribute = real
     up, down = ais.HostBuffer(4096, device="cuda:0"), ais.HostBuffer(4096, device="cuda:0")
     up.numpy()[:] = 9
     for _ in range(3):
@@ -163,16 +186,19 @@ async def main():
     from aiostream._backends.cuda.devices import MARKER_POOL
     streams = [ais.Stream("cuda:0") for _ in range(4)]
     bufs = [ais.DeviceBuffer(256, "cuda:0") for _ in range(50)]
+    releases = [gate(t) for t in streams]  # pending however slow the machine
     for t in streams:
-        ais.delay(60.0, stream=t)  # pending however slow the machine
+        ais.delay(0.001, stream=t)
         for b in bufs:
             b.record_stream(t)
     del b, bufs
     gc.collect()
     assert _backends.get("cuda").held(0)["events"] >= 200  # the frees wait for them
-    hurry()  # the kernels end now
+    for release in releases:  # the work goes on now
+        release()
     for t in streams:
         await t.synchronize()
+    sweep()  # the gates' words go back
     ais.DeviceBuffer(256, "cuda:0")  # an allocation frees what is done
     gc.collect()
     assert _backends.get("cuda").held(0)["events"] <= MARKER_POOL + 1
@@ -182,16 +208,14 @@ anyio.run(main)
 """
 
 
-@needs_stand_in
 def test_devices_without_memory_pools_allocate_and_free_in_order() -> None:
     proc = program(NO_POOLS, FAKE_CUDA_NO_POOLS="1")
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
 
 
-@needs_stand_in
-@pytest.mark.parametrize("failing", ["the query of its marker", "its free"])
+@pytest.mark.parametrize("what", ["the query of its marker", "its free"])
 def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
-    own_backend: Any, caplog: pytest.LogCaptureFixture, failing: str
+    own_backend: Any, caplog: pytest.LogCaptureFixture, what: str
 ) -> None:
     """A pinned buffer dropped while a copy used it is freed at the next allocation once the
     copy's marker is over, and the marker goes back to the pool. Where its context cannot be
@@ -207,23 +231,30 @@ def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
     dev = own_backend._devices[0]
     ((mem, marks),) = dev.freeing
     device_finishes()
-    pinned = FAKE.fake_cuda_live(PINNED)
-    assert FAKE.fake_cuda_fail_call(b"cuCtxPushCurrent", 1 if "query" in failing else 2, 999)
-    try:
-        ais.HostBuffer(N, device=DEV)  # an allocation reaps first; its own push succeeds
-    finally:
-        FAKE.fake_cuda_clear_error()
-    assert not dev.freeing
-    assert all(marker in dev.markers for _, marker in marks)  # back in the pool
-    del buf, s
-    gc.collect()
-    with caplog.at_level("WARNING", logger="aiostream"):
-        own_backend.close()
+    pinned = FAKE.fake_cuda_live(PINNED) if FAKE is not None else 0
+    with calls("cuMemFreeHost") as made:
+        with failing("cuCtxPushCurrent", 1 if "query" in what else 2) as fault:
+            ais.HostBuffer(N, device=DEV)  # an allocation reaps first; its own push succeeds
+        assert fault.failed
+        assert not dev.freeing
+        assert all(marker in dev.markers for _, marker in marks)  # back in the pool
+        del buf, s
+        gc.collect()
+        # the buffer's stream-ordered free is over: close finds no work pending, which would
+        # leave the sleep kernel's module to the exit (the exit would find it live)
+        device_finishes()
+        with caplog.at_level("WARNING", logger="aiostream"):
+            own_backend.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    if "query" in failing:
-        assert FAKE.fake_cuda_live(PINNED) == pinned - 1 and warnings == []
+    freed = [int(args[0]) for args, result in made["cuMemFreeHost"] if int(result[0]) == 0]
+    if "query" in what:
+        assert int(mem.ptr) in freed and warnings == []
+        if FAKE is not None:
+            assert FAKE.fake_cuda_live(PINNED) == pinned - 1
     else:
-        assert FAKE.fake_cuda_live(PINNED) == pinned  # given up: the exit frees it
+        assert int(mem.ptr) not in freed  # given up: the exit frees it
+        if FAKE is not None:
+            assert FAKE.fake_cuda_live(PINNED) == pinned
         with primary_context() as cu:  # as the exit would (the shared backend keeps the context)
             assert cu.cuMemFreeHost(mem.ptr) == (cu.CUresult.CUDA_SUCCESS,)
         assert warnings == [
@@ -244,7 +275,6 @@ def _a_capture_with_marker_events(o: dict[str, Any]) -> object:
         watcher.memops = True
 
 
-@needs_stand_in
 @pytest.mark.parametrize(
     "what", ["cuEventRecord (a stream's capture, without stream memory operations)"]
 )

@@ -19,7 +19,9 @@ import aiostream as ais
 from aiostream import _backends
 from tests.helpers.cuda import DEV, device_finishes
 from tests.helpers.deadlines import until
-from tests.helpers.stand_in import FAKE, hurry, needs_stand_in
+from tests.helpers.faults import calls, succeeded
+from tests.helpers.gate import gated, sweep
+from tests.helpers.stand_in import FAKE, PINNED
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -64,21 +66,22 @@ async def test_a_value_left_in_a_free_slot_is_not_read_as_its_next_mark(
     new mark's, whose wait would end before its work."""
     s = ais.Stream(DEV)
     await s.record_event().synchronize()  # the device's flag memory exists
-    ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)  # work that does not end soon
-    dev = _backends.get("cuda")._devices.get(0)  # type: ignore[attr-defined]
-    flags = dev.watcher.flags
-    with dev.lock:
-        coming = flags.values % 0xFFFFFFFF + 1  # the value the next mark takes
-        for chunk in flags.chunks:
-            for j in chunk.free:
-                chunk.flags[j] = coming  # as if written there 2**32 - 1 marks ago
-    e = s.record_event()
-    for strategy in ("poll", "thread", "callback"):
-        with anyio.move_on_after(0.02) as scope:
-            await e.synchronize(strategy=strategy)
-        assert scope.cancelled_caught, strategy  # still waiting: the work has not ended
-    assert not e.query()
-    hurry()
+    with gated(s) as release:
+        ais.delay(0.001, stream=s)  # work that does not end until the test releases it
+        dev = _backends.get("cuda")._devices.get(0)  # type: ignore[attr-defined]
+        flags = dev.watcher.flags
+        with dev.lock:
+            coming = flags.values % 0xFFFFFFFF + 1  # the value the next mark takes
+            for chunk in flags.chunks:
+                for j in chunk.free:
+                    chunk.flags[j] = coming  # as if written there 2**32 - 1 marks ago
+        e = s.record_event()
+        for strategy in ("poll", "thread", "callback"):
+            with anyio.move_on_after(0.02) as scope:
+                await e.synchronize(strategy=strategy)
+            assert scope.cancelled_caught, strategy  # still waiting: the work has not ended
+        assert not e.query()
+        release()
     with anyio.fail_after(5):
         await e.synchronize()
 
@@ -86,7 +89,6 @@ async def test_a_value_left_in_a_free_slot_is_not_read_as_its_next_mark(
 # ----------------------------------------------------------- flag memory
 
 
-@needs_stand_in
 async def test_flag_memory_shrinks_only_from_its_last_chunk_and_only_once_that_is_idle(
     anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,35 +99,40 @@ async def test_flag_memory_shrinks_only_from_its_last_chunk_and_only_once_that_i
     from aiostream._backends.cuda import watcher
 
     monkeypatch.setattr(watcher, "CHUNK", 4)  # this backend has no chunk yet
-    pinned = FAKE.fake_cuda_live(3)
+    pinned = FAKE.fake_cuda_live(PINNED) if FAKE is not None else 0
     quick, slow = ais.Stream(DEV), ais.Stream(DEV)
-    ais.delay(0.05, stream=quick)
-    first = [quick.record_event() for _ in range(4)]  # the first chunk's four slots
-    ais.delay(3600.0, stream=slow)
-    last = [slow.record_event() for _ in range(4)]  # the second chunk's
-    try:
+    with calls("cuMemHostAlloc", "cuMemFreeHost") as made:
+        with gated(slow):  # a word of pinned memory of the test's own, while held
+            ais.delay(0.05, stream=quick)
+            first = [quick.record_event() for _ in range(4)]  # the first chunk's four slots
+            ais.delay(0.001, stream=slow)  # held until the test releases it
+            last = [slow.record_event() for _ in range(4)]  # the second chunk's
+            with anyio.fail_after(5):
+                for e in first:
+                    await e.synchronize()
+            del first
+            gc.collect()
+            held = own_backend.held(0)  # after a sweep: the first chunk is idle, the last not
+            assert (held["chunks"], held["slots"]) == (2, 4), held
+            assert succeeded(made["cuMemHostAlloc"]) == 2 and made["cuMemFreeHost"] == []
+            if FAKE is not None:
+                assert FAKE.fake_cuda_live(PINNED) == pinned + 2 + 1  # the chunks, the gate's
         with anyio.fail_after(5):
-            for e in first:
+            for e in last:
                 await e.synchronize()
-        del first
+                assert e.query()
+        del last
         gc.collect()
-        held = own_backend.held(0)  # after a sweep: the first chunk is idle, the last is not
-        assert (held["chunks"], held["slots"]) == (2, 4), held
-        assert FAKE.fake_cuda_live(3) == pinned + 2
-    finally:
-        hurry()
-    with anyio.fail_after(5):
-        for e in last:
-            await e.synchronize()
-            assert e.query()
-    del last
-    gc.collect()
-    held = own_backend.held(0)
+        held = own_backend.held(0)
     assert (held["chunks"], held["slots"]) == (1, 0), held
-    assert FAKE.fake_cuda_live(3) == pinned + 1  # the second chunk went back to the driver
+    last_chunk = int(made["cuMemHostAlloc"][-1][1][1])  # the address the second call gave
+    assert [int(args[0]) for args, _ in made["cuMemFreeHost"]] == [last_chunk]
+    assert succeeded(made["cuMemFreeHost"]) == 1  # the second chunk went back to the driver
+    if FAKE is not None:
+        sweep()  # the gate's word is freed: the device has passed the gate
+        assert FAKE.fake_cuda_live(PINNED) == pinned + 1
 
 
-@needs_stand_in
 async def test_a_full_chunk_of_flags_takes_back_its_landed_slots_before_growing(
     anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -139,20 +146,17 @@ async def test_a_full_chunk_of_flags_takes_back_its_landed_slots_before_growing(
     ais.delay(0.001, stream=s)
     events = [s.record_event() for _ in range(4)]  # the chunk's four slots
     device_finishes()  # their values land; nothing of aiostream's looks
-    ais.delay(3600.0, stream=s)  # the fifth mark's value does not land during the test
-    try:
+    with gated(s):  # the fifth mark's value does not land while the gate holds
+        ais.delay(0.001, stream=s)
         fifth = s.record_event()
         held = own_backend.held(0)
         assert (held["chunks"], held["slots"]) == (1, 1), held
-    finally:
-        hurry()
     with anyio.fail_after(5):
         for e in [*events, fifth]:
             await e.synchronize()  # the events whose slots were taken back are complete
             assert e.query()
 
 
-@needs_stand_in
 async def test_a_new_backend_announces_callback_waits_with_a_host_function(
     anyio_backend: object, own_backend: Any
 ) -> None:
@@ -162,6 +166,7 @@ async def test_a_new_backend_announces_callback_waits_with_a_host_function(
     memory of four bytes a slot."""
     from cuda.bindings import driver
 
+    from aiostream._backends.cuda import watcher as watcher_module
     from aiostream._backends.cuda.watcher import CHUNK
 
     allocations = []
@@ -171,19 +176,31 @@ async def test_a_new_backend_announces_callback_waits_with_a_host_function(
         allocations.append((nbytes, flags))
         return alloc(nbytes, flags)
 
-    s = ais.Stream(DEV)
-    ais.delay(3600.0, stream=s)
-    calls = FAKE.fake_cuda_host_calls()
-    with pytest.MonkeyPatch.context() as patch:
+    with calls("cuGetProcAddress") as looked_up:
+        s = ais.Stream(DEV)  # the backend's first use of the device
+    assert [args[0] for args, _ in looked_up["cuGetProcAddress"]] == [b"cuLaunchHostFunc"]
+    watcher = own_backend._devices.get(0).watcher
+    launched: list[tuple[int, int, int]] = []
+    launch = watcher.launch
+
+    def launching(stream: int, fn: int, data: int) -> int:
+        launched.append((stream, fn, data))
+        return int(launch(stream, fn, data))
+
+    host_calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    with gated(s), pytest.MonkeyPatch.context() as patch:
+        ais.delay(0.001, stream=s)  # held until the gate is released
         patch.setattr(driver, "cuMemHostAlloc", spy)
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
-                await until(lambda: own_backend.held(0)["watched"], "the watcher to have the wait")
-                assert FAKE.fake_cuda_host_calls() - calls == 1
-                tg.cancel_scope.cancel()
-        finally:
-            hurry()
+        patch.setattr(watcher, "launch", launching)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
+            await until(lambda: own_backend.held(0)["watched"], "the watcher to have the wait")
+            (launch_args,) = launched  # libc's sem_post, of the watcher's semaphore
+            post = watcher_module.semaphores
+            assert post is not None and launch_args[1:] == (post.post_address, watcher.sem)
+            if FAKE is not None:
+                assert FAKE.fake_cuda_host_calls() - host_calls == 1
+            tg.cancel_scope.cancel()
     assert allocations == [(4 * CHUNK, 0x1 | 0x2)]  # PORTABLE | DEVICEMAP
     device_finishes()  # the cancelled wait's mark lands before the close
 

@@ -10,6 +10,7 @@ strategy waits is tested in ``tests/cuda/test_strategies.py``.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -18,7 +19,8 @@ import aiostream as ais
 from aiostream import _backends
 from tests.helpers.cuda import DEV
 from tests.helpers.deadlines import until
-from tests.helpers.stand_in import FAKE, hurry, needs_stand_in
+from tests.helpers.gate import gate
+from tests.helpers.stand_in import FAKE
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -32,7 +34,22 @@ def spin_budget(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
 # ------------------------------------------------------ hybrid's handoff
 
 
-@needs_stand_in
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """The host functions the shared backend's watcher of cuda:0 launches from now on (through
+    ctypes, not the bindings), each with its arguments: (stream, function, data)."""
+    watcher: Any = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
+    launched: list[tuple[int, int, int]] = []
+    launch = watcher.launch
+    assert launch is not None, "no cuLaunchHostFunc here: the watcher polls"
+
+    def spy(stream: int, fn: int, data: int) -> int:
+        launched.append((stream, fn, data))
+        return int(launch(stream, fn, data))
+
+    monkeypatch.setattr(watcher, "launch", spy)
+    return launched
+
+
 async def test_short_hybrid_waits_add_no_host_function(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -41,27 +58,33 @@ async def test_short_hybrid_waits_add_no_host_function(
     widened here, so that a loaded machine's slow loop turns do not make the waits long.)"""
     spin_budget(monkeypatch, 0.5)
     s = ais.Stream(DEV)
-    calls = FAKE.fake_cuda_host_calls()
+    s.record_event()  # the device is open: its watcher is there to spy on
+    launched = launches(monkeypatch)
+    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
     for _ in range(20):
         ais.delay(50e-6, stream=s)
         await s.synchronize(strategy="hybrid")
-    assert FAKE.fake_cuda_host_calls() == calls
+    assert launched == []
+    if FAKE is not None:
+        assert FAKE.fake_cuda_host_calls() == calls
 
 
-@needs_stand_in
 @pytest.mark.parametrize("strategy", ["hybrid", "callback"])
 async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
     """The mark after the host function lands only once the driver's thread has returned from
     it: the watcher, posted, keeps looking for it for a while, rather than at its next health
-    check, 50 ms later. (The stand-in's thread takes 8 ms to return here; hybrid hands the
-    wait over at once.)"""
+    check, 50 ms later. (The stand-in's thread takes 8 ms to return here, a GPU's driver its
+    own time; hybrid hands the wait over at once.)"""
     spin_budget(monkeypatch, 0.0)
     s = ais.Stream(DEV)
     s.__cuda_stream__()
+    s.record_event()  # the device is open: its watcher is there to spy on
+    launched = launches(monkeypatch)
     took = []
-    FAKE.fake_cuda_host_fn_return_delay(round(0.008e9))
+    if FAKE is not None:
+        FAKE.fake_cuda_host_fn_return_delay(round(0.008e9))
     try:
         for _ in range(5):
             start = time.monotonic()  # before the work: 1 ms at least, however late we run
@@ -71,7 +94,9 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
             took.append(time.monotonic() - start)
             assert s.query()
     finally:
-        FAKE.fake_cuda_host_fn_return_delay(0)
+        if FAKE is not None:
+            FAKE.fake_cuda_host_fn_return_delay(0)
+    assert len(launched) == 5  # each wait was announced by its host function
     took.sort()
     # Not before the kernel's 1 ms; and mostly well before the health check's 50 ms. A wait
     # may end before the 8 ms return: once the host function has begun (its post seen), the
@@ -106,10 +131,11 @@ async def test_a_record_after_an_announced_wait_is_complete(
             assert "id=" in repr(e)  # its handle named in a message is not handed out
             assert end.query() and e.query() and s.query()
             assert start.elapsed_time(end) >= 0.0
-            ais.delay(0.5, stream=s)  # the user's work after them: not complete (a 1 ms
-            later = s.record_event()  # kernel could end before the query, on a busy machine)
-            assert not (later.query() or s.query()) or FAKE is None
-            hurry()  # the stand-in ends it now; a GPU runs it out
+            release = gate(s)  # the user's work after them: not complete
+            ais.delay(0.001, stream=s)
+            later = s.record_event()
+            assert not (later.query() or s.query())
+            release()
             await s.synchronize(strategy=strategy)
     finally:
         if FAKE is not None:
@@ -133,13 +159,17 @@ async def test_a_record_after_others_work_is_not_complete(
     with anyio.fail_after(5):
         await foreign.synchronize(strategy=strategy)
     elsewhere = ais.Stream(DEV)
-    ais.delay(0.2, stream=elsewhere)
+    releases = [gate(elsewhere)]  # the work after it waits until the test releases it
+    ais.delay(0.001, stream=elsewhere)
     owner.record(elsewhere)  # the same CUDA event, recorded where the wrapper does not see
     assert not foreign.query()
     others = ais.ExternalStream(s.__cuda_stream__()[1], DEV)
-    ais.delay(0.2, stream=others)  # another library's work, unseen by s
+    releases.append(gate(others))
+    ais.delay(0.001, stream=others)  # another library's work, unseen by s
     after = s.record_event()
     assert not after.query() and not s.query()
+    for release in releases:
+        release()
     with anyio.fail_after(5):
         await after.synchronize()
         await foreign.synchronize()  # its latest record is owner's, on elsewhere
@@ -159,7 +189,8 @@ async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_o
 
     least = _waiting._COMPACT_MIN
     s = ais.Stream(DEV)
-    ais.delay(3600.0 if FAKE is not None else 2.0, stream=s)
+    release = gate(s)  # the work after it waits until the test releases it
+    ais.delay(0.001, stream=s)
     head = s.record_event()  # the long wait's, first in its stream's lane
     events = [s.record_event() for _ in range(least)]
     scopes = [anyio.CancelScope() for _ in events]
@@ -172,29 +203,32 @@ async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_o
     async def pending(n: int) -> None:
         await until(lambda: len(ais.pending_waits()) == n, f"{n} wait(s) pending")
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(wait, head, anyio.CancelScope())
-        await pending(1)
-        waiter = _waiting._waiter(_backends.get("cuda"), 0)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, head, anyio.CancelScope())
+            await pending(1)
+            waiter = _waiting._waiter(_backends.get("cuda"), 0)
 
-        def polled() -> int:
-            return sum(len(lane) for lane in waiter._lanes.values())  # type: ignore[attr-defined]
+            def polled() -> int:
+                return sum(len(lane) for lane in waiter._lanes.values())  # type: ignore[attr-defined]
 
-        for event, scope in zip(events, scopes, strict=True):
-            tg.start_soon(wait, event, scope)
-        await pending(1 + least)
-        assert polled() == 1 + least
-        for scope in scopes[:-1]:
-            scope.cancel()
-        await pending(2)
-        assert polled() == 1 + least  # least - 1 cancelled: kept a while
-        scopes[-1].cancel()
-        await pending(1)
-        assert polled() == 1  # least cancelled, more than the one pending: all dropped
-        tg.start_soon(wait, later, later_scope)  # and the count starts again
-        await pending(2)
-        later_scope.cancel()
-        await pending(1)
-        assert polled() == 2
-        hurry()
+            for event, scope in zip(events, scopes, strict=True):
+                tg.start_soon(wait, event, scope)
+            await pending(1 + least)
+            assert polled() == 1 + least
+            for scope in scopes[:-1]:
+                scope.cancel()
+            await pending(2)
+            assert polled() == 1 + least  # least - 1 cancelled: kept a while
+            scopes[-1].cancel()
+            await pending(1)
+            assert polled() == 1  # least cancelled, more than the one pending: all dropped
+            tg.start_soon(wait, later, later_scope)  # and the count starts again
+            await pending(2)
+            later_scope.cancel()
+            await pending(1)
+            assert polled() == 2
+            release()  # the long wait ends
+    finally:
+        release()
     assert s.query()

@@ -21,10 +21,11 @@ import pytest
 
 import aiostream as ais
 from aiostream import _backends
-from tests.helpers.cuda import DEV, device_finishes, held
+from tests.helpers.cuda import DEV, held, primary_context
 from tests.helpers.deadlines import deadline, until
+from tests.helpers.gate import gate, gated
 from tests.helpers.process import run_python
-from tests.helpers.stand_in import FAKE, hurry, needs_stand_in
+from tests.helpers.stand_in import FAKE, hurry
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -115,7 +116,6 @@ def test_without_posix_semaphores_the_watcher_polls_and_every_wait_ends(loop: st
     assert proc.stdout == "waited\n"
 
 
-@needs_stand_in
 def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -129,7 +129,8 @@ def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
     backend = _backends.get("cuda")
     s = ais.Stream(DEV)
     thread = backend._devices[0].watcher
-    ais.delay(3600.0, stream=s)
+    release = gate(s)  # the work after it waits until the test releases it
+    ais.delay(0.001, stream=s)
     first, second = s.record_event(), s.record_event()
     posts: list[int] = []
     post = watcher.semaphores.post
@@ -151,7 +152,7 @@ def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
     finally:
         for target in targets:
             target.release()
-        hurry()
+        release()
     s.synchronize_blocking()
 
 
@@ -169,24 +170,48 @@ async def test_the_watcher_polls_from_50us_backing_off_to_2ms(
     hurry()  # waits earlier tests left watched (cancelled ones linger) end and are dropped
     await until(lambda: not held()["watched"], "the waits earlier tests left watched to be dropped")
     s = ais.Stream(DEV)
-    ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)
 
     async def wait() -> None:
         await s.synchronize(strategy=strategy)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(wait)
-        await until(lambda: held()["watched"], "the watcher to have the wait")
-        with watcher.lock:
-            since = watcher.progress_at
-            if strategy == "callback":  # past a chase: a post (an earlier test's host
-                since = max(since, watcher.chase_until)  # function, late) starts one
-            sleeps = [watcher._timeout(since + quiet) for quiet in (0.0, 0.004, 1.0, 60.0)]
-        tg.cancel_scope.cancel()
+    with gated(s):  # the work after it waits until the block ends
+        ais.delay(0.001, stream=s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await until(lambda: held()["watched"], "the watcher to have the wait")
+            with watcher.lock:
+                since = watcher.progress_at
+                if strategy == "callback":  # past a chase: a post (an earlier test's host
+                    since = max(since, watcher.chase_until)  # function, late) starts one
+                sleeps = [watcher._timeout(since + quiet) for quiet in (0.0, 0.004, 1.0, 60.0)]
+            tg.cancel_scope.cancel()
     if strategy == "thread":
         assert sleeps == pytest.approx([50e-6, 1e-3, 2e-3, 2e-3], rel=1e-6)
     else:
         assert sleeps == [0.05] * 4
+
+
+def launches(watcher: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """The host functions ``watcher`` launches from now on (through ctypes, not the
+    bindings), each with its arguments: (stream, function, data)."""
+    launched: list[tuple[int, int, int]] = []
+    launch = watcher.launch
+    assert launch is not None, "no cuLaunchHostFunc here: the watcher polls"
+
+    def spy(stream: int, fn: int, data: int) -> int:
+        launched.append((stream, fn, data))
+        return int(launch(stream, fn, data))
+
+    monkeypatch.setattr(watcher, "launch", spy)
+    return launched
+
+
+def idle(s: ais.Stream) -> bool:
+    """Whether ``s`` has no work pending, as the driver says to a user's own call (none of
+    aiostream's: the backend learns nothing of it)."""
+    with primary_context() as cu:
+        (err,) = cu.cuStreamQuery(cu.CUstream(s.stream_id))
+    return int(err) == 0
 
 
 @pytest.mark.parametrize("strategy", sorted(ais._waiting.WAKE))
@@ -201,9 +226,11 @@ async def test_host_functions_wake_the_watcher(
     monkeypatch.setattr(watcher, "HEALTH_S", 3600.0)  # its sweeps while waits are watched
     backend: Any = _backends.get("cuda")
     s = ais.Stream(DEV)
+    launched = launches(backend._devices.get(0).watcher, monkeypatch)
     calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
     for _ in range(5):
-        ais.delay(3600.0 if FAKE is not None else 0.05, stream=s)  # ends when the test says
+        release = gate(s)
+        ais.delay(0.001, stream=s)  # ends when the test says
         finished: list[bool] = []
 
         async def wait(finished: list[bool] = finished) -> None:
@@ -217,13 +244,14 @@ async def test_host_functions_wake_the_watcher(
                 "the watcher to have the wait (hybrid: after 1 ms)",
                 seconds=10,
             )
-            hurry()  # the work ends now (on a GPU, in its time)
+            release()  # the work ends now
             await until(
                 lambda finished=finished: finished,
                 "the wait to end once its work did (left to the sweep, it would take an hour)",
                 seconds=10,
             )
         assert s.query()
+    assert len(launched) == 5  # each wait was announced by its host function
     if FAKE is not None:
         assert FAKE.fake_cuda_host_calls() - calls == 5
 
@@ -246,57 +274,54 @@ def watcher_module() -> Any:
     return watcher
 
 
-@needs_stand_in
 async def test_waits_a_sweep_off_the_thread_finds_complete_are_called_back_by_the_thread(
     anyio_backend: object, own_backend: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sweep made off the watcher's thread (for a full chunk of flags, or a count of what is
     held) may find watched waits complete: it leaves their callbacks to the thread and wakes
     it, and the waits end then, not at the thread's next look. Here the thread would look
-    again only after 30 s, and the host function that announces the wait runs 30 s late."""
+    again only after 30 s, and the host function that announces the wait never runs (the
+    watcher's launcher launches nothing: as a host function the driver runs late)."""
     from aiostream._backends.cuda import watcher
 
     monkeypatch.setattr(watcher, "HEALTH_S", 30.0)
-    FAKE.fake_cuda_host_fn_delay(round(30e9))
     done = []
+    launched: list[tuple[int, int, int]] = []
+
+    def launch_nothing(stream: int, fn: int, data: int) -> int:
+        launched.append((stream, fn, data))
+        return 0  # CUDA_SUCCESS: as if launched, and never run
 
     async def wait(s: ais.Stream) -> None:
         await s.synchronize(strategy="callback")
         done.append(time.monotonic())
 
-    try:
-        s = ais.Stream(DEV)
-        # a kernel that ends when the test says: the watcher has the wait before its mark lands
-        # (a short one may end first on a busy machine, and the wait then takes the fast path)
-        ais.delay(30, stream=s)
+    s = ais.Stream(DEV)
+    thread = own_backend._devices.get(0).watcher
+    monkeypatch.setattr(thread, "launch", launch_nothing)
+    # work that ends when the test says: the watcher has the wait before its mark lands (a
+    # short kernel may end first on a busy machine, and the wait then takes the fast path)
+    with gated(s) as release:
+        ais.delay(0.001, stream=s)
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait, s)
             await until(lambda: own_backend.held(0)["watched"], "the watcher to have the wait")
+            assert len(launched) == 1  # announced: the wait is not polled
             # the thread asleep on its 30 s timer, no wake-up of it pending (on a busy machine
             # it may take the post that watching the wait sent only now: it would then find
             # the mark landed on its own)
-            thread = own_backend._devices.get(0).watcher
             await until(
                 functools.partial(_asleep_for_long, thread, []),
                 "the watcher thread asleep on its 30 s timer, no post pending",
             )
-            # the kernel ends and the mark lands, and no one looks; the host function, due 30 s
-            # after the kernel, stays late
-            FAKE.fake_cuda_hurry_within(round(45e9))
-            await until(
-                lambda: FAKE.fake_cuda_pending() <= 1,
-                "the stand-in to complete the kernel and the mark, all but the late host function",
-            )
+            # the kernel ends and the mark lands, and no one looks; no host function posts
+            release()
+            await until(lambda: idle(s), "the device to complete the kernel and the mark")
             assert not done
             own_backend.held(0)  # a sweep off the thread
             await until(lambda: done, "the wait to end, called back by the thread the sweep woke")
-    finally:
-        FAKE.fake_cuda_host_fn_delay(0)
-        hurry()
-    device_finishes()  # the late host function runs before the close
 
 
-@needs_stand_in
 async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mark(
     anyio_backend: object,
 ) -> None:
@@ -306,9 +331,9 @@ async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mar
     watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
     s = ais.Stream(DEV)
     s.__cuda_stream__()
-    ais.delay(3600.0, stream=s)
     before = watcher.ahead
-    try:
+    with gated(s):  # the work after it waits until the block ends
+        ais.delay(0.001, stream=s)
         async with anyio.create_task_group() as tg:
             for _ in range(2):
                 tg.start_soon(functools.partial(s.synchronize, strategy="callback"))
@@ -319,8 +344,6 @@ async def test_the_watcher_counts_the_watched_waits_announced_ahead_of_their_mar
             await anyio.sleep(0.01)
             assert watcher.ahead == before + 2
             tg.cancel_scope.cancel()
-    finally:
-        hurry()
     assert watcher.ahead == before
 
 
@@ -336,12 +359,13 @@ async def test_a_slot_left_draining_while_the_watcher_sleeps_is_freed_once_it_la
 
     watcher = own_backend._devices.get(0).watcher
     s = ais.Stream(DEV)
-    ais.delay(3600.0 if FAKE is not None else 0.2, stream=s)  # outlasts the wait's start
+    release = gate(s)
+    ais.delay(0.001, stream=s)  # outlasts the wait's start: held until the test releases it
     first = functools.partial(s.record_event().synchronize, strategy="thread")
     async with anyio.create_task_group() as tg:
         tg.start_soon(first)
         await until(lambda: watcher.thread is not None, "the watcher thread to start")
-        hurry()  # the kernel ends: the watcher runs; slot 0 is free
+        release()  # the kernel ends: the watcher runs; slot 0 is free
     gc.collect()
     if not watcher.memops:
         pytest.skip("this device writes no values (its marks are marker events): no slots")
@@ -356,18 +380,19 @@ async def test_a_slot_left_draining_while_the_watcher_sleeps_is_freed_once_it_la
         await anyio.sleep(0.05)
         assert watcher.sleeping_until == float("inf")
     t = ais.Stream(DEV)  # waited on by nobody: a record on it launches no host function
-    ais.delay(3600.0 if FAKE is not None else 0.2, stream=t)
-    e = t.record_event()  # held by the record only: nothing watched, nothing posted
-    assert watcher.sleeping_until == float("inf")
-    slot = e._handle.mark.slot
-    assert slot == 0 and used() == 1
-    del e
-    gc.collect()  # the record's hold goes before the value landed: the slot drains
-    assert used() == 1
-    hurry()  # the kernel ends now (on a GPU, in its time)
-    with anyio.fail_after(4 * DRAIN_S + (0.0 if FAKE is not None else 0.2)):
-        while used():
-            await anyio.sleep(0.005)
+    with gated(t) as release:
+        ais.delay(0.001, stream=t)  # held until the test releases it
+        e = t.record_event()  # held by the record only: nothing watched, nothing posted
+        assert watcher.sleeping_until == float("inf")
+        slot = e._handle.mark.slot
+        assert slot == 0 and used() == 1
+        del e
+        gc.collect()  # the record's hold goes before the value landed: the slot drains
+        assert used() == 1
+        release()  # the kernel ends now
+        with anyio.fail_after(4 * DRAIN_S):
+            while used():
+                await anyio.sleep(0.005)
 
 
 # ------------------------------------------------ words that say nothing

@@ -18,6 +18,8 @@ import pytest
 import aiostream as ais
 from tests.helpers.cuda import DEV, device_finishes, primary_context
 from tests.helpers.deadlines import until
+from tests.helpers.faults import failing
+from tests.helpers.gate import gated
 from tests.helpers.process import in_spawned_process
 from tests.helpers.stand_in import FAKE, hurry, needs_stand_in, take_violations
 
@@ -72,32 +74,30 @@ async def test_the_default_stream_is_submitted_to_by_others_unseen(
 # ------------------------------------------------ events recorded unseen
 
 
-@needs_stand_in
 async def test_elapsed_time_that_waits_out_a_host_function_checks_that_wait(
     anyio_backend: object,
 ) -> None:
-    """``elapsed_time`` on an event recorded right after an announced wait waits, in the
-    driver, for the host function before it to return (``cuEventSynchronize``); where that
-    call fails, the error names it, its device and code."""
+    """``elapsed_time`` on an event recorded right after an announced wait, complete but
+    for the host function before it, still returning (the driver answers
+    ``CUDA_ERROR_NOT_READY``, injected here at the bindings), waits for it in the driver
+    (``cuEventSynchronize``); where that call fails, the error names it, its device and
+    code."""
     s = ais.Stream(DEV)
     start = ais.Event(DEV, enable_timing=True)
-    # returning still, however late a loaded machine runs this test (0.3 s was not enough)
-    FAKE.fake_cuda_host_fn_return_delay(round(2e9))
-    try:
-        start.record(s)
-        ais.delay(0.3, stream=s)  # pending when the wait begins: it is announced, busy or not
-        with anyio.fail_after(5):
-            await s.record_event().synchronize(strategy="callback")
-        end = s.record_event(ais.Event(DEV, enable_timing=True))
-        assert FAKE.fake_cuda_fail_call(b"cuEventSynchronize", 1, 999)
+    start.record(s)
+    ais.delay(0.3, stream=s)  # pending when the wait begins: it is announced, busy or not
+    with anyio.fail_after(5):
+        await s.record_event().synchronize(strategy="callback")
+    end = s.record_event(ais.Event(DEV, enable_timing=True))
+    with anyio.fail_after(5):
+        await end.synchronize()
+    with failing("cuEventElapsedTime", code=600), failing("cuEventSynchronize") as fault:
         with pytest.raises(ais.CudaError) as info:
             start.elapsed_time(end)
-        assert str(info.value).startswith(
-            "cuEventSynchronize failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
-        ), info.value
-    finally:
-        FAKE.fake_cuda_clear_error()
-        FAKE.fake_cuda_host_fn_return_delay(0)
+    assert fault.failed
+    assert str(info.value).startswith(
+        "cuEventSynchronize failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+    ), info.value
     assert start.elapsed_time(end) >= 0.0
 
 
@@ -205,14 +205,12 @@ async def test_a_buffer_shared_after_an_announced_wait_leaves_its_stream_busy(
     with anyio.fail_after(5):
         await s.synchronize(strategy="callback")
     assert s.query()
-    ais.delay(3600.0 if FAKE is not None else 0.5, stream=t)
-    buf.record_stream(t)  # t's work so far uses the buffer
-    try:
+    with gated(t):  # t's work ends when the test says
+        ais.delay(0.001, stream=t)
+        buf.record_stream(t)  # t's work so far uses the buffer
         with ais.use_stream(s):
             buf.ipc_handle()
         assert not s.query()
-    finally:
-        hurry()
     with anyio.fail_after(5):
         await s.synchronize()
 
@@ -231,21 +229,22 @@ def _open_after_an_announced_wait(handle: bytes, out: Any) -> None:
         with ais.use_stream(s):  # s waits for the exporter's event
             buf = ais.DeviceBuffer.from_ipc_handle(DEV, handle)
         # the stand-in's thread waited for the exporter's work here; a GPU's stream waits on
-        # the device, busy till it completes, as cuStreamQuery says now
-        FAKE.fake_cuda_fail_call(b"cuStreamQuery", 1, 600)  # CUDA_ERROR_NOT_READY
-        busy = not s.query()
+        # the device, busy till it completes, as cuStreamQuery says now (injected at the
+        # bindings: the query must reach the driver)
+        with failing("cuStreamQuery", code=600) as fault:  # CUDA_ERROR_NOT_READY
+            busy = not s.query()
+        busy = busy and fault.failed
         del buf
         return announced, busy
 
     try:
         announced, busy = anyio.run(main)
         gc.collect()
-        out.put((announced, busy, take_violations()))
+        out.put((announced, busy, take_violations() if FAKE is not None else (0, "")))
     except BaseException as exc:  # reported to the parent, which fails the test with it
         out.put((type(exc).__name__, str(exc), None))
 
 
-@needs_stand_in  # CUDA_ERROR_NOT_READY asked of it: its own wait is on the host
 def test_a_buffer_opened_after_an_announced_wait_leaves_the_stream_busy() -> None:
     """Opening another process's buffer puts a wait for its work on the current stream: the
     user's work, which an announced wait before it does not cover (the stream is busy until

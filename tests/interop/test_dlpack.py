@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import aiostream as ais
-from tests.helpers.stand_in import OK, needs_stand_in, touch
+from tests.helpers.stand_in import OK
 
 needs_cuda = pytest.mark.cuda
 DEV = "cuda:0"
@@ -442,23 +442,36 @@ async def test_cuda_the_producer_is_released_only_after_the_work_that_used_it(
     assert exports.pending() == 0
 
 
-@needs_stand_in
+@needs_cuda
 async def test_cuda_the_producer_is_released_after_the_consumer_stream_s_work(
     anyio_backend: Any,
     exports: Exports,
 ) -> None:
-    """A kernel of another library on the stream given to from_dlpack uses the memory: the
-    producer's memory is released only after it, though aiostream never saw that kernel."""
+    """Work of another library on the stream given to from_dlpack uses the memory (a copy
+    from it, made by its own driver call, held by a gate): the producer's memory is released
+    only after it, though aiostream never saw that work, which reads the producer's bytes."""
+    from tests.helpers.cuda import primary_context
+    from tests.helpers.gate import gated, sweep
+
     mine = ais.Stream(DEV)
     wrapped = ais.from_dlpack(_Producer(filled([3, 4], DEV)), stream=mine)
-    touch(mine, wrapped.__cuda_array_interface__["data"][0], 8, seconds=0.3)
-    del wrapped
-    gc.collect()
-    ais.DeviceBuffer(1, DEV)  # an allocation frees what may be freed
-    assert exports.pending() == 1  # the kernel still reads it
+    out = ais.HostBuffer(8, device=DEV)
+    with gated(mine):
+        with primary_context() as cu:  # the other library's work, which reads it
+            address = wrapped.__cuda_array_interface__["data"][0]
+            copied = cu.cuMemcpyDtoHAsync(
+                out.numpy().ctypes.data, cu.CUdeviceptr(address), 8, cu.CUstream(mine.stream_id)
+            )
+        assert copied == (cu.CUresult.CUDA_SUCCESS,)
+        del wrapped
+        gc.collect()
+        ais.DeviceBuffer(1, DEV)  # an allocation frees what may be freed
+        assert exports.pending() == 1  # the work still reads it
     await mine.synchronize()
+    assert sweep() == 0  # the gate's word is freed (the tests here reset contexts)
     exports.settle()
     assert exports.pending() == 0
+    assert out.numpy(np.float32).tolist() == [3, 4]
 
 
 @needs_cuda

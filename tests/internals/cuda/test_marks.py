@@ -259,41 +259,42 @@ class _Counting:
         return call
 
 
-@needs_stand_in
 async def test_a_peek_reads_the_mark_its_wait_captured(anyio_backend: object) -> None:
     """``Target.peek`` (the loop's look during a wait's check budget) reads the flag of the
     mark the wait took, with no driver call: an event recorded again after more work does
     not move it, and a wait on another library's event, which only ``cuEventQuery``
-    answers, cannot be peeked at (None)."""
+    answers, cannot be peeked at (None). (Gates hold each record's work.)"""
     backend = _backends.get("cuda")
     s = ais.Stream(DEV)
     e = ais.Event(DEV)
-    ais.delay(0.02, stream=s)
-    e.record(s)
-    target = backend.event_capture(ais._objects.handle(e), False)
-    drv = backend._drv  # type: ignore[attr-defined]
     calls: list[str] = []
-
-    def peek() -> bool | None:
-        """``target.peek()``, the driver calls made meanwhile noted."""
-        cu = drv.cu
-        drv.cu = _Counting(cu, calls)
-        try:
-            return target.peek()
-        finally:
-            drv.cu = cu
-
-    try:
-        assert peek() is False
-        ais.delay(30.0, stream=s)  # recorded again after a kernel that does not end
+    with gated(s) as release_first:
+        ais.delay(0.001, stream=s)
         e.record(s)
-        await until(lambda: peek() is True, "the first record's mark to land")
-        assert not e.query()  # the event's latest record has not completed
-        assert calls == []
-        foreign = ais.as_event(e.event_id, DEV)
-        other = backend.event_capture(ais._objects.handle(foreign), False)
-        assert other.peek() is None
-        other.release()
-    finally:
-        target.release()
-        hurry()
+        target = backend.event_capture(ais._objects.handle(e), False)
+        drv = backend._drv  # type: ignore[attr-defined]
+
+        def peek() -> bool | None:
+            """``target.peek()``, the driver calls made meanwhile noted."""
+            cu = drv.cu
+            drv.cu = _Counting(cu, calls)
+            try:
+                return target.peek()
+            finally:
+                drv.cu = cu
+
+        try:
+            assert peek() is False
+            with gated(s):
+                ais.delay(0.001, stream=s)
+                e.record(s)  # recorded again behind work still held
+                release_first()
+                await until(lambda: peek() is True, "the first record's mark to land")
+                assert not e.query()  # the event's latest record has not completed
+                assert calls == []
+                foreign = ais.as_event(e.event_id, DEV)
+                other = backend.event_capture(ais._objects.handle(foreign), False)
+                assert other.peek() is None
+                other.release()
+        finally:
+            target.release()

@@ -27,9 +27,11 @@ while a gate's word lives.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -66,6 +68,26 @@ class _Word:
 
 _lock = threading.Lock()
 _words: list[_Word] = []  # not freed yet: held, released, or passed since the last sweep
+_exit_registered = False
+
+
+def _at_exit() -> None:
+    """Before aiostream's backend closes at exit and its context is reset: every gate
+    released and, once the device has passed it (a second at most), its word freed, so
+    that no word is left to the reset (which would count it leaked)."""
+    release_all()
+    deadline = time.monotonic() + 1.0
+    while sweep() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _register_exit() -> None:
+    """atexit runs the last registered first: registered at the first gate, after aiostream
+    registered its backend's close (the stream exists), ``_at_exit`` runs before it."""
+    global _exit_registered
+    if not _exit_registered:
+        _exit_registered = True
+        atexit.register(_at_exit)
 
 
 def _ok(result: tuple[Any, ...], call: str, index: int) -> Any:
@@ -95,6 +117,7 @@ def gate(stream: ais.Stream) -> Callable[[], None]:
             "wait there would hold every blocking stream of the context"
         )
     index = stream.device_index
+    _register_exit()
     sweep()
     with primary_context(index) as cu:
         device = _ok(cu.cuDeviceGet(index), "cuDeviceGet", index)

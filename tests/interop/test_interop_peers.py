@@ -28,8 +28,9 @@ import aiostream as ais
 from aiostream.testing import VirtualTime
 from tests.helpers.cuda import primary_context
 from tests.helpers.deadlines import until
+from tests.helpers.gate import gate, gated
 from tests.helpers.process import ROOT, in_spawned_process, run_python
-from tests.helpers.stand_in import FAKE, hurry, take_violations
+from tests.helpers.stand_in import take_violations
 
 needs_cuda = pytest.mark.cuda
 DEV = "cuda:0"
@@ -137,18 +138,17 @@ async def test_cuda_every_peer_event_is_awaited_without_being_owned(anyio_backen
     for name, peer in peers.items():
         wrapped = ais.as_event(peer)
         assert wrapped.event_id == handle and wrapped.device == ais.Device("cuda", 0), name
-        ais.delay(3600.0 if FAKE is not None else 0.5, stream=s)  # ends when the test says
-        owner.record(s)  # the peer's event, recorded by its owner (not through the wrapper)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(wrapped.synchronize)
-            await until(ais.pending_waits, "the wait on the wrapped event to begin")
-            # named by its handle alone: no record of aiostream's yet
-            assert [w.subject for w in ais.pending_waits()] == [f"event {handle}"], name
-            hurry()  # the owner's record completes now (on a GPU, in its time): so does the wait
-        ais.delay(3600.0 if FAKE is not None else 0.5, stream=s)  # ends when the test says
-        wrapped.record(s)  # records the peer's own event
-        assert not owner.query(), name
-        hurry()
+        with gated(s) as release:  # the owner's record is held until the test says
+            owner.record(s)  # the peer's event, recorded by its owner (not through the wrapper)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wrapped.synchronize)
+                await until(ais.pending_waits, "the wait on the wrapped event to begin")
+                # named by its handle alone: no record of aiostream's yet
+                assert [w.subject for w in ais.pending_waits()] == [f"event {handle}"], name
+                release()  # the owner's record completes now: so does the wait
+        with gated(s):
+            wrapped.record(s)  # records the peer's own event
+            assert not owner.query(), name
         await wrapped.synchronize()
         assert owner.query(), name
         # its flags are unknown: not shareable, and named by its handle alone
@@ -419,16 +419,16 @@ else:
 @needs_cuda
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
 def test_cuda_a_buffer_handed_to_another_process_in_stream_order(loop: str) -> None:
-    """The exporter's copy waits behind a long kernel; the child opens the buffer meanwhile and
+    """The exporter's copy is held on its stream; the child opens the buffer meanwhile and
     reads the data only once the copy has landed: its stream waited for the exporter's event
-    (on the stand-in, the kernel is ended once the child is under way). The exported buffer
+    (a gate holds it until the child is under way). The exported buffer
     lives until the child is done, and the child leaves nothing open."""
     pytest.importorskip(loop if loop != "asyncio" else "anyio")
     s = ais.Stream(DEV)
     host = ais.HostBuffer(16, device=DEV)
     host.numpy(np.float32)[:] = [1, 2, 3, 4]
     shared = ais.DeviceBuffer(16, DEV, interprocess=True)
-    ais.delay(60.0 if FAKE is not None else 0.5, stream=s)
+    release = gate(s)  # the exporter's copy is held until the child is under way
     ais.copy_async(shared, host, stream=s)
     handle = shared.ipc_handle()
     assert not s.query()  # no host wait
@@ -444,9 +444,10 @@ def test_cuda_a_buffer_handed_to_another_process_in_stream_order(loop: str) -> N
         assert child.stdout is not None
         assert child.stdout.readline() == "ready\n"
         time.sleep(0.5)  # the child opens the buffer and copies from it meanwhile
-        hurry()  # the exporter's kernel ends: its copy lands
+        release()  # the exporter's copy lands
         out, err = child.communicate(timeout=120)
     finally:
+        release()
         if child.poll() is None:
             child.kill()
     assert child.returncode == 0, err[-3000:]

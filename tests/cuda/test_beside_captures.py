@@ -18,14 +18,10 @@ import aiostream as ais
 from tests.helpers.capture import MODES, ForeignCapture
 from tests.helpers.cuda import DEV, primary_context
 from tests.helpers.deadlines import until
+from tests.helpers.gate import gate
 from tests.helpers.protocol import STRATEGIES
-from tests.helpers.stand_in import FAKE, hurry
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
-
-#: seconds of the kernel the waits pend behind: ended early by the stand-in's hurry(); a
-#: GPU runs it out
-HELD = 30.0 if FAKE is not None else 1.0
 
 
 @pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
@@ -33,14 +29,15 @@ HELD = 30.0 if FAKE is not None else 1.0
 async def test_a_capture_on_another_thread_beside_100_pending_waits(
     anyio_backend: object, strategy: str, mode: str
 ) -> None:
-    """100 waits pending on 10 streams (ten records a stream, behind a kernel that outlasts
-    the capture) while another thread captures for 0.3 s: the capture ends with a graph that
-    runs, and 100 of 100 waits complete, each after its own work, once the kernels end."""
+    """100 waits pending on 10 streams (ten records a stream, behind a gate held past the
+    capture) while another thread captures for 0.3 s: the capture ends with a graph that
+    runs, and 100 of 100 waits complete, each after its own work, once the gates let it go."""
     ais.set_wait_strategy(strategy)
     streams = [ais.Stream(DEV) for _ in range(10)]
     events = []
+    releases = []
     for s in streams:
-        ais.delay(HELD, stream=s)  # all 100 pend, however slowly a loaded machine runs
+        releases.append(gate(s))  # all 100 pend, however slowly a loaded machine runs
         for _ in range(10):
             ais.delay(0.001, stream=s)
             events.append(s.record_event())
@@ -51,14 +48,19 @@ async def test_a_capture_on_another_thread_beside_100_pending_waits(
         assert e.query()  # its work is done: the wait ended for it, not for a capture
         completed.append(e)
 
-    async with anyio.create_task_group() as tg:
-        for e in events:
-            tg.start_soon(wait, e)
-        await until(lambda: len(ais.pending_waits()) == 100, "the waits to be pending")
-        with ForeignCapture(mode) as capture:
-            await anyio.sleep(0.3)  # the watcher's looks and the loop's queries go on
-            assert completed == []  # every wait still pends at the capture's end
-        hurry()  # the kernels end now (on a GPU: after their second)
+    try:
+        async with anyio.create_task_group() as tg:
+            for e in events:
+                tg.start_soon(wait, e)
+            await until(lambda: len(ais.pending_waits()) == 100, "the waits to be pending")
+            with ForeignCapture(mode) as capture:
+                await anyio.sleep(0.3)  # the watcher's looks and the loop's queries go on
+                assert completed == []  # every wait still pends at the capture's end
+            for release in releases:  # the work goes on now, after the capture's end
+                release()
+    finally:
+        for release in releases:
+            release()
     assert (capture.end_code, capture.refused) == (0, 0)
     assert capture.nodes == capture.captured >= 1 and capture.launched
     assert len(completed) == 100 and ais.pending_waits() == []

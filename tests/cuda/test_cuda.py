@@ -3,8 +3,10 @@ streams and events, events and their timing, driver errors and sticky device fai
 wait strategy, copies, the loader, and the names ``python -m aiostream info`` gives devices.
 
 Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver
-(``tests/fake_cuda``); without either, every test here skips and says why. Tests that use the
-stand-in's hooks (fault injection, handle counts) skip on a real GPU.
+(``tests/fake_cuda``); without either, every test here skips and says why. Work held pending
+is held by a gate (``tests/helpers/gate.py``) and the driver calls aiostream makes are seen
+through a spy of the bindings (``tests/helpers/faults.py``), on any driver; the tests that
+inject a fault only the stand-in can (a kernel failing on the device) skip on a real GPU.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import numpy as np
 import pytest
 
 import aiostream as ais
+from tests.helpers import gate as gates
 from tests.helpers.cuda import device_finishes
-from tests.helpers.deadlines import deadline, until
+from tests.helpers.deadlines import deadline, until, until_blocking
+from tests.helpers.faults import calls, failing, succeeded
+from tests.helpers.gate import gate, gated
 from tests.helpers.protocol import ANNOUNCED, STRATEGIES, backend
-from tests.helpers.stand_in import EVENTS, FAKE, MODULES, STREAMS, hurry, needs_stand_in
+from tests.helpers.stand_in import EVENTS, FAKE, MODULES, STREAMS, hurry
 
 pytestmark = pytest.mark.cuda
 
@@ -41,8 +46,14 @@ def fake() -> Iterator[Any]:
 
 @pytest.fixture(autouse=True)
 def default_strategy() -> Iterator[None]:
+    """The default wait strategy comes back after each test, and the gates it used go: each
+    released (a test that left one held fails), and its word freed once the device passed it
+    (a word left at exit is a leak the stand-in reports)."""
     yield
     ais.set_wait_strategy(None)
+    left_held = gates.release_all()
+    until_blocking(lambda: gates.sweep() == 0, "the device to pass the gates released")
+    assert not left_held, f"the test left {left_held} gate(s) held: use gated(), or release"
 
 
 # ---------------------------------------------------------------------- detection and streams
@@ -60,11 +71,11 @@ def test_each_device_keeps_to_its_own_work() -> None:
     s0, s1 = ais.Stream(DEV), ais.Stream("cuda:1")
     with pytest.raises(ValueError, match="cannot record an event of cuda:0 on a stream of cuda:1"):
         ais.Event(DEV).record(s1)
-    ais.delay(0.5, stream=s1)  # still running when queried, on a busy machine too
-    e1 = s1.record_event()
-    assert e1.device == ais.Device("cuda", 1) and not e1.query()
-    assert s0.query()  # work on cuda:1 is not on cuda:0's streams
-    hurry()  # the stand-in ends it now; a GPU runs it out
+    with gated(s1):  # still pending when queried
+        ais.delay(0.001, stream=s1)
+        e1 = s1.record_event()
+        assert e1.device == ais.Device("cuda", 1) and not e1.query()
+        assert s0.query()  # work on cuda:1 is not on cuda:0's streams
     e1.synchronize_blocking()
     assert ais.default_stream("cuda:1") != ais.default_stream(DEV)
 
@@ -107,14 +118,21 @@ def test_priorities_reach_the_driver() -> None:
     assert default.priority == ais.ExternalStream(default.stream_id, DEV).priority == 0
 
 
-@needs_stand_in
 def test_delay_takes_one_thread_of_the_device() -> None:
     """``delay`` launches its sleep kernel as one block of one thread, with no shared memory:
     the least of the device a kernel can take, so that it delays its stream and little else."""
-    launch = (ctypes.c_uint * 7)()
-    ais.delay(0.001, stream=ais.Stream(DEV))
-    FAKE.fake_cuda_last_launch(launch)
-    assert list(launch) == [1, 1, 1, 1, 1, 1, 0]
+    s = ais.Stream(DEV)
+    with calls("cuLaunchKernel") as made:
+        ais.delay(0.001, stream=s)
+    [(args, result)] = made["cuLaunchKernel"]
+    assert int(result[0]) == 0
+    # (f, grid x y z, block x y z, shared memory bytes, stream, parameters, extra)
+    assert [int(n) for n in args[1:8]] == [1, 1, 1, 1, 1, 1, 0]
+    if FAKE is not None:
+        launch = (ctypes.c_uint * 7)()
+        FAKE.fake_cuda_last_launch(launch)
+        assert list(launch) == [1, 1, 1, 1, 1, 1, 0]
+    s.synchronize_blocking()
 
 
 def test_cuda_stream_protocol_and_external_streams() -> None:
@@ -226,8 +244,8 @@ async def test_events_time_device_work(anyio_backend: object) -> None:
     assert 20.0 <= start.elapsed_time(end) < 20.5
 
 
-@needs_stand_in
 def test_event_options_are_the_drivers_flags() -> None:
+    """Each event option is the driver's flag the event is made with (``cuEventCreate``)."""
     s = ais.Stream(DEV)
     blocking, disable_timing, interprocess = 1, 2, 4  # CU_EVENT_*
     for kwargs, flags in (
@@ -237,9 +255,17 @@ def test_event_options_are_the_drivers_flags() -> None:
         ({"blocking": True, "enable_timing": True}, blocking),
         ({"interprocess": True}, interprocess | disable_timing),
     ):
-        e = ais.Event(DEV, **kwargs)
-        e.record(s)
-        assert FAKE.fake_cuda_event_flags(e.event_id) == flags, kwargs
+        with calls("cuEventCreate") as made:
+            e = ais.Event(DEV, **kwargs)
+            e.record(s)
+        made_with = [
+            int(args[0])
+            for args, result in made["cuEventCreate"]
+            if int(result[0]) == 0 and int(result[1]) == e.event_id
+        ]
+        assert made_with == [flags], kwargs
+        if FAKE is not None:
+            assert FAKE.fake_cuda_event_flags(e.event_id) == flags, kwargs
 
 
 async def test_blocking_events_are_awaited_like_any(anyio_backend: object) -> None:
@@ -286,22 +312,20 @@ def test_driver_errors_become_cuda_errors() -> None:
     assert "cuEventElapsedTime" in str(err) and "CUDA_ERROR_INVALID_HANDLE" in str(err)
 
 
-@needs_stand_in
 async def test_ipc_handles_round_trip(anyio_backend: object) -> None:
     s = ais.Stream(DEV)
     e = ais.Event(DEV, interprocess=True)
-    ais.delay(3600.0, stream=s)  # pending however busy the machine: ended below
-    e.record(s)
-    handle = e.ipc_handle()
-    assert isinstance(handle, bytes) and len(handle) == 64
-    opened = ais.Event.from_ipc_handle(DEV, handle)
-    assert opened.query() is False
-    hurry()  # the stand-in ends the work now
+    with gated(s):  # pending however busy the machine: let go below
+        ais.delay(0.001, stream=s)
+        e.record(s)
+        handle = e.ipc_handle()
+        assert isinstance(handle, bytes) and len(handle) == 64
+        opened = ais.Event.from_ipc_handle(DEV, handle)
+        assert opened.query() is False
     await opened.synchronize()
     assert e.query()
 
 
-@needs_stand_in
 @pytest.mark.parametrize("dropped_first", ["exported", "opened"])
 def test_an_event_handle_opened_in_its_own_process_shares_the_event(dropped_first: str) -> None:
     """The driver documents opening an IPC handle in another process only (the stand-in
@@ -309,27 +333,41 @@ def test_an_event_handle_opened_in_its_own_process_shares_the_event(dropped_firs
     handle gives an Event sharing the exported one, with no driver call (a record of either
     is one of both), destroyed once both are dropped, in either order."""
     s = ais.Stream(DEV)
-    live = FAKE.fake_cuda_live(EVENTS)
-    exported = ais.Event(DEV, interprocess=True)
-    opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())
-    assert FAKE.fake_cuda_live(EVENTS) == live + 1  # one event, shared
-    assert opened.event_id == exported.event_id
-    ais.delay(3600.0, stream=s)  # pending however busy the machine: ended below
-    opened.record(s)
-    assert not exported.query()
-    hurry()
-    exported.synchronize_blocking()
-    assert opened.query()
-    first, last = (exported, opened) if dropped_first == "exported" else (opened, exported)
-    del exported, opened
-    del first
-    gc.collect()
-    assert FAKE.fake_cuda_live(EVENTS) == live + 1  # the other still uses it
-    last.record(s)
-    last.synchronize_blocking()
-    del last
-    gc.collect()
-    assert FAKE.fake_cuda_live(EVENTS) == live
+    live = FAKE.fake_cuda_live(EVENTS) if FAKE is not None else 0
+    names = ("cuEventCreate", "cuIpcOpenEventHandle", "cuEventDestroy")
+    with calls(*names) as made:
+        exported = ais.Event(DEV, interprocess=True)
+        opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())
+        handle = exported.event_id
+        created = [int(r[1]) for _, r in made["cuEventCreate"] if int(r[0]) == 0]
+        assert handle in created and made["cuIpcOpenEventHandle"] == []  # one event, shared
+        if FAKE is not None:
+            assert FAKE.fake_cuda_live(EVENTS) == live + 1
+        assert opened.event_id == handle
+
+        def destroyed() -> int:
+            return sum(1 for args, r in made["cuEventDestroy"] if int(args[0]) == handle)
+
+        with gated(s):  # pending however busy the machine: let go below
+            ais.delay(0.001, stream=s)
+            opened.record(s)
+            assert not exported.query()
+        exported.synchronize_blocking()
+        assert opened.query()
+        first, last = (exported, opened) if dropped_first == "exported" else (opened, exported)
+        del exported, opened
+        del first
+        gc.collect()
+        assert destroyed() == 0  # the other still uses it
+        if FAKE is not None:
+            assert FAKE.fake_cuda_live(EVENTS) == live + 1
+        last.record(s)
+        last.synchronize_blocking()
+        del last
+        gc.collect()
+        assert destroyed() == 1 == succeeded(made["cuEventDestroy"][-1:])
+    if FAKE is not None:
+        assert FAKE.fake_cuda_live(EVENTS) == live
 
 
 def test_bad_ipc_handles_are_refused_cleanly() -> None:
@@ -351,7 +389,7 @@ def test_bad_ipc_handles_are_refused_cleanly() -> None:
         ), cause
 
 
-@needs_stand_in
+@pytest.mark.stand_in("fault injection: a kernel that fails on the device")
 async def test_device_failures_are_sticky_cuda_errors(anyio_backend: object, fake: Any) -> None:
     # what earlier tests dropped is freed now, while the device works (a free once it has
     # failed fails, and the backend says so at exit)
@@ -393,17 +431,16 @@ async def test_device_failures_are_sticky_cuda_errors(anyio_backend: object, fak
         assert other.query()
 
 
-@needs_stand_in
-def test_query_raises_what_the_driver_reports(fake: Any) -> None:
+def test_query_raises_what_the_driver_reports() -> None:
     """Any answer of cuStreamQuery or cuEventQuery but done or not ready is raised as it is."""
     s = ais.Stream(DEV)  # nothing submitted: idle
     e = ais.Stream(DEV).record_event()
     e.synchronize_blocking()
-    for name, query in ((b"cuStreamQuery", s.query), (b"cuEventQuery", e.query)):
-        assert fake.fake_cuda_fail_call(name, 1, 999)
-        with pytest.raises(ais.CudaError) as info:
+    for name, query in (("cuStreamQuery", s.query), ("cuEventQuery", e.query)):
+        with failing(name, code=999) as fault, pytest.raises(ais.CudaError) as info:
             query()
-        assert info.value.code == 999 and name.decode() in str(info.value)
+        assert fault.failed
+        assert info.value.code == 999 and name in str(info.value)
         assert info.value.name == "CUDA_ERROR_UNKNOWN"
         assert query() is True  # the next answer is the driver's own again
 
@@ -414,7 +451,7 @@ def test_query_raises_what_the_driver_reports(fake: Any) -> None:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_every_strategy_waits_for_the_work(anyio_backend: object, strategy: str) -> None:
     s, other = ais.Stream(DEV), ais.Stream(DEV)
-    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    host_calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
     python_calls = FAKE.fake_cuda_host_calls_python() if FAKE is not None else 0
     for i in range(10):  # back to back: each wait starts as the previous one's waiter closes
         ais.delay(0.002 * (i % 3), stream=s)
@@ -425,7 +462,7 @@ async def test_every_strategy_waits_for_the_work(anyio_backend: object, strategy
         await other.synchronize(strategy=strategy)
         assert other.query()
     if FAKE is not None:
-        launched = FAKE.fake_cuda_host_calls() - calls
+        launched = FAKE.fake_cuda_host_calls() - host_calls
         # A host function (sem_post) wakes the watcher for hybrid and callback waits; poll and
         # thread add nothing to the stream but the completion flag's write.
         assert (launched > 0) if strategy in ANNOUNCED else (launched == 0)
@@ -443,11 +480,12 @@ async def test_the_global_strategy_applies_to_waits(anyio_backend: object) -> No
 
 async def test_waits_on_many_streams_complete_in_any_order(anyio_backend: object) -> None:
     """Waits begun in one order end in the order their work completes, none held by another:
-    the first wait's work does not end while the test runs (the stand-in's kernel ends when the
-    test says; a GPU's in 2 s), and the others', chained by events so that the last stream's
-    work completes first, each with its own strategy, end meanwhile."""
+    the first wait's work does not end while the test runs (a gate holds it until the test
+    lets it go), and the others', chained by events so that the last stream's work completes
+    first, each with its own strategy, end meanwhile."""
     streams = [ais.Stream(DEV) for _ in range(5)]
-    ais.delay(3600.0 if FAKE is not None else 2.0, stream=streams[0])
+    release = gate(streams[0])
+    ais.delay(0.001, stream=streams[0])
     after = None
     for i in (4, 3, 2, 1):  # 4's work, then 3's after it, ...: the order is the device's
         if after is not None:
@@ -471,9 +509,9 @@ async def test_waits_on_many_streams_complete_in_any_order(anyio_backend: object
             )
             assert sorted(done) == [1, 2, 3, 4]  # no wait blocked another
             assert not streams[0].query()  # all while the first one's work still runs
-            hurry()  # its work ends now (on a GPU it ends by itself)
+            release()  # its work ends now
     finally:
-        hurry()
+        release()
     assert done[4] == 0 and streams[0].query()
 
 
@@ -551,47 +589,64 @@ async def test_copies_round_trip_through_device_memory(anyio_backend: object) ->
     np.testing.assert_array_equal(down.numpy(np.float32), data)
 
 
-@needs_stand_in
 def test_handles_dropped_in_other_threads_are_released_once() -> None:
-    """(Events counted are the user's: a stream dropped with work pending leaves an internal
-    marker behind until that work completes.)"""
+    """Streams and events dropped in another thread are destroyed there, each once, as the
+    driver is asked (``cuStreamDestroy``, ``cuEventDestroy``). (The stand-in's counts of live
+    handles agree: events counted are the user's, since a stream dropped with work pending
+    leaves an internal marker behind until that work completes.)"""
 
     def events() -> int:
         internal: int = backend("cuda").held(0)["events"]  # type: ignore[attr-defined]
         return int(FAKE.fake_cuda_live(EVENTS)) - internal
 
+    def handles(made: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> list[int]:
+        return [int(result[1]) for _, result in made if int(result[0]) == 0]
+
     gc.collect()
-    streams_before, events_before = FAKE.fake_cuda_live(STREAMS), events()
-    objs: list[object] = [ais.Stream(DEV) for _ in range(10)]
-    objs += [stream.record_event() for stream in objs]  # type: ignore[attr-defined]
-    assert FAKE.fake_cuda_live(STREAMS) == streams_before + 10
-    assert events() == events_before + 10
+    if FAKE is not None:
+        streams_before, events_before = FAKE.fake_cuda_live(STREAMS), events()
+    with calls("cuStreamCreate", "cuStreamCreateWithPriority") as made:
+        objs: list[object] = [ais.Stream(DEV) for _ in range(10)]
+    streams = handles(made["cuStreamCreate"]) + handles(made["cuStreamCreateWithPriority"])
+    with calls("cuEventCreate") as made:
+        objs += [stream.record_event() for stream in objs]  # type: ignore[attr-defined]
+    user_events = handles(made["cuEventCreate"])
+    assert len(streams) == len(user_events) == 10
+    if FAKE is not None:
+        assert FAKE.fake_cuda_live(STREAMS) == streams_before + 10
+        assert events() == events_before + 10
 
     def drop() -> None:
         objs.clear()
         gc.collect()
 
-    t = threading.Thread(target=drop)
-    t.start()
-    t.join()
-    assert FAKE.fake_cuda_live(STREAMS) == streams_before
-    assert events() == events_before
-    assert FAKE.fake_cuda_violations() == 0
+    with calls("cuStreamDestroy", "cuEventDestroy") as gone:
+        t = threading.Thread(target=drop)
+        t.start()
+        t.join()
+    for name, created in (("cuStreamDestroy", streams), ("cuEventDestroy", user_events)):
+        destroyed = [int(args[0]) for args, result in gone[name] if int(result[0]) == 0]
+        assert sorted(destroyed) == sorted(created), name  # each once, and all with success
+    if FAKE is not None:
+        assert FAKE.fake_cuda_live(STREAMS) == streams_before
+        assert events() == events_before
+        assert FAKE.fake_cuda_violations() == 0
 
 
-@needs_stand_in
-def test_the_sleep_kernel_is_loaded_once() -> None:
-    # backends closed earlier with a kernel pending left theirs to the exit (unloading a
-    # module waits for its kernels)
-    before = FAKE.fake_cuda_live(MODULES)
-    s = ais.Stream(DEV)
-    ais.delay(0.0, stream=s)
-    loaded = FAKE.fake_cuda_live(MODULES)
-    assert 1 <= loaded <= before + 1  # loaded by this backend's first delay, if not before
-    for _ in range(3):
+def test_the_sleep_kernel_is_loaded_once(own_backend: Any) -> None:
+    """A backend loads the module of ``delay``'s kernel at its first delay, and only then
+    (``cuModuleLoadData``, as the driver is asked), and keeps it while it lives."""
+    with calls("cuModuleLoadData", "cuModuleUnload") as made:
+        s = ais.Stream(DEV)
         ais.delay(0.0, stream=s)
-    s.synchronize_blocking()
-    assert FAKE.fake_cuda_live(MODULES) == loaded
+        assert succeeded(made["cuModuleLoadData"]) == 1
+        loaded = FAKE.fake_cuda_live(MODULES) if FAKE is not None else 0
+        for _ in range(3):
+            ais.delay(0.0, stream=s)
+        s.synchronize_blocking()
+    assert len(made["cuModuleLoadData"]) == 1 and made["cuModuleUnload"] == []
+    if FAKE is not None:
+        assert FAKE.fake_cuda_live(MODULES) == loaded
 
 
 async def test_the_loader_delivers_every_batch_intact(anyio_backend: object) -> None:

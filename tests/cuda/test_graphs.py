@@ -1,4 +1,4 @@
-"""aiostream's graphs on CUDA, as the stand-in driver sees them: the graph holds the user's
+"""aiostream's graphs on CUDA, as the driver sees them: the graph holds the user's
 work only and each launch runs it; aiostream's own capture in global mode breaks no wait of
 another thread; memory freed during a capture waits for its end; executable graphs are
 released at close and at the graph's; graphs stay on their device. The rules every backend
@@ -15,45 +15,54 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.capture import ForeignCapture
-from tests.helpers.cuda import DEV, N, primary_context, two_devices
+from tests.helpers.cuda import DEV, N, primary_context, ptr, two_devices
 from tests.helpers.deadlines import until
-from tests.helpers.stand_in import FAKE, needs_stand_in, take_violations
+from tests.helpers.faults import calls, succeeded
+from tests.helpers.stand_in import FAKE, skip_on_a_stand_in_without_hooks, take_violations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
 DEVICE_MEMORY = 4  # the stand-in's kind of live handle for device memory (fake_cuda_live)
 
 
-@needs_stand_in
 @pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
 async def test_each_launch_runs_the_users_nodes_and_nothing_of_aiostreams(
     anyio_backend: object, strategy: str
 ) -> None:
     """Three captured operations, replayed and awaited four times with each wait strategy:
-    twelve nodes run, no more (no mark, flag write or host function of aiostream's went into
-    the graph), and only the executable graph lives on until the graph is closed."""
+    the graph the driver made has three nodes (no mark, flag write or host function of
+    aiostream's went into it), each launch runs them (the data goes round), and only the
+    executable graph lives on until the graph is closed. The stand-in also counts the nodes
+    run (twelve, no more) and the captures invalidated (none)."""
     ais.set_wait_strategy(strategy)
-    FAKE.fake_cuda_graph_nodes_run()  # only this test's count (reading resets them): other
-    FAKE.fake_cuda_captures_invalidated()  # tests invalidate captures on purpose
+    if FAKE is not None:
+        FAKE.fake_cuda_graph_nodes_run()  # only this test's count (reading resets them): other
+        FAKE.fake_cuda_captures_invalidated()  # tests invalidate captures on purpose
     src, dst = ais.HostBuffer(N, device=DEV), ais.HostBuffer(N, device=DEV)
     buf = ais.DeviceBuffer(N, DEV)
     g = ais.Graph(DEV)
-    with g.capture() as s:
-        ais.copy_async(buf, src, stream=s)
-        ais.delay(0.005, stream=s)
-        ais.copy_async(dst, buf, stream=s)
-        s.record_event()  # a captured event: an edge, no node, no mark
-    assert g.nodes == 3
-    assert (FAKE.fake_cuda_graphs_live(0), FAKE.fake_cuda_graphs_live(1)) == (0, 1)
-    r = ais.Stream(DEV)
-    for fill in range(1, 5):
-        src.numpy()[:] = fill
-        await g.replay(r)
-        assert (dst.numpy() == fill).all()
-    assert FAKE.fake_cuda_graph_nodes_run() == 12
-    g.close()
-    assert FAKE.fake_cuda_graphs_live(1) == 0
-    assert FAKE.fake_cuda_captures_invalidated() == 0
+    with calls("cuGraphInstantiate", "cuGraphDestroy", "cuGraphExecDestroy") as made:
+        with g.capture() as s:
+            ais.copy_async(buf, src, stream=s)
+            ais.delay(0.005, stream=s)
+            ais.copy_async(dst, buf, stream=s)
+            s.record_event()  # a captured event: an edge, no node, no mark
+        assert g.nodes == 3  # the driver's count (cuGraphGetNodes)
+        assert [succeeded(made[name]) for name in made] == [1, 1, 0]  # the graph made went
+        if FAKE is not None:
+            assert (FAKE.fake_cuda_graphs_live(0), FAKE.fake_cuda_graphs_live(1)) == (0, 1)
+        r = ais.Stream(DEV)
+        for fill in range(1, 5):
+            src.numpy()[:] = fill
+            await g.replay(r)
+            assert (dst.numpy() == fill).all()
+        if FAKE is not None:
+            assert FAKE.fake_cuda_graph_nodes_run() == 12
+        g.close()
+        assert [succeeded(made[name]) for name in made] == [1, 1, 1]
+    if FAKE is not None:
+        assert FAKE.fake_cuda_graphs_live(1) == 0
+        assert FAKE.fake_cuda_captures_invalidated() == 0
 
 
 @pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
@@ -97,26 +106,44 @@ async def test_aiostreams_own_global_capture_breaks_no_wait_of_another_thread(
     assert errors == [] and g.nodes == 10
 
 
-@needs_stand_in
 async def test_memory_freed_during_a_capture_is_freed_after_it(anyio_backend: object) -> None:
     """A buffer used on the capturing stream before the capture, dropped during it: no mark
-    can go on that stream, so its free waits for the capture's end; then it is freed."""
+    can go on that stream, so its free waits for the capture's end; then it is freed (the
+    frees aiostream asks the driver for say so; the stand-in's count of live memory too)."""
     s = ais.Stream(DEV)
     buf = ais.DeviceBuffer(N, DEV)
+    address = ptr(buf)
     host = ais.HostBuffer(N, device=DEV)
     ais.copy_async(buf, host, stream=s)
     await s
-    held = FAKE.fake_cuda_live(DEVICE_MEMORY)
-    g = ais.Graph(DEV)
-    with g.capture(s):
-        ais.delay(0.001, stream=s)
-        del buf
-        gc.collect()
-        assert FAKE.fake_cuda_live(DEVICE_MEMORY) == held  # not while the stream captures
-    await until(
-        lambda: FAKE.fake_cuda_live(DEVICE_MEMORY) == held - 1,
-        "the buffer dropped during the capture to be freed once it ended",
-    )
+    held = FAKE.fake_cuda_live(DEVICE_MEMORY) if FAKE is not None else 0
+
+    def freed() -> int:
+        return sum(
+            1
+            for name in frees
+            for args, result in frees[name]
+            if int(args[0]) == address and int(result[0]) == 0
+        )
+
+    with calls("cuMemFree", "cuMemFreeAsync") as frees:
+        g = ais.Graph(DEV)
+        with g.capture(s):
+            ais.delay(0.001, stream=s)
+            del buf
+            gc.collect()
+            assert freed() == 0  # not while the stream captures
+            if FAKE is not None:
+                assert FAKE.fake_cuda_live(DEVICE_MEMORY) == held
+        await until(
+            lambda: freed() == 1,
+            "the buffer dropped during the capture to be freed once it ended",
+        )
+    if FAKE is not None:
+        await until(
+            lambda: FAKE.fake_cuda_live(DEVICE_MEMORY) == held - 1,
+            "the stand-in to count the buffer freed",
+        )
     await g.replay(s)
     g.close()
 
@@ -154,13 +181,13 @@ async def test_a_graph_stays_on_its_device(anyio_backend: object) -> None:
     await g.replay()
 
 
-@needs_stand_in
 async def test_a_capture_broken_outside_aiostream_says_so_and_makes_no_graph(
     anyio_backend: object,
 ) -> None:
     """A prohibited call made outside aiostream (the program's own cuStreamSynchronize of the
     capturing stream) breaks the capture: its end raises a CaptureError that says so, no
     graph is made, and the stream is usable after."""
+    skip_on_a_stand_in_without_hooks()  # the driver refuses the call: a violation there
     g = ais.Graph(DEV, name="broken")
     with pytest.raises(ais.CaptureError, match="was broken by a call the driver prohibits"):
         with g.capture() as s:
@@ -168,8 +195,9 @@ async def test_a_capture_broken_outside_aiostream_says_so_and_makes_no_graph(
             with primary_context() as cu:
                 handle = cu.CUstream(s.__cuda_stream__()[1])
                 assert int(cu.cuStreamSynchronize(handle)[0]) != 0  # refused, and it breaks
-    count, log = take_violations()  # the program's own breach, which the stand-in counted
-    assert count == 1 and "capture" in log, log
+    if FAKE is not None:
+        count, log = take_violations()  # the program's own breach, which the stand-in counted
+        assert count == 1 and "capture" in log, log
     with pytest.raises(ais.AiostreamError, match="the capture of graph 'broken' failed"):
         g.replay()
     ais.delay(0.001, stream=s)

@@ -2,8 +2,9 @@
 the pending waits and shrinks when idle, waits on hung kernels that time out leaving nothing,
 pending waits that say where they wait, and polled waits that no other stream holds back.
 
-Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver,
-whose "kernels that never end" a test ends when it chooses (``hurry``).
+Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver. Work
+that must not end while a test runs (a "hung kernel") is held by a gate
+(``tests/helpers/gate.py``) until the test lets it go, on any driver.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import aiostream as ais
 from tests.helpers.cuda import DEV, held
 from tests.helpers.deadlines import deadline, until
-from tests.helpers.stand_in import FAKE, hurry
+from tests.helpers.gate import gate, gated
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -83,10 +84,11 @@ async def test_a_thousand_waits_on_a_hundred_streams_use_one_thread(
     rng = random.Random(21)
     streams = [ais.Stream(DEV) for _ in range(100)]
     events = []
+    releases = []
     for i, s in enumerate(streams):
         # nothing completes before the waits have begun and the cancelled ones have given up,
-        # however loaded the machine (the stand-in's kernels end when the test says)
-        ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)
+        # however loaded the machine (the gates let the work go when the test says)
+        releases.append(gate(s))
         for k in range(10):
             ais.delay(0.01 + 0.002 * ((i + k) % 7), stream=s)  # 0.1 to 0.2 s a stream
             events.append(s.record_event())
@@ -106,14 +108,19 @@ async def test_a_thousand_waits_on_a_hundred_streams_use_one_thread(
         outcomes["done"] += 1
 
     cancelled = sum(after is not None for after in cancel)
-    with ThreadPeak() as peak:
-        with deadline(60, "every wait to end, or to be cancelled"):
-            async with anyio.create_task_group() as tg:
-                for e, after in zip(events, cancel, strict=True):
-                    tg.start_soon(wait, e, after)
-                while outcomes["cancelled"] < cancelled:
-                    await anyio.sleep(0.001)
-                hurry()  # the kernels end now (on a GPU, in their time)
+    try:
+        with ThreadPeak() as peak:
+            with deadline(60, "every wait to end, or to be cancelled"):
+                async with anyio.create_task_group() as tg:
+                    for e, after in zip(events, cancel, strict=True):
+                        tg.start_soon(wait, e, after)
+                    while outcomes["cancelled"] < cancelled:
+                        await anyio.sleep(0.001)
+                    for release in releases:  # the work goes now
+                        release()
+    finally:
+        for release in releases:
+            release()
     assert outcomes == {"done": 1000 - cancelled, "cancelled": cancelled} and cancelled > 300
     assert peak.ours <= 1, peak.ours  # the watcher of cuda:0, whatever the number of waits
     assert peak.python - base_python <= 2, (peak.python, base_python)  # it, and the sampler
@@ -130,9 +137,10 @@ async def test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle(
 ) -> None:
     before = held()
     s = ais.Stream(DEV)
-    # nothing completes before every wait has begun, however loaded the machine (the stand-in's
-    # kernel ends when the test says)
-    ais.delay(3600.0 if FAKE is not None else 10.0, stream=s)
+    # nothing completes before every wait has begun, however loaded the machine (the gate lets
+    # the work go when the test says)
+    release = gate(s)
+    ais.delay(0.001, stream=s)
     pending = [s.record_event() for _ in range(5000)]  # more waits than a chunk has slots
     ended = 0
 
@@ -142,15 +150,18 @@ async def test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle(
         ended += 1
 
     captured = 0
-    with deadline(60, "every wait to begin, then to end"):
-        async with anyio.create_task_group() as tg:
-            for e in pending:
-                tg.start_soon(wait, e)
-            # every task has begun its wait (on a GPU, the kernel may end before the last)
-            while len(ais.pending_waits()) + ended < 5000:
-                await anyio.sleep(0.001)
-            captured = held()["chunks"]
-            hurry()  # the kernel ends now (on a GPU, in its time)
+    try:
+        with deadline(60, "every wait to begin, then to end"):
+            async with anyio.create_task_group() as tg:
+                for e in pending:
+                    tg.start_soon(wait, e)
+                await until(
+                    lambda: len(ais.pending_waits()) == 5000, "every wait to begin", seconds=60
+                )
+                captured = held()["chunks"]
+                release()  # the work goes now
+    finally:
+        release()
     assert captured >= 2
     after = await settle(before["slots"])
     await until(lambda: held()["chunks"] <= 1, "the flag memory to shrink to one chunk", seconds=2)
@@ -166,37 +177,39 @@ async def test_a_wait_on_a_hung_kernel_times_out_and_leaves_nothing(
 ) -> None:
     before = held()
     s = ais.Stream(DEV)
-    ais.delay(3600.0 if FAKE is not None else 30.0, stream=s)  # a kernel that does not end
-    e = s.record_event()
-    start = time.monotonic()
-    with pytest.raises(TimeoutError):
-        with anyio.fail_after(0.2):
-            await e.synchronize(strategy=strategy)
-    late = time.monotonic() - start - 0.2
-    assert late < 0.05, f"TimeoutError {late * 1e3:.1f} ms after its deadline"
-    assert ais.pending_waits() == []
-    now = held()
-    assert now["watched"] == 0  # no wait left; its slot drains when the kernel ends
-    assert now["slots"] <= before["slots"] + 1
-    assert now["streams"] <= 1 and now["events"] <= before["events"] + 1
-    assert len(ours()) <= 1  # no thread blocked on the kernel
+    with gated(s):  # work that does not end while the test looks
+        ais.delay(0.001, stream=s)
+        e = s.record_event()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            with anyio.fail_after(0.2):
+                await e.synchronize(strategy=strategy)
+        late = time.monotonic() - start - 0.2
+        assert late < 0.05, f"TimeoutError {late * 1e3:.1f} ms after its deadline"
+        assert ais.pending_waits() == []
+        now = held()
+        assert now["watched"] == 0  # no wait left; its slot drains when the work ends
+        assert now["slots"] <= before["slots"] + 1
+        assert now["streams"] <= 1 and now["events"] <= before["events"] + 1
+        assert len(ours()) <= 1  # no thread blocked on the work
 
 
 async def test_pending_waits_name_the_stream_task_origin_and_age(anyio_backend: object) -> None:
     ais.set_debug(True)
     s = ais.Stream(DEV)
-    ais.delay(3600.0 if FAKE is not None else 30.0, stream=s)  # submitted here
-    e = s.record_event()
-    seen: list[Any] = []
+    with gated(s):  # the work does not end while the test looks
+        ais.delay(0.001, stream=s)
+        e = s.record_event()  # recorded here
+        seen: list[Any] = []
 
-    async def stuck() -> None:
-        await e.synchronize()
+        async def stuck() -> None:
+            await e.synchronize()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(stuck, name="stuck task")
-        await anyio.sleep(0.1)
-        seen = ais.pending_waits()
-        tg.cancel_scope.cancel()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stuck, name="stuck task")
+            await anyio.sleep(0.1)
+            seen = ais.pending_waits()
+            tg.cancel_scope.cancel()
     assert len(seen) == 1
     wait = seen[0]
     assert wait.task == "stuck task" and wait.device == DEV
@@ -212,11 +225,11 @@ async def test_a_polled_wait_is_not_held_behind_another_streams(anyio_backend: o
     whose work is done ends while a wait begun before it, on another stream, still waits for
     work that does not end."""
     slow, quick = ais.Stream(DEV), ais.Stream(DEV)
-    ais.delay(3600.0 if FAKE is not None else 30.0, stream=slow)  # a kernel that does not end
-    ais.delay(0.005, stream=quick)
-    for _ in range(3):  # the quick stream's capture comes later in its order than the slow one's
-        quick.record_event()
-    try:
+    with gated(slow):  # work that does not end while the test looks
+        ais.delay(0.001, stream=slow)
+        ais.delay(0.005, stream=quick)
+        for _ in range(3):  # the quick stream's capture comes later in its order than the slow's
+            quick.record_event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: slow.synchronize(strategy="poll"))
             await until(ais.pending_waits, "the wait on the slow stream to begin")
@@ -224,5 +237,3 @@ async def test_a_polled_wait_is_not_held_behind_another_streams(anyio_backend: o
                 await quick.synchronize(strategy="poll")
             assert not slow.query()
             tg.cancel_scope.cancel()
-    finally:
-        hurry()

@@ -1,17 +1,20 @@
 """Where each CUDA wait strategy waits, and what it adds to the stream: ``poll`` in the loop
 alone, ``thread`` and ``callback`` with the watcher from the start (``callback`` and blocking
-waits announced by a host function), ``hybrid`` handed to the watcher after the loop's first
-millisecond, with no host function behind later work; once a wait returns, its stream is idle,
+waits announced by a host function), ``hybrid`` handed to the watcher after the loop's check
+budget, with no host function behind later work; once a wait returns, its stream is idle,
 however late the driver runs the host function, and busy again with the next work.
 
-Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver, whose
-count of host functions (and their delays) the tests marked ``needs_stand_in`` use.
+Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver. Work
+that must stay pending is held by a gate (``tests/helpers/gate.py``), and the host functions
+aiostream launches are counted where it calls the driver (``launched``), both on any driver; a
+host function the driver runs late is a fault only the stand-in injects.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import anyio
 import pytest
@@ -19,95 +22,137 @@ import pytest
 import aiostream as ais
 from tests.helpers.cuda import DEV, N, held, ptr
 from tests.helpers.deadlines import until, until_blocking
+from tests.helpers.faults import HOST_FUNC, failing
+from tests.helpers.gate import gate, gated
 from tests.helpers.protocol import ANNOUNCED, STRATEGIES
-from tests.helpers.stand_in import FAKE, hurry, needs_stand_in, touch
+from tests.helpers.stand_in import FAKE, hurry, touch
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
+
+LATE_HOST_FUNCTION = pytest.mark.stand_in("fault injection: a host function the driver runs late")
+
+
+@pytest.fixture
+def launched(own_backend: object) -> Iterator[Callable[[], int]]:
+    """How many host functions aiostream launched so far in the test, on any driver: the
+    test's own backend opens its device during the test, and its watcher looks the entry point
+    up then (``cuGetProcAddress``), getting a launcher that counts (``faults.failing``, with a
+    failure never reached). The stand-in's own count, where its hooks are, agrees."""
+    fake = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    with failing(HOST_FUNC, nth=2**62) as fault:
+
+        def made() -> int:
+            if FAKE is not None:
+                assert FAKE.fake_cuda_host_calls() - fake == fault.made
+            return fault.made
+
+        yield made
+    assert not fault.failed
 
 
 # --------------------------------------------------------- each strategy
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-async def test_each_strategy_waits_where_it_says(anyio_backend: object, strategy: str) -> None:
+async def test_each_strategy_waits_where_it_says(
+    anyio_backend: object, strategy: str, launched: Callable[[], int]
+) -> None:
     """``poll``: the loop alone reads the mark, and the watcher never sees the wait; ``thread``
     and ``callback``: the watcher has it from the start, the latter with a host function after
-    the mark; ``hybrid``: the watcher has it, with a host function, after the loop's first
-    millisecond."""
+    the mark; ``hybrid``: the watcher has it, with a host function, after the loop's check
+    budget."""
     s = ais.Stream(DEV)
-    ais.delay(3600.0 if FAKE is not None else 1.0, stream=s)  # it outlasts the checks
-    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
+    with gated(s):  # the work outlasts the checks
+        ais.delay(0.001, stream=s)
+        calls = launched()
 
-    async def wait() -> None:
-        await s.synchronize(strategy=strategy)
+        async def wait() -> None:
+            await s.synchronize(strategy=strategy)
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(wait)
-        await until(ais.pending_waits, "the wait to begin")
-        if strategy != "hybrid":  # (hybrid's check budget may be over already)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await until(lambda: bool(ais.pending_waits()), "the wait to begin")
+            if strategy != "hybrid":  # (hybrid's check budget may be over already)
+                assert held()["watched"] == (strategy != "poll")
+            await anyio.sleep(0.05)
             assert held()["watched"] == (strategy != "poll")
-        await anyio.sleep(0.05)
-        assert held()["watched"] == (strategy != "poll")
-        if FAKE is not None:
-            assert FAKE.fake_cuda_host_calls() - calls == (strategy in ANNOUNCED)
-        tg.cancel_scope.cancel()
-    assert held()["watched"] == 0
+            assert not s.query()
+            assert launched() - calls == (strategy in ANNOUNCED)
+            tg.cancel_scope.cancel()
+        assert held()["watched"] == 0
+        assert not ais.pending_waits()
+    await s.synchronize()
 
 
-@needs_stand_in
 @pytest.mark.parametrize("strategy", STRATEGIES)
-async def test_the_default_strategy_is_the_one_set(anyio_backend: object, strategy: str) -> None:
+async def test_the_default_strategy_is_the_one_set(
+    anyio_backend: object, strategy: str, launched: Callable[[], int]
+) -> None:
     """A wait with no ``strategy`` of its own takes the one ``set_wait_strategy`` chose, the
-    capture included: a host function announces it under ``callback`` and nothing else
-    (``hybrid`` adds one only when the loop hands the wait over, after its first
-    millisecond: here the work lasts an hour, which a test then ends)."""
+    capture included: the watcher has it unless polled, and a host function announces it
+    under ``callback`` and nothing else (``hybrid`` adds one only when the loop hands the wait
+    over, after its check budget: here the work is held until the test lets it go)."""
     ais.set_wait_strategy(strategy)
     s = ais.Stream(DEV)
-    ais.delay(3600.0, stream=s)
-    calls = FAKE.fake_cuda_host_calls()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(s.synchronize)
-        await until(
-            lambda: held()["watched"] == (strategy != "poll") and ais.pending_waits(),
-            "the wait to begin, watched by the watcher unless polled",
-        )
-        await anyio.sleep(0.01 if strategy == "hybrid" else 0)
-        assert FAKE.fake_cuda_host_calls() - calls == (strategy in ANNOUNCED)
-        hurry()
+    release = gate(s)
+    try:
+        ais.delay(0.001, stream=s)
+        calls = launched()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.synchronize)
+            await until(
+                lambda: held()["watched"] == (strategy != "poll") and bool(ais.pending_waits()),
+                "the wait to begin, watched by the watcher unless polled",
+            )
+            await anyio.sleep(0.01 if strategy == "hybrid" else 0)
+            assert held()["watched"] == (strategy != "poll")
+            [pending] = ais.pending_waits()
+            assert pending.strategy == strategy
+            assert launched() - calls == (strategy in ANNOUNCED)
+            release()
+    finally:
+        release()
     assert s.query()
+    assert not ais.pending_waits()
 
 
-@needs_stand_in
-def test_a_blocking_wait_is_announced_by_a_host_function() -> None:
+def test_a_blocking_wait_is_announced_by_a_host_function(launched: Callable[[], int]) -> None:
     """``synchronize_blocking()`` waits in its thread for the watcher's word, and the watcher
     hears of the wait from a host function after its mark (as with ``callback``), not at its
-    next health check, 50 ms later. (The kernel runs until the wait has added its mark and
-    host function, then is hurried: however busy the machine, the wait starts before it
-    ends.)"""
+    next health check, 50 ms later. (The work is held until the watcher has the wait, then let
+    go from another thread: however busy the machine, the wait starts before it ends.)"""
     s = ais.Stream(DEV)
-    for what, added in (("stream", 2), ("event", 1)):  # a stream's wait makes its mark too
-        ais.delay(30, stream=s)
-        awaited = s if what == "stream" else s.record_event()
-        calls, pending = FAKE.fake_cuda_host_calls(), FAKE.fake_cuda_pending()
+    for what in ("stream", "event"):
+        release = gate(s)
+        try:
+            ais.delay(0.001, stream=s)
+            awaited = s if what == "stream" else s.record_event()
+            calls = launched()
 
-        def hurry_once_added() -> None:
-            until_blocking(
-                lambda: FAKE.fake_cuda_pending() >= pending + added,  # noqa: B023
-                "the wait's host function to be launched",
-            )
-            hurry()
+            def release_once_watched() -> None:
+                until_blocking(
+                    lambda: held()["watched"] >= 1,
+                    "the watcher to have the wait",
+                )
+                release()  # noqa: B023
 
-        helper = threading.Thread(target=hurry_once_added)
-        helper.start()
-        awaited.synchronize_blocking()
-        helper.join(10)
-        assert FAKE.fake_cuda_host_calls() - calls == 1, what
-        assert s.query()
+            helper = threading.Thread(target=release_once_watched)
+            helper.start()
+            awaited.synchronize_blocking()
+            helper.join(10)
+            assert not helper.is_alive()
+        finally:
+            release()
+        assert s.query(), what
+        assert held()["watched"] == 0, what
+        assert launched() - calls == 1, what
 
 
-@needs_stand_in
 def test_synchronize_blocking_waits_through_the_watcher() -> None:
-    python_calls = FAKE.fake_cuda_host_calls_python()
+    """A blocking wait ends once the work does, through the watcher, which holds it no more
+    then; its host function is a C function of the driver's thread's own, never Python (the
+    stand-in counts those)."""
+    python_calls = FAKE.fake_cuda_host_calls_python() if FAKE is not None else 0
     s = ais.Stream(DEV)
     ais.delay(0.05, stream=s)
     e = s.record_event()
@@ -115,50 +160,60 @@ def test_synchronize_blocking_waits_through_the_watcher() -> None:
     e.synchronize_blocking()
     assert e.query() and 0.04 <= time.monotonic() - start < 2.0
     assert held()["watched"] == 0
-    assert FAKE.fake_cuda_host_calls_python() == python_calls
+    if FAKE is not None:
+        assert FAKE.fake_cuda_host_calls_python() == python_calls
 
 
-@needs_stand_in
 @pytest.mark.parametrize("later", ["kernel", "event wait and kernel"])
 async def test_a_handed_over_wait_gets_no_host_function_behind_later_work(
-    anyio_backend: object, later: str
+    anyio_backend: object, later: str, launched: Callable[[], int]
 ) -> None:
     """hybrid's host function comes when the loop hands the wait over; if work of the user's
     was submitted to the stream since the capture (a kernel; or a wait on an event, then a
     kernel: each counts), a host function would wait for it too: the watcher polls the mark
-    instead, and the wait ends with the work it captured."""
+    instead, and the wait ends with the work it captured, while the later work is still held
+    (by a second gate, behind the captured work)."""
     s = ais.Stream(DEV)
     if later != "kernel":
         other = ais.Stream(DEV)
         ais.delay(0.01, stream=other)
         pending = other.record_event()
-    ais.delay(0.05, stream=s)
-    calls = FAKE.fake_cuda_host_calls()
-    finished: list[float] = []
+    captured = gate(s)
+    try:
+        ais.delay(0.001, stream=s)
+        calls = launched()
+        done = anyio.Event()
 
-    async def wait() -> None:
-        await s.synchronize(strategy="hybrid")
-        finished.append(time.monotonic())
+        async def wait() -> None:
+            await s.synchronize(strategy="hybrid")
+            done.set()
 
-    start = time.monotonic()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(wait)
-        with anyio.fail_after(0.04):
-            while not ais.pending_waits():  # the capture is made
-                await anyio.sleep(0)
-        if later != "kernel":
-            s.wait_event(pending)
-        ais.delay(0.5, stream=s)  # later work of the user's
-    assert finished and finished[0] - start < 0.3
-    assert FAKE.fake_cuda_host_calls() == calls
-    assert not s.query()  # the later work goes on
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            with anyio.fail_after(5):
+                while not ais.pending_waits():  # the capture is made
+                    await anyio.sleep(0)
+            with gated(s):  # holds the later work, not the captured
+                if later != "kernel":
+                    s.wait_event(pending)
+                ais.delay(0.001, stream=s)  # later work of the user's
+                await until(lambda: held()["watched"] == 1, "the loop to hand the wait over")
+                assert not done.is_set()
+                captured()
+                with anyio.fail_after(5):
+                    await done.wait()  # the later work is still held
+                assert not s.query()  # the later work goes on
+                assert launched() == calls
+    finally:
+        captured()
     await s.synchronize()
+    assert s.query()
 
 
 # ----------------------------------------------------- idle once awaited
 
 
-@needs_stand_in
+@LATE_HOST_FUNCTION
 @pytest.mark.parametrize("strategy", ["hybrid", "callback"])
 async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
     anyio_backend: object, strategy: str
@@ -175,8 +230,9 @@ async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
         took = time.monotonic() - start
         assert s.query()
         assert took < 0.3, took
-        ais.delay(0.5, stream=s)  # work of the user's after it: busy again
-        assert not s.query()
+        with gated(s):  # work of the user's after it: busy again
+            ais.delay(0.001, stream=s)
+            assert not s.query()
     finally:
         FAKE.fake_cuda_host_fn_delay(0)
         hurry()
@@ -206,23 +262,26 @@ async def test_an_awaited_handed_out_stream_is_idle(anyio_backend: object, strat
             FAKE.fake_cuda_host_fn_delay(0)
 
 
-@needs_stand_in
 @pytest.mark.parametrize("strategy", sorted(ANNOUNCED))
 async def test_an_allocation_after_an_awaited_mark_makes_the_stream_busy_again(
     anyio_backend: object, strategy: str
 ) -> None:
     """A stream awaited with a host function is idle once the work before its mark is done,
     the host function still queued or not; work submitted after the mark makes it busy
-    again, a stream-ordered allocation too (here followed by a kernel that reads it)."""
+    again, a stream-ordered allocation too (held by a gate; on the stand-in, a kernel reads
+    the memory after it)."""
     s = ais.Stream(DEV)
     ais.delay(0.02, stream=s)
     with anyio.fail_after(5):
         await s.synchronize(strategy=strategy)
     assert s.query()
-    with ais.use_stream(s):
-        buf = ais.DeviceBuffer(N, DEV)  # cuMemAllocAsync on s
-    touch(s, ptr(buf), N, 0.3)
-    assert not s.query()
+    with gated(s):
+        with ais.use_stream(s):
+            buf = ais.DeviceBuffer(N, DEV)  # cuMemAllocAsync on s
+        assert not s.query()
+        if FAKE is not None:
+            touch(s, ptr(buf), N)
+            assert not s.query()
     with anyio.fail_after(5):
         await s.synchronize(strategy=strategy)
     assert s.query()

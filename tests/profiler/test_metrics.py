@@ -13,8 +13,8 @@ import pytest
 
 import aiostream as ais
 import aiostream.metrics
+from tests.helpers import gate
 from tests.helpers.deadlines import until
-from tests.helpers.stand_in import hurry
 
 pytestmark = pytest.mark.anyio
 
@@ -39,28 +39,31 @@ async def test_waits_are_counted_by_outcome_and_pending_ones_are_seen(
     strategy = ais.get_wait_strategy()
     s = ais.Stream(aiostream_device)
     virtual = aiostream_device.type == "virtual"
-    held = ais.virtual.stall("compute") if virtual else None  # the work waits meanwhile
-    ais.delay(0.01 if virtual else 60.0, stream=s)
+    # the work waits meanwhile: a stalled virtual device, a gated CUDA stream
+    release = ais.virtual.stall("compute").release if virtual else gate.gate(s)
+    ais.delay(0.01, stream=s)
     with anyio.move_on_after(0.05):
         await s
     cancelled = {"device": dev, "strategy": strategy, "outcome": "cancelled"}
     assert value(registry, "aiostream_wait_seconds_count", **cancelled) == 1
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(s.synchronize)
-        await until(
-            lambda: value(registry, "aiostream_pending_waits", device=dev, strategy=strategy) == 1,
-            "the wait to be pending",
-        )  # noqa: E501
-        assert value(registry, "aiostream_stuck_waits", device=dev) == 0
-        await until(
-            lambda: value(registry, "aiostream_stuck_waits", device=dev) == 1,
-            "the wait to be older than 0.2 s",
-        )  # noqa: E501
-        assert value(registry, "aiostream_oldest_wait_seconds", device=dev) > 0.2
-        if held is not None:
-            held.release()
-        else:
-            hurry()  # the stand-in ends the long kernel now
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.synchronize)
+            await until(
+                lambda: (
+                    value(registry, "aiostream_pending_waits", device=dev, strategy=strategy) == 1
+                ),
+                "the wait to be pending",
+            )
+            assert value(registry, "aiostream_stuck_waits", device=dev) == 0
+            await until(
+                lambda: value(registry, "aiostream_stuck_waits", device=dev) == 1,
+                "the wait to be older than 0.2 s",
+            )
+            assert value(registry, "aiostream_oldest_wait_seconds", device=dev) > 0.2
+            release()
+    finally:
+        release()
     completed = {"device": dev, "strategy": strategy, "outcome": "completed"}
     assert value(registry, "aiostream_wait_seconds_count", **completed) == 1
     assert value(registry, "aiostream_wait_seconds_sum", **completed) > 0.2
@@ -68,6 +71,8 @@ async def test_waits_are_counted_by_outcome_and_pending_ones_are_seen(
     await s  # complete: the fast path counts as a wait too
     done = {"device": dev, "strategy": "complete", "outcome": "completed"}
     assert value(registry, "aiostream_wait_seconds_count", **done) == 1
+    if not virtual:
+        gate.sweep()  # the device passed the gate: its word goes now, not at the exit
 
 
 async def test_copies_and_loader_batches_are_counted(

@@ -18,13 +18,12 @@ from opentelemetry.trace import StatusCode
 
 import aiostream as ais
 import aiostream.tracing
+from tests.helpers import gate
 from tests.helpers.deadlines import until
-from tests.helpers.stand_in import hurry
 
 pytestmark = pytest.mark.anyio
 
 SHORT = 0.05  # seconds of device work, pending when awaited
-LONG = 5.0  # longer than any timeout around it
 
 
 class Spans:
@@ -52,18 +51,24 @@ async def test_each_await_is_a_span_under_the_callers_span(
     s = ais.Stream(aiostream_device)
     tracer = spans.provider.get_tracer("app")
     virtual = aiostream_device.type == "virtual"
-    held = ais.virtual.stall("compute") if virtual else None  # pending however late the await
+    # pending however late the await: a stalled virtual device, a gated CUDA stream
+    release = ais.virtual.stall("compute").release if virtual else gate.gate(s)
 
     async def release_once_waiting() -> None:
         await until(lambda: ais.pending_waits() != [], "the wait to begin")
-        held.release() if held is not None else hurry()
+        release()
 
-    with tracer.start_as_current_span("request") as request:
-        ais.delay(SHORT if virtual else LONG, stream=s)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(release_once_waiting)
-            await s
-        await s  # its work complete by now: nothing waited
+    try:
+        with tracer.start_as_current_span("request") as request:
+            ais.delay(SHORT, stream=s)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(release_once_waiting)
+                await s
+            await s  # its work complete by now: nothing waited
+    finally:
+        release()
+    if not virtual:
+        gate.sweep()  # the device passed the gate: its word goes now, not at the exit
     (pending,) = spans.named("aiostream.wait")
     for span in (pending,):
         assert span.parent is not None
@@ -82,18 +87,20 @@ async def test_a_timeout_and_a_device_error_set_the_span_status(
 ) -> None:
     s = ais.Stream(aiostream_device)
     virtual = aiostream_device.type == "virtual"
-    held = ais.virtual.stall("compute") if virtual else None  # the work waits meanwhile
-    ais.delay(SHORT if virtual else LONG, stream=s)
-    with anyio.move_on_after(SHORT):
-        await s
-    (cancelled,) = spans.named("aiostream.wait")
-    assert cancelled.attributes["aiostream.outcome"] == "cancelled"  # type: ignore[index]
-    assert cancelled.status.status_code == StatusCode.ERROR
-    if held is not None:
-        held.release()
-    else:
-        hurry()  # the stand-in ends the long kernel now
+    # the work waits meanwhile: a stalled virtual device, a gated CUDA stream
+    release = ais.virtual.stall("compute").release if virtual else gate.gate(s)
+    try:
+        ais.delay(SHORT, stream=s)
+        with anyio.move_on_after(SHORT):
+            await s
+        (cancelled,) = spans.named("aiostream.wait")
+        assert cancelled.attributes["aiostream.outcome"] == "cancelled"  # type: ignore[index]
+        assert cancelled.status.status_code == StatusCode.ERROR
+    finally:
+        release()
     await s
+    if not virtual:
+        gate.sweep()  # the device passed the gate: its word goes now, not at the exit
     if virtual:  # faults are injected on virtual devices
         failing = ais.Stream(aiostream_device)
         ais.virtual.submit(failing, 0.001, error="boom")

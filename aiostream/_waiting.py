@@ -730,9 +730,9 @@ class _StrategyWaiter(_Waiter):
             spin = age < budget and (lane in spinning or len(spinning) < SPIN_LANES)
             if spin:
                 seen = entry.target.peek()  # the flag the device writes: no driver call
-                if seen is None:  # the backend cannot tell without one: no spinning
-                    spin = False
-                elif seen and self._check(entry):
+                if seen is None:  # the backend tells only through the driver: ask it
+                    seen = True
+                if seen and self._check(entry):
                     heapq.heappop(heap)
                     continue
             if spin:

@@ -39,7 +39,7 @@ from tests.helpers.cuda import (
 from tests.helpers.faults import calls, failing, succeeded
 from tests.helpers.gate import gated
 from tests.helpers.protocol import STRATEGIES
-from tests.helpers.stand_in import FAKE, PINNED
+from tests.helpers.stand_in import FAKE, PINNED, on_the_stand_in
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -87,16 +87,6 @@ def no_context_released() -> Iterator[None]:
     with calls("cuDevicePrimaryCtxRelease") as seen:
         yield
     assert seen["cuDevicePrimaryCtxRelease"] == [], seen
-
-
-def on_the_stand_in() -> bool:
-    """Whether the driver is the stand-in, either build (its devices' name says so): its
-    exit report, which ``FAKE_CUDA_TRACE`` prints, is not a hook."""
-    from cuda.bindings import driver
-
-    driver.cuInit(0)
-    err, name = driver.cuDeviceGetName(64, driver.CUdevice(0))
-    return int(err) == 0 and bytes(name).startswith(b"aiostream fake GPU")
 
 
 def unload_as_the_exit_would(seen: dict[str, list[Any]]) -> None:

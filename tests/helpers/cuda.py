@@ -160,6 +160,13 @@ def own_backend() -> Iterator[Any]:
         yield mine
     finally:
         _backends.restore("cuda", old)
+        # the block's work ends before the close (a block that means to close under work
+        # closes inside): a close under work leaves its kernel's module to the exit, which a
+        # context the shared backend keeps alive then holds as a live handle
+        gate.release_all()
+        with primary_context() as cu:
+            cu.cuCtxSynchronize()
+        gc.collect()
         mine.close()
 
 

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 import pytest
 
 from tests.helpers.process import ROOT
-from tests.helpers.stand_in import FAKE, OK, SLEEP_PTX, take_violations
+from tests.helpers.stand_in import FAKE, SLEEP_PTX, on_the_stand_in, take_violations
 
 libc = ctypes.CDLL(None)
 libc.sem_post.argtypes = libc.sem_init.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint]
@@ -216,19 +216,6 @@ def soon(done: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
 
 
 @functools.cache
-def on_the_stand_in() -> bool:
-    """Whether the driver is the stand-in of ``tests/fake_cuda``, with or without its hooks."""
-    if FAKE is not None:
-        return True
-    if not OK:
-        return False
-    from cuda.bindings import driver as cu
-
-    cu.cuInit(0)
-    err, name = cu.cuDeviceGetName(64, cu.CUdevice(0))
-    return int(err) == 0 and bytes(name).startswith(b"aiostream fake GPU")
-
-
 def bare_stand_in() -> bool:
     """Whether the driver is the stand-in built without its hooks (``--no-hooks``)."""
     return FAKE is None and on_the_stand_in()

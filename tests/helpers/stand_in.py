@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 from collections.abc import Iterator
 from typing import Any
@@ -88,18 +89,27 @@ FAKE = _load()
 needs_stand_in = pytest.mark.stand_in
 
 
+@functools.cache
+def on_the_stand_in() -> bool:
+    """Whether the driver is the stand-in of ``tests/fake_cuda``, built with its hooks or
+    without them (``--no-hooks``: then only its devices' name tells it from a GPU's driver)."""
+    if FAKE is not None:
+        return True
+    if not OK:
+        return False
+    from cuda.bindings import driver
+
+    driver.cuInit(0)
+    err, name = driver.cuDeviceGetName(64, driver.CUdevice(0))
+    return int(err) == 0 and bytes(name).startswith(b"aiostream fake GPU")
+
+
 def skip_on_a_stand_in_without_hooks() -> None:
     """Skip a test that makes the driver refuse a call on purpose where the driver is the
     stand-in built without its hooks (``--no-hooks``): it counts the refusal as a violation no
     hook can take, which fails the process at exit. On a GPU such a test checks that the
     driver refuses the call as the stand-in does; with the hooks, the test takes it."""
-    if FAKE is not None or not OK:
-        return
-    from cuda.bindings import driver
-
-    driver.cuInit(0)
-    err, name = driver.cuDeviceGetName(64, driver.CUdevice(0))
-    if int(err) == 0 and name.startswith(b"aiostream fake GPU"):
+    if FAKE is None and on_the_stand_in():
         pytest.skip("a refusal the stand-in counts, without hooks to take it, fails the exit")
 
 

@@ -8,7 +8,6 @@ each library where it is used: every test skips and says why otherwise. The GPU 
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import textwrap
 from typing import Any
@@ -19,14 +18,14 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.process import run_python
-from tests.helpers.stand_in import OK, REASON
+from tests.helpers.stand_in import OK, REASON, on_the_stand_in
 
 
 def _real_gpu() -> str | None:
     """Why these tests cannot run here, or None on a real GPU."""
     if not OK:
         return f"needs a CUDA device: {REASON}"
-    if hasattr(ctypes.CDLL("libcuda.so.1"), "fake_cuda_live"):
+    if on_the_stand_in():
         return "needs a real GPU: the stand-in driver runs no kernels of other libraries"
     return None
 

@@ -38,7 +38,7 @@ __all__ = ["CAP_S", "MIN_S", "wait"]
 logger = logging.getLogger("aiostream")
 
 MIN_S = 1e-3  #: the fastest pace of the poller: right after a completion or a new wait
-CAP_S = 20e-3  #: the slowest, once nothing has completed for a while
+CAP_S = 50e-3  #: the slowest, once nothing has completed for a while
 BACKOFF = 0.5  #: between the two: this fraction of the time since the last completion
 _loop_time = anyio.current_time
 
@@ -87,7 +87,10 @@ class _Poller:
         self._thread = threading.get_ident()
         self._live: dict[_Wait, None] = {}  # every pending wait, oldest first
         self._polled: list[_Wait] = []  # the waits asked on each sweep, and cancelled ones kept
+        self._asks: list[Any] = []  # their ``ask``, in the same order: a sweep's one loop
         self._orphans = 0  # cancelled waits whose handles are kept until done
+        self._timed = 0  # polled waits whose adapter says when they will be done (eta)
+        self._stale = False  # a polled wait was cancelled and let go: drop it on the next sweep
         self._due: deque[_Wait] = deque()  # called back from another thread, not finished yet
         self._hop_sent = False
         self._last = _loop_time()  # the last completion or new wait
@@ -113,6 +116,9 @@ class _Poller:
                 return
         if polled:
             self._polled.append(wait)
+            self._asks.append(wait.ask)
+            if adapter.eta is not None:
+                self._timed += 1
             self._last = _loop_time()
             if self._scope is not None and self._wake_at > self._last + MIN_S:
                 self._scope.cancel()  # sleeping long: come back at the fast pace
@@ -137,6 +143,7 @@ class _Poller:
         elif wait.ask is not None and wait.adapter.call_back is None:
             self._orphans += 1  # asked on, until done, to keep its handle alive that long
             return
+        self._stale = True  # a polled one is dropped on the next sweep
         wait.handle = None  # a callback keeps its handle alive itself
         if not self._live and self._scope is not None:
             self._scope.cancel()  # nothing left: let the task end
@@ -181,26 +188,53 @@ class _Poller:
 
     def _sweep(self, now: float) -> float | None:
         """Ask every polled handle once; return how long to sleep (None: until told)."""
+        if self._stale:  # waits let go by a cancellation: never ask their handles again
+            self._polled = [w for w in self._polled if not (w.dead and w.handle is None)]
+            self._asks = [w.ask for w in self._polled]
+            self._stale = False
         if not self._polled:
             return None
+        try:  # the common case, in one comprehension: nothing raises, little completes
+            answers = [ask() for ask in self._asks]
+        except Exception:
+            answers = None  # one by one below, each error to its own wait
+        if answers is not None and True not in answers:
+            completed = False
+        else:
+            completed = self._settle(answers)
+        if completed:
+            self._last = now
+        if len(self._polled) == self._orphans:  # only cancelled waits' handles: no hurry
+            return CAP_S if self._polled else None
+        delay = min(CAP_S, max(MIN_S, (now - self._last) * BACKOFF))
+        if self._timed:
+            for wait in self._polled:
+                if wait.adapter.eta is not None and not wait.dead:
+                    delay = min(delay, _eta(wait))
+        return delay
+
+    def _settle(self, answers: list[Any] | None) -> bool:
+        """Finish the waits whose handles said they are done (``answers``, else asked here
+        one by one), and drop them; return whether one completed."""
         keep: list[_Wait] = []
         completed = False
-        eta = math.inf
-        for wait in self._polled:
+        for i, wait in enumerate(self._polled):
             if wait.finished:
                 continue
-            try:
-                done = wait.ask()  # type: ignore[misc]
-            except Exception as exc:
-                if wait.dead:
-                    self._orphans -= 1
-                else:
-                    self.finish(wait, _refused(wait, "done", exc))
-                continue
+            if answers is not None:
+                done = answers[i]
+            else:
+                try:
+                    done = wait.ask()  # type: ignore[misc]
+                except Exception as exc:
+                    if wait.dead:
+                        self._orphans -= 1
+                        wait.handle = None
+                    else:
+                        self.finish(wait, _refused(wait, "done", exc))
+                    continue
             if not done:
                 keep.append(wait)
-                if wait.adapter.eta is not None and not wait.dead:
-                    eta = min(eta, _eta(wait))
             elif wait.dead:
                 self._orphans -= 1
                 wait.handle = None
@@ -208,11 +242,9 @@ class _Poller:
                 self.finish(wait, None)
                 completed = True
         self._polled = keep
-        if completed:
-            self._last = now
-        if len(keep) == self._orphans:  # only cancelled waits' handles: no hurry
-            return CAP_S if keep else None
-        return min(eta, CAP_S, max(MIN_S, (now - self._last) * BACKOFF))
+        self._asks = [wait.ask for wait in keep]
+        self._timed = sum(1 for wait in keep if wait.adapter.eta is not None)
+        return completed
 
     def _watchdog(self, now: float) -> float | None:
         """Warn of waits past the threshold; return the seconds until the next one is due."""
@@ -257,7 +289,8 @@ class _Poller:
         for wait in list(self._live):
             self.finish(wait, AiostreamError(f"aiostream's poller of foreign handles {why}"))
         self._polled.clear()
-        self._orphans = 0
+        self._asks.clear()
+        self._orphans = self._timed = 0
 
     # ---------------------------------------------------------------- _diagnostics.Owner
 
@@ -271,7 +304,8 @@ class _Poller:
             _diagnostics.unregister(wait.record)
         self._live.clear()
         self._polled.clear()
-        self._orphans = 0
+        self._asks.clear()
+        self._orphans = self._timed = 0
 
 
 def _eta(wait: _Wait) -> float:

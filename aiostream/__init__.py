@@ -18,6 +18,7 @@ try:  # the core: devices, streams, events and waits
         AiostreamError,
         BackendUnavailableError,
         CaptureError,
+        CompletionError,
         CudaError,
         DeviceError,
         NotReadyError,
@@ -35,6 +36,8 @@ except ImportError as _error:  # another distribution's files in this folder?
 
 if _TYPE_CHECKING:
     from . import virtual
+    from ._adapters import Adapter, register_adapter
+    from ._completions import wait
     from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
     from .graph import Graph
     from .interop import as_event, as_stream
@@ -46,6 +49,8 @@ if _TYPE_CHECKING:
 # The rest is imported on first use (``import aiostream`` stays light: numpy, the profiler's
 # exporters and the loader load with what uses them): name -> its module.
 _LAZY = {
+    **dict.fromkeys(("Adapter", "register_adapter"), "_adapters"),
+    "wait": "_completions",
     **dict.fromkeys(("DeviceBuffer", "HostBuffer", "copy_async", "from_dlpack"), "buffers"),
     "Graph": "graph",
     **dict.fromkeys(("as_event", "as_stream"), "interop"),
@@ -76,10 +81,12 @@ def __getattr__(name: str) -> _Any:
 
 
 __all__ = [
+    "Adapter",
     "AiostreamError",
     "BackendUnavailableError",
     "Batch",
     "CaptureError",
+    "CompletionError",
     "CudaError",
     "DataLoader",
     "Device",
@@ -112,11 +119,13 @@ __all__ = [
     "pending_waits",
     "profile",
     "record_function",
+    "register_adapter",
     "set_debug",
     "set_wait_strategy",
     "set_watchdog",
     "use_stream",
     "virtual",
+    "wait",
 ]
 
 

@@ -8,6 +8,7 @@ __all__ = [
     "AiostreamError",
     "BackendUnavailableError",
     "CaptureError",
+    "CompletionError",
     "CudaError",
     "DeviceError",
     "NotReadyError",
@@ -80,6 +81,22 @@ class BackendUnavailableError(AiostreamError):
         super().__init__(f"the {kind!r} backend is unavailable: {reason}")
         self.kind = kind
         self.reason = reason
+
+
+class CompletionError(AiostreamError):
+    """``aiostream.wait()`` could not learn whether a foreign handle's work is done: asking it
+    (its adapter's ``done`` or ``call_back``) raised. The original error is the
+    ``__cause__``. Work that failed raises its library's own exception instead.
+
+    Attributes:
+        kind: the handle's kind, as ``pending_waits()`` shows it (``"torch.distributed"``).
+        subject: what was awaited.
+    """
+
+    def __init__(self, message: str, *, kind: str, subject: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.subject = subject
 
 
 class NotReadyError(AiostreamError):

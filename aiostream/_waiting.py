@@ -69,6 +69,7 @@ __all__ = [
     "checkpoint",
     "get_wait_strategy",
     "in_loop_thread",
+    "loop_hooks",
     "observed",
     "set_wait_strategy",
     "wait",
@@ -311,6 +312,12 @@ def _loop_hooks() -> _Hooks:
 
 def _never() -> bool:
     return False
+
+
+def loop_hooks() -> _Hooks:
+    """The running loop's hooks (a background task, a call from any thread, what a wait
+    parks on), for the package's other waiter: ``_completions.py``'s, of foreign handles."""
+    return _loop_hooks()
 
 
 def threadsafe_caller() -> Callable[[Callable[[], object]], object]:

@@ -59,6 +59,7 @@ __all__ = [
     "VirtualClock",
     "VirtualOptions",
     "Stall",
+    "Transfer",
     "VirtualStats",
     "assert_no_races",
     "fail_next",
@@ -209,6 +210,68 @@ def submit(
     # the simulator records its own timeline: no observer range; the direct call keeps the
     # cost per operation of a large simulation down
     backend.submit(_objects.handle(stream), ns, engine, fn, error, name or engine)
+
+
+class Transfer:
+    """Work outside the device that completes on the virtual backend's clock: a stand-in for a
+    network transfer, a collective or a file read, for ``await aiostream.wait(transfer)``.
+
+    Under virtual time (``run_in_virtual_time``, the ``virtual_time`` fixture) a pipeline that
+    mixes device work and transfers is then exact and deterministic: the loop's poller of
+    foreign handles wakes at the transfer's end (its adapter tells it when).
+
+    Args:
+        seconds: how long from now the transfer takes, in seconds of the device clock.
+        error: the exception awaiting it raises once it is done (a failed transfer).
+        name: what it is, for ``pending_waits()``.
+
+    Example:
+        >>> import aiostream as ais
+        >>> from aiostream.testing import run_in_virtual_time
+        >>> async def fetch():
+        ...     await ais.wait(ais.virtual.Transfer(0.25))
+        ...     return ais.virtual.now()
+        >>> run_in_virtual_time(fetch)
+        0.25
+    """
+
+    __slots__ = ("_backend", "_end", "error", "name")
+
+    def __init__(
+        self, seconds: float, *, error: BaseException | None = None, name: str = "transfer"
+    ) -> None:
+        ns = seconds_to_ns(seconds, "seconds")
+        if error is not None and not isinstance(error, BaseException):
+            raise TypeError(f"error must be an exception or None, got {error!r}")
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, got {name!r}")
+        self._backend = _backend()
+        self._end = self._now_ns() + ns
+        self.error = error
+        self.name = name
+
+    def _now_ns(self) -> int:
+        return round(self._backend.now() * 1e9)
+
+    def done(self) -> bool:
+        """Whether the clock has reached the transfer's end."""
+        return self._now_ns() >= self._end
+
+    def remaining(self) -> float:
+        """Seconds of the device clock until the transfer's end (0.0 once done)."""
+        return max(0, self._end - self._now_ns()) / 1e9
+
+    def result(self) -> None:
+        """Raise :attr:`error`, if the transfer was made to fail, once it is done."""
+        if self.error is not None and self.done():
+            raise self.error
+
+    def describe(self) -> str:
+        """What ``pending_waits()`` shows: the name and the end on the device clock."""
+        return f"{self.name} ending at {self._end / 1e9:.9f} s"
+
+    def __repr__(self) -> str:
+        return f"<aiostream.virtual.Transfer {self.describe()}>"
 
 
 def stats() -> VirtualStats:

@@ -140,6 +140,8 @@ DOCUMENTED_ALSO: dict[str, tuple[type[BaseException], ...]] = {
     # device, a dtype DLPack lacks), which consumers catch by its type
     "aiostream.DeviceBuffer.__dlpack__": (BufferError,),
     "aiostream.from_dlpack": (BufferError,),
+    "aiostream.wait": (TimeoutError,),  # timeout= passed
+    "aiostream.virtual.Transfer.result": (KeyError,),  # the failing transfer's own error
 }
 
 
@@ -326,6 +328,10 @@ def _summary() -> ais.Summary:
 #: Class -> {variant: factory}: the objects whose members are fuzzed, made fresh per call.
 FACTORIES: dict[type, dict[str, Callable[[], Any]]] = {
     ais.AiostreamError: {"": lambda: ais.AiostreamError("plain")},
+    ais.Adapter: {"": lambda: ais.Adapter("fuzzed", done="done")},
+    ais.CompletionError: {
+        "": lambda: ais.CompletionError("asking raised", kind="fuzzed", subject="a handle")
+    },
     ais.CaptureError: {"": lambda: ais.CaptureError("a capture refused it")},
     ais.BackendUnavailableError: {"": lambda: ais.BackendUnavailableError("cuda", "no driver")},
     ais.Batch: {"": _batch},
@@ -381,6 +387,11 @@ FACTORIES: dict[type, dict[str, Callable[[], Any]]] = {
     ais.virtual.Stall: {
         "": lambda: ais.virtual.stall("compute"),
         "stale": _stale(lambda: ais.virtual.stall("compute")),
+    },
+    ais.virtual.Transfer: {
+        "": lambda: ais.virtual.Transfer(0.001),
+        "failing": lambda: ais.virtual.Transfer(0.0, error=KeyError("lost")),
+        "stale": _stale(lambda: ais.virtual.Transfer(0.001)),
     },
     ais.virtual.VirtualClock: {"": ais.virtual.VirtualClock},
     ais.virtual.VirtualOptions: {"": ais.virtual.VirtualOptions},

@@ -27,6 +27,7 @@ FOLDERS = {
     "profiler",
     "testing",
     "interop",
+    "completions",
     "tooling",
     "internals",
     "helpers",

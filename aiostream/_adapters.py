@@ -1,0 +1,279 @@
+"""How ``aiostream.wait()`` learns that a foreign handle's work is done: one :class:`Adapter`
+per kind of handle, found by the handle's type (its module's name, never an import: a library
+that is not installed costs nothing), else by duck typing.
+
+=====================================  ==========================  ============================
+handle                                 how its completion is seen  what a failure raises
+=====================================  ==========================  ============================
+``concurrent.futures.Future``          ``add_done_callback``       the future's exception
+``torch.distributed`` ``Work``         ``get_future()``'s callback  ``Work.wait()``'s exception
+                                       (else ``is_completed()``)
+``torch.futures.Future``               ``add_done_callback``       ``value()``'s exception
+Dask ``distributed.Future``            ``add_done_callback``       ``result()``'s exception
+``jax.Array``                          ``is_ready()``              ``block_until_ready()``'s
+``aiostream.virtual.Transfer``         ``done()``, on the clock    its ``error``
+anything with ``add_done_callback``    the callback                ``result()``'s exception
+and ``done()`` (a future)
+anything with ``done()``,              asked by the loop's poller  nothing more
+``is_completed()`` or ``is_ready()``
+=====================================  ==========================  ============================
+
+This module imports nothing of the package: it sits at the ground, beside the hooks.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Adapter", "find", "register_adapter"]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How ``aiostream.wait()`` learns that one kind of handle is done.
+
+    Give ``done`` (the handle can only be asked: the loop's one poller asks it), or
+    ``call_back`` (the handle calls back: nothing polls), or both (``call_back`` is used; a
+    handle whose ``call_back`` returns ``False`` is asked with ``done`` instead).
+
+    Args:
+        kind: what ``pending_waits()``, the metrics and the spans call these handles, such as
+            ``"nixl"``: keep it to a few values (it is a metric label).
+        done: ``done(handle) -> bool``, or the name of the handle's method that says it
+            (``"done"``): whether its work is done. It must not block.
+        call_back: ``call_back(handle, fn)`` has ``fn()`` called once the work is done, from
+            any thread, or at once; it may return ``False`` to say this handle cannot call
+            back (then ``done`` is asked).
+        result: ``result(handle)``, called in the waiting task once the work is done, raises
+            the work's error, if it failed, as the library's own exception.
+        describe: ``describe(handle) -> str``: what the handle is, for ``pending_waits()``
+            and the watchdog (``what=`` is put before it). It must be cheap and never block.
+        on_cancel: ``on_cancel(handle)``, called when a wait on it is cancelled or times out,
+            if that should cancel or release the work (NIXL's ``release_xfer_handle``,
+            ``ray.cancel``); without it the work goes on, and a polled handle is kept alive
+            until it is done.
+        eta: ``eta(handle) -> float | None``: seconds until the work is done, where the
+            handle knows it (a simulated transfer); the poller then wakes at that moment.
+        accepts: ``accepts(handle) -> bool``, for :func:`register_adapter`: which handles it
+            serves.
+    """
+
+    kind: str
+    done: Callable[[Any], bool] | str | None = None
+    call_back: Callable[[Any, Callable[[], None]], object] | None = None
+    result: Callable[[Any], object] | None = None
+    describe: Callable[[Any], str] | None = None
+    on_cancel: Callable[[Any], object] | None = None
+    eta: Callable[[Any], float | None] | None = None
+    accepts: Callable[[Any], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or not self.kind:
+            raise TypeError(f"kind must be a non-empty str, got {self.kind!r}")
+        if self.done is None and self.call_back is None:
+            raise TypeError(f"Adapter {self.kind!r} needs done= or call_back= (or both)")
+        if isinstance(self.done, str):
+            if not self.done.isidentifier():
+                raise ValueError(f"done must name a method, got {self.done!r}")
+        elif self.done is not None and not callable(self.done):
+            raise TypeError(f"done must be a callable or a method's name, got {self.done!r}")
+        for name in ("call_back", "result", "describe", "on_cancel", "eta", "accepts"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be callable or None, got {value!r}")
+
+
+def asker(adapter: Adapter, handle: Any) -> Callable[[], bool] | None:
+    """What the poller calls, without arguments, to ask ``handle``; None if it cannot."""
+    done = adapter.done
+    if done is None:
+        return None
+    if isinstance(done, str):
+        method: Callable[[], bool] = getattr(handle, done)
+        return method
+    return lambda: done(handle)
+
+
+_registered: list[Adapter] = []  # the program's own, newest first
+_by_type: dict[type, Adapter | None] = {}  # the built-in choice for each type seen
+
+
+def register_adapter(adapter: Adapter) -> Callable[[], None]:
+    """Have ``aiostream.wait()`` use ``adapter`` for every handle its ``accepts`` takes,
+    before the built-in adapters (the last registered is asked first). Returns the function
+    that unregisters it.
+
+    Example:
+        >>> import aiostream as ais
+        >>> class Transfer:  # a library's handle, asked through a status call
+        ...     def state(self):
+        ...         return "DONE"
+        >>> unregister = ais.register_adapter(ais.Adapter(
+        ...     kind="transfer", done=lambda h: h.state() == "DONE",
+        ...     accepts=lambda h: isinstance(h, Transfer)))
+        >>> unregister()
+    """
+    if not isinstance(adapter, Adapter):
+        raise TypeError(f"adapter must be an aiostream.Adapter, got {adapter!r}")
+    if adapter.accepts is None:
+        raise ValueError(f"Adapter {adapter.kind!r} needs accepts= to be registered")
+    _registered.insert(0, adapter)
+
+    def unregister() -> None:
+        if adapter in _registered:
+            _registered.remove(adapter)
+
+    return unregister
+
+
+def find(handle: object) -> Adapter:
+    """The adapter for ``handle``: a registered one that accepts it, else the built-in one for
+    its type, else a duck-typed one; TypeError if nothing says when it is done."""
+    for adapter in _registered:
+        if adapter.accepts is not None and adapter.accepts(handle):
+            return adapter
+    kind = type(handle)
+    try:
+        found = _by_type[kind]
+    except KeyError:
+        found = _by_type[kind] = _builtin(kind)
+    except TypeError:  # an unhashable type: not cached
+        found = _builtin(kind)
+    if found is None:
+        raise TypeError(
+            f"aiostream.wait() cannot tell when {kind.__module__}.{kind.__qualname__} is done: "
+            "it needs a handle with done(), is_completed(), is_ready() or add_done_callback(), "
+            "an aiostream Event or Stream, or a CUDA event; for anything else pass "
+            "adapter=aiostream.Adapter(...) or register one (aiostream.register_adapter)"
+        )
+    return found
+
+
+# ---------------------------------------------------------------------- the built-in adapters
+
+
+def _is_a(kind: type, module: str, name: str) -> bool:
+    """Whether ``kind`` or a base of it is ``module``'s (or a submodule's) class ``name``."""
+    for base in kind.__mro__:
+        owner = base.__module__ or ""
+        if base.__name__ == name and (owner == module or owner.startswith(module + ".")):
+            return True
+    return False
+
+
+def _short(kind: type) -> str:
+    return f"{kind.__module__.partition('.')[0]}.{kind.__name__}"
+
+
+def _identity(handle: object) -> str:
+    """A handle named without ``repr()``, which may be slow, huge or blocking (a JAX array's
+    prints its values)."""
+    return f"{_short(type(handle))} at 0x{id(handle):x}"
+
+
+def _future_result(future: Any) -> object:
+    return future.result(0)  # done: never blocks; raises its error or CancelledError
+
+
+def _subscribe(handle: Any, fn: Callable[[], None]) -> None:
+    handle.add_done_callback(lambda *_: fn())
+
+
+def _describe_dask(future: Any) -> str:
+    return f"dask task {getattr(future, 'key', '?')}"
+
+
+def _describe_array(array: Any) -> str:
+    shape = getattr(array, "shape", None)
+    dtype = getattr(array, "dtype", None)
+    dims = ", ".join(str(d) for d in shape) if shape is not None else "?"
+    return f"array {dtype}[{dims}]"
+
+
+def _raise_error(handle: Any) -> None:
+    result = getattr(handle, "result", None)
+    if callable(result):
+        result()
+
+
+CONCURRENT = Adapter(
+    "concurrent.futures",
+    done="done",
+    call_back=_subscribe,
+    result=_future_result,
+    describe=_identity,
+)
+TORCH_FUTURE = Adapter(
+    "torch.futures",
+    done="done",
+    call_back=_subscribe,
+    result=lambda f: f.value(),
+    describe=_identity,
+)
+DASK = Adapter(
+    "dask",
+    done="done",
+    call_back=_subscribe,
+    result=lambda f: f.result(),
+    describe=_describe_dask,
+)
+JAX = Adapter(
+    "jax", done="is_ready", result=lambda a: a.block_until_ready(), describe=_describe_array
+)
+
+
+def _torch_work() -> Adapter:
+    from . import _torch_adapter  # only once a Work exists: torch is imported already
+
+    return _torch_adapter.WORK
+
+
+def _transfer() -> Adapter:
+    return Adapter(
+        "virtual.transfer",
+        done="done",
+        result=lambda t: t.result(),
+        describe=lambda t: t.describe(),
+        eta=lambda t: t.remaining(),
+    )
+
+
+def _builtin(kind: type) -> Adapter | None:
+    futures = sys.modules.get("concurrent.futures")
+    if futures is not None and issubclass(kind, futures.Future):
+        return CONCURRENT
+    root = kind.__module__.partition(".")[0]
+    if root == "torch":
+        if _is_a(kind, "torch", "Work"):
+            return _torch_work()
+        if _is_a(kind, "torch", "Future"):
+            return TORCH_FUTURE
+    elif root == "distributed" and _is_a(kind, "distributed", "Future"):
+        return DASK
+    elif root in ("jax", "jaxlib") and hasattr(kind, "is_ready"):
+        return JAX
+    elif kind.__module__ == "aiostream.virtual" and kind.__name__ == "Transfer":
+        return _transfer()
+    return _duck(kind)
+
+
+def _duck(kind: type) -> Adapter | None:
+    name = _short(kind)
+    if callable(getattr(kind, "add_done_callback", None)) and callable(getattr(kind, "done", None)):
+        return Adapter(
+            name, done="done", call_back=_subscribe, result=_raise_error, describe=_identity
+        )
+    for method in ("done", "is_completed", "is_ready"):
+        if callable(getattr(kind, method, None)):
+            return Adapter(name, done=method, describe=_identity)
+    return None
+
+
+def is_cuda_event(handle: object) -> bool:
+    """Whether ``handle`` is another library's CUDA event (``aiostream.as_event`` takes it)."""
+    kind = type(handle)
+    root = kind.__module__.partition(".")[0]
+    return root in ("torch", "cupy", "cupy_backends", "cuda") and "Event" in kind.__name__

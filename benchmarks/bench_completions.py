@@ -1,0 +1,324 @@
+"""What ``await ais.wait(handle)`` costs for foreign handles, from 100 to 10,000 pending, against
+the two ways programs wait for them today, measured in the same run.
+
+1. Lateness and CPU: N handles that can only be asked (``done()``), completing at random
+   moments over a 1 s window, one task per handle awaiting it; lateness is the wake time minus
+   the completion time; CPU is the process's CPU time from starting the tasks to the last
+   wake, per 1,000 completions. Baselines: (a) a polling task per handle
+   (``while not h.done(): await anyio.sleep(POLL_S)``, the 1-10 ms sleeps of serving engines'
+   transfer loops) and (b) ``anyio.to_thread.run_sync(h.wait)``, a thread per wait (anyio's
+   default limit of 40 threads). Goals: median lateness at most 1 ms, p99 at most 5 ms, at
+   most 0.15 CPU-s per 1,000 completions. The floor, for reference: a task per handle
+   sleeping on the loop's own timer until its moment (what no waiter can beat).
+2. Real kinds, where installed: 1,000 handles, a third each of synthetic ``done()`` handles,
+   ``concurrent.futures`` futures resolved by a timer thread, and gloo ``all_reduce`` work of
+   two ranks in this process (the second rank joins each collective at its moment); lateness
+   against the moment the work was completed (the future resolved, the rank joined).
+3. Idle: CPU while 1,000 handles that never complete sit pending for 1 s (goal: under 1 % of
+   a core), against the polling tasks.
+4. 10,000 waits cancelled: none is listed by ``pending_waits()`` afterwards, and every
+   handle is let go once its work is done (a polled handle is kept alive until then).
+
+Usage: python benchmarks/bench_completions.py [--loops asyncio,uvloop,trio]
+       [--sizes 100,1000,10000] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import gc
+import platform
+import random
+import statistics
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+import aiostream as ais
+
+WINDOW_S = 1.0  # completions spread over this
+INF = float("inf")
+POLL_S = 0.005  # the polling baseline's sleep
+OPTIONS = {
+    "asyncio": ("asyncio", {}),
+    "uvloop": ("asyncio", {"use_uvloop": True}),
+    "trio": ("trio", {}),
+}
+
+
+class Handle:
+    """Done at ``at`` (monotonic clock); ``wait()`` blocks until then (the thread baseline)."""
+
+    __slots__ = ("__weakref__", "at")
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def done(self) -> bool:
+        return time.monotonic() >= self.at
+
+    def wait(self) -> None:
+        while self.at == INF:  # not given its moment yet (the run is starting its waits)
+            time.sleep(0.001)
+        left = self.at - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+
+def run(loop: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+    backend, options = OPTIONS[loop]
+    return anyio.run(fn, backend=backend, backend_options=options)
+
+
+def moments(n: int, start: float, seed: int = 1) -> list[float]:
+    """N random moments over the window, which opens just after ``start``."""
+    rng = random.Random(seed)
+    opens = start + 0.005 + n * 5e-6
+    return [opens + rng.random() * WINDOW_S for _ in range(n)]
+
+
+async def ours(h: Handle) -> None:
+    await ais.wait(h)
+
+
+async def polling(h: Handle) -> None:
+    while not h.done():
+        await anyio.sleep(POLL_S)
+
+
+GO: list[anyio.Event] = []  # set once every handle has its moment
+
+
+async def timer(h: Handle) -> None:
+    """The floor: a task sleeping on the loop's own timer until the moment (again, if the
+    timer fires early, as uvloop's may)."""
+    await GO[0].wait()
+    while (left := h.at - time.monotonic()) > 0:
+        await anyio.sleep(left)
+
+
+async def threaded(h: Handle) -> None:
+    await anyio.to_thread.run_sync(h.wait)
+
+
+def lateness_run(loop: str, n: int, method: Callable[[Handle], Awaitable[None]]) -> dict[str, Any]:
+    async def main() -> dict[str, Any]:
+        # Every wait begins first, then the handles get their moments: the window measures
+        # steady completions, not a poller that backed off while 10,000 tasks started (the
+        # first completion after an idle stretch is at most CAP_S late: see RESULTS.md)
+        handles = [Handle(INF) for _ in range(n)]
+        late: list[float] = []
+        began = 0
+        GO[:] = [anyio.Event()]
+
+        async def one(h: Handle) -> None:
+            nonlocal began
+            began += 1
+            await method(h)
+            late.append(time.monotonic() - h.at)
+
+        cpu = time.process_time()
+        async with anyio.create_task_group() as tg:
+            for h in handles:
+                tg.start_soon(one, h)
+            while began < n:
+                await anyio.sleep(0)
+            await anyio.sleep(0)
+            for h, at in zip(handles, moments(n, time.monotonic()), strict=True):
+                h.at = at
+            GO[0].set()
+        cpu = time.process_time() - cpu
+        return summary(late) | {"cpu_per_1000": cpu / n * 1000}
+
+    gc.collect()
+    return run(loop, main)
+
+
+def summary(late: list[float]) -> dict[str, float]:
+    late = sorted(late)
+    return {
+        "median_ms": statistics.median(late) * 1e3,
+        "p99_ms": late[min(len(late) - 1, int(len(late) * 0.99))] * 1e3,
+    }
+
+
+def idle_run(loop: str, method: Callable[[Handle], Awaitable[None]], n: int = 1000) -> float:
+    """Percent of a core while ``n`` handles that never complete are pending for 1 s."""
+
+    async def main() -> float:
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(method, Handle(float("inf")))
+            await anyio.sleep(0.3)  # past the poller's fast first moments
+            cpu, wall = time.process_time(), time.monotonic()
+            await anyio.sleep(1.0)
+            cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+            tg.cancel_scope.cancel()
+        return cpu / wall * 100
+
+    return run(loop, main)
+
+
+def idle_floor(loop: str) -> float:
+    """Percent of a core of one task waking every ``CAP_S`` (the poller's idle pace) and
+    doing nothing: this machine's floor for that pace."""
+    from aiostream._completions import CAP_S
+
+    async def ticking(_: Handle) -> None:
+        while True:
+            await anyio.sleep(CAP_S)
+
+    return idle_run(loop, ticking, n=1)
+
+
+def cancelled_run(loop: str, n: int = 10_000) -> tuple[int, int, int]:
+    """(listed after the cancel, handles kept right after it, handles kept once done)."""
+
+    async def main() -> tuple[int, int, int]:
+        end = time.monotonic() + 2.0
+        handles = [Handle(end) for _ in range(n)]
+        refs = [weakref.ref(h) for h in handles]
+        async with anyio.create_task_group() as tg:
+            for h in handles:
+                tg.start_soon(ours, h)
+            await anyio.sleep(0.1)
+            tg.cancel_scope.cancel()
+        del handles, h
+        listed = len(ais.pending_waits())
+        gc.collect()
+        kept = sum(r() is not None for r in refs)
+        await anyio.sleep(max(0.0, end - time.monotonic()) + 0.1)
+        gc.collect()
+        return listed, kept, sum(r() is not None for r in refs)
+
+    return run(loop, main)
+
+
+def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
+    """A third each of synthetic handles, futures and gloo work; lateness by kind."""
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        torch = None
+    third = n // 3
+
+    groups: list[Any] = [None, None]
+    if torch is not None:
+        store = dist.HashStore()
+
+        def make(rank: int) -> None:
+            groups[rank] = dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=60))
+
+        makers = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+        for t in makers:
+            t.start()
+        for t in makers:
+            t.join()
+
+    async def main() -> dict[str, dict[str, float]]:
+        late: dict[str, list[float]] = {"done()": [], "concurrent.futures": [], "gloo": []}
+        synthetic = [Handle(INF) for _ in range(third)]
+        futures = [concurrent.futures.Future() for _ in range(third)]
+        gloo = [] if torch is None else [groups[0].allreduce([torch.ones(16)]) for _ in futures]
+        moments_of: dict[str, list[float]] = {}
+        done_at: dict[int, float] = {}  # when the work was completed: resolved, or joined
+
+        def resolver() -> None:
+            for at, future in zip(moments_of["futures"], futures, strict=True):
+                time.sleep(max(0.0, at - time.monotonic()))
+                done_at[id(future)] = time.monotonic()
+                future.set_result(None)
+
+        def other_rank() -> None:
+            for at, work in zip(moments_of["gloo"], gloo, strict=True):
+                time.sleep(max(0.0, at - time.monotonic()))
+                done_at[id(work)] = time.monotonic()
+                groups[1].allreduce([torch.ones(16)])  # the collective completes on both
+
+        began = 0
+
+        async def one(kind: str, h: Any) -> None:
+            nonlocal began
+            began += 1
+            await ais.wait(h)
+            late[kind].append(time.monotonic() - (h.at if kind == "done()" else done_at[id(h)]))
+
+        async with anyio.create_task_group() as tg:
+            for h in synthetic:
+                tg.start_soon(one, "done()", h)
+            for f in futures:
+                tg.start_soon(one, "concurrent.futures", f)
+            for w in gloo:
+                tg.start_soon(one, "gloo", w)
+            while began < len(synthetic) + len(futures) + len(gloo):
+                await anyio.sleep(0)
+            start = time.monotonic()
+            for h, at in zip(synthetic, moments(third, start, seed=2), strict=True):
+                h.at = at
+            moments_of["futures"] = sorted(moments(third, start, seed=3))
+            moments_of["gloo"] = sorted(moments(third, start, seed=4))
+            threads = [threading.Thread(target=resolver)]
+            if gloo:
+                threads.append(threading.Thread(target=other_rank))
+            for t in threads:
+                t.start()
+        for t in threads:
+            t.join()
+        return {kind: summary(values) for kind, values in late.items() if values}
+
+    return run(loop, main)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--loops", default="asyncio,uvloop,trio")
+    parser.add_argument("--sizes", default="100,1000,10000")
+    parser.add_argument("--quick", action="store_true", help="100 and 1,000 handles only")
+    args = parser.parse_args()
+    loops = args.loops.split(",")
+    sizes = [100, 1000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    print(f"# {platform.python_implementation()} {platform.python_version()}, {time.ctime()}")
+    print("\n1. lateness (ms) and CPU-s per 1,000 completions, completions over 1 s")
+    print(
+        "| loop | N | ours median | p99 | CPU | timer median | p99 | CPU "
+        "| poll task median | p99 | CPU | to_thread median | p99 | CPU |"
+    )
+    print("|---|---|" + "---|" * 12)
+    for loop in loops:
+        for n in sizes:
+            row = [loop, f"{n:,}"]
+            for method in (ours, timer, polling, threaded):
+                r = lateness_run(loop, n, method)
+                row += [f"{r['median_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['cpu_per_1000']:.3f}"]
+            print("| " + " | ".join(row) + " |", flush=True)
+    print("\n2. real kinds, 1,000 handles (a third each): lateness median / p99 (ms)")
+    for loop in loops:
+        by_kind = real_kinds_run(loop)
+        cells = ", ".join(
+            f"{k} {v['median_ms']:.2f} / {v['p99_ms']:.2f}" for k, v in by_kind.items()
+        )
+        print(f"- {loop}: {cells}", flush=True)
+    print(
+        "\n3. % of a core while 1,000 never-done handles pend (ours, polling tasks; the floor:"
+        " one task waking at the poller's idle pace)"
+    )
+    for loop in loops:
+        cells = [idle_run(loop, ours), idle_run(loop, polling), idle_floor(loop)]
+        print(f"- {loop}: " + ", ".join(f"{c:.2f} %" for c in cells), flush=True)
+    print("\n4. 10,000 waits cancelled: listed after, handles kept right after, kept once done")
+    for loop in loops:
+        listed, kept, left = cancelled_run(loop)
+        print(f"- {loop}: {listed} listed, {kept:,} kept until done, {left} left", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Virtual time: ``ais.virtual.Transfer`` completes on the simulator's clock, so a pipeline that
+mixes device work and transfers gives the same exact timeline on every run and loop."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import aiostream as ais
+from aiostream.testing import VirtualTime, run_in_virtual_time
+
+pytestmark = pytest.mark.anyio
+
+
+async def _pipeline() -> list[tuple[str, float]]:
+    """Fetch three shards over the network (0.25 s each, two at a time) while the device
+    computes on the ones already fetched (0.1 s each, on one stream)."""
+    stream = ais.Stream()
+    log: list[tuple[str, float]] = []
+    limit = anyio.Semaphore(2)
+
+    async def shard(i: int) -> None:
+        async with limit:
+            await ais.wait(ais.virtual.Transfer(0.25, name=f"shard {i}"))
+        log.append(("fetched", ais.virtual.now()))
+        ais.delay(0.1, stream=stream)
+        await ais.wait(stream.record_event())
+        log.append(("computed", ais.virtual.now()))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(shard, i)
+    return sorted(log, key=lambda entry: (entry[1], entry[0]))
+
+
+# which shard goes first is the loop's choice (trio shuffles its ready tasks); when is not
+EXPECTED = [
+    ("fetched", 0.25),
+    ("fetched", 0.25),
+    ("computed", 0.35),
+    ("computed", 0.45),
+    ("fetched", 0.5),
+    ("computed", 0.6),
+]
+
+
+async def test_a_pipeline_of_transfers_and_device_work_is_exact(virtual_time: VirtualTime) -> None:
+    assert await _pipeline() == EXPECTED
+    assert virtual_time.now() == 0.6
+
+
+def test_the_same_pipeline_outside_pytest_gives_the_same_timeline() -> None:
+    for backend in ("asyncio", "trio"):
+        assert run_in_virtual_time(_pipeline, backend=backend) == EXPECTED
+
+
+async def test_a_failed_transfer_raises_its_error_at_its_end(virtual_time: VirtualTime) -> None:
+    with pytest.raises(ConnectionResetError):
+        await ais.wait(ais.virtual.Transfer(0.5, error=ConnectionResetError("peer gone")))
+    assert virtual_time.now() == 0.5
+
+
+async def test_a_transfer_is_listed_while_pending(virtual_time: VirtualTime) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: ais.wait(ais.virtual.Transfer(1.0, name="weights")))
+        await anyio.sleep(0.25)
+        [wait] = ais.pending_waits()
+        tg.cancel_scope.cancel()
+    assert wait.subject == "weights ending at 1.000000000 s"
+    assert wait.device == "virtual.transfer"

@@ -15,7 +15,7 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.capture import ForeignCapture
-from tests.helpers.cuda import DEV, N, primary_context, ptr, two_devices
+from tests.helpers.cuda import DEV, N, device_finishes, primary_context, ptr, two_devices
 from tests.helpers.deadlines import until
 from tests.helpers.faults import calls, succeeded
 from tests.helpers.stand_in import FAKE, skip_on_a_stand_in_without_hooks, take_violations
@@ -154,6 +154,7 @@ def test_the_backend_releases_open_graphs_at_close(own_backend: Any) -> None:
     with g.capture(s):
         ais.delay(0.001, stream=s)
     assert FAKE is None or FAKE.fake_cuda_graphs_live(1) == 1
+    device_finishes()  # an idle device: the close unloads the kernel's module too
     own_backend.close()
     assert FAKE is None or FAKE.fake_cuda_graphs_live(1) == 0
     g.close()  # after the backend's close: nothing left to release, and no error

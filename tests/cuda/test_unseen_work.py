@@ -21,9 +21,13 @@ from tests.helpers.deadlines import until
 from tests.helpers.faults import failing
 from tests.helpers.gate import gated
 from tests.helpers.process import in_spawned_process
-from tests.helpers.stand_in import FAKE, hurry, needs_stand_in, take_violations
+from tests.helpers.stand_in import FAKE, hurry, take_violations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
+
+#: the driver documents opening an IPC handle in another process only; the stand-in opens it
+#: in its own, where both sides of these tests can be held and watched by one test
+SAME_PROCESS_IPC = pytest.mark.stand_in("an IPC event handle opened in its own process")
 
 
 # ---------------------------------------------------- the default stream
@@ -143,7 +147,7 @@ async def test_an_event_handed_out_may_be_recorded_unseen(
     assert e.query() and other.query()
 
 
-@needs_stand_in  # the driver documents opening an IPC handle in another process only
+@SAME_PROCESS_IPC
 async def test_an_opened_ipc_event_may_be_recorded_by_its_exporter_unseen(
     anyio_backend: object,
 ) -> None:
@@ -167,7 +171,7 @@ async def test_an_opened_ipc_event_may_be_recorded_by_its_exporter_unseen(
     assert opened.query()
 
 
-@needs_stand_in  # the driver documents opening an IPC handle in another process only
+@SAME_PROCESS_IPC
 async def test_an_exported_event_may_be_recorded_by_its_opener_unseen(
     anyio_backend: object,
 ) -> None:

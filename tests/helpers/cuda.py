@@ -239,3 +239,19 @@ def a_failed_call_is_raised_where_it_was_made(
     ais.delay(0.001, stream=s)  # and the device works on
     s.synchronize_blocking()
     assert s.query()
+
+
+def host_function_launches(watcher: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The host functions a device's watcher launches from now on, each with its arguments
+    (stream, function, data): it calls the driver's ``cuLaunchHostFunc`` through ctypes, where
+    a spy on the bindings cannot see it; on any driver."""
+    launched: list[tuple[int, ...]] = []
+    launch = watcher.launch
+    assert launch is not None, "no cuLaunchHostFunc here: the watcher polls"
+
+    def spy(stream: int, fn: int, data: int) -> int:
+        launched.append((stream, fn, data))
+        return int(launch(stream, fn, data))
+
+    monkeypatch.setattr(watcher, "launch", spy)
+    return launched

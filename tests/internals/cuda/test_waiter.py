@@ -17,7 +17,7 @@ import pytest
 
 import aiostream as ais
 from aiostream import _backends
-from tests.helpers.cuda import DEV
+from tests.helpers.cuda import DEV, host_function_launches
 from tests.helpers.deadlines import until
 from tests.helpers.gate import gate
 from tests.helpers.stand_in import FAKE
@@ -34,20 +34,10 @@ def spin_budget(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
 # ------------------------------------------------------ hybrid's handoff
 
 
-def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
-    """The host functions the shared backend's watcher of cuda:0 launches from now on (through
-    ctypes, not the bindings), each with its arguments: (stream, function, data)."""
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The host functions the shared backend's watcher of cuda:0 launches from now on."""
     watcher: Any = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
-    launched: list[tuple[int, int, int]] = []
-    launch = watcher.launch
-    assert launch is not None, "no cuLaunchHostFunc here: the watcher polls"
-
-    def spy(stream: int, fn: int, data: int) -> int:
-        launched.append((stream, fn, data))
-        return int(launch(stream, fn, data))
-
-    monkeypatch.setattr(watcher, "launch", spy)
-    return launched
+    return host_function_launches(watcher, monkeypatch)
 
 
 async def test_short_hybrid_waits_add_no_host_function(

@@ -21,7 +21,7 @@ import pytest
 
 import aiostream as ais
 from aiostream import _backends
-from tests.helpers.cuda import DEV, held, primary_context
+from tests.helpers.cuda import DEV, held, host_function_launches, primary_context
 from tests.helpers.deadlines import deadline, until
 from tests.helpers.gate import gate, gated
 from tests.helpers.process import run_python
@@ -191,21 +191,6 @@ async def test_the_watcher_polls_from_50us_backing_off_to_2ms(
         assert sleeps == [0.05] * 4
 
 
-def launches(watcher: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
-    """The host functions ``watcher`` launches from now on (through ctypes, not the
-    bindings), each with its arguments: (stream, function, data)."""
-    launched: list[tuple[int, int, int]] = []
-    launch = watcher.launch
-    assert launch is not None, "no cuLaunchHostFunc here: the watcher polls"
-
-    def spy(stream: int, fn: int, data: int) -> int:
-        launched.append((stream, fn, data))
-        return int(launch(stream, fn, data))
-
-    monkeypatch.setattr(watcher, "launch", spy)
-    return launched
-
-
 def idle(s: ais.Stream) -> bool:
     """Whether ``s`` has no work pending, as the driver says to a user's own call (none of
     aiostream's: the backend learns nothing of it)."""
@@ -226,7 +211,7 @@ async def test_host_functions_wake_the_watcher(
     monkeypatch.setattr(watcher, "HEALTH_S", 3600.0)  # its sweeps while waits are watched
     backend: Any = _backends.get("cuda")
     s = ais.Stream(DEV)
-    launched = launches(backend._devices.get(0).watcher, monkeypatch)
+    launched = host_function_launches(backend._devices.get(0).watcher, monkeypatch)
     calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
     for _ in range(5):
         release = gate(s)

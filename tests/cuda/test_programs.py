@@ -175,7 +175,12 @@ def test_the_cuda_backend_turns_nvtx_on_where_installed(stand_in_folder: Path) -
 
 
 #: the stand-in's test hooks, as its source defines them
-HOOKS = re.findall(r"^HOOK \w+ (fake_cuda_\w+)\(", fake_cuda.SOURCE.read_text(), re.M)
+#: the hooks the stand-in's sources define (its sections are files of their own)
+HOOKS = [
+    hook
+    for part in sorted(fake_cuda.SOURCE.parent.glob("*.c"))
+    for hook in re.findall(r"^HOOK \w+ (fake_cuda_\w+)\(", part.read_text(), re.M)
+]
 
 AS_ON_A_GPU = """
 import ctypes, sys, threading, time

@@ -134,27 +134,6 @@ def _after(exc: BaseException, error: BaseException) -> None:
         last = last.__context__
 
 
-def _prepare_in_thread(
-    me: weakref.ref[_Iteration], call_soon: Callable[[Callable[[], object]], object]
-) -> None:
-    """A worker thread's loop (``_Iteration._thread_worker``). It reaches the loader, and its
-    queue of jobs, through a weak reference only: the pooled thread that ran it may hold it a
-    moment after reporting that it returned, and the loader (its stream, events and buffers,
-    and the jobs left queued when it stopped) must not outlive its last use on that account."""
-    loader = me()
-    assert loader is not None  # the task awaiting this thread holds it
-    queue = loader.jobs
-    while (job := queue.get()) is not None and not loader._stopping:  # noqa: SLF001
-        try:
-            assert job.slot is not None
-            job.result = loader.staging.transform_and_fill(job.item, job.slot)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            job.error = exc
-        finally:
-            job.item = None  # pragma: no mutate (equivalent: the field is not read again)
-            call_soon(functools.partial(loader._prepared, job))  # noqa: SLF001
-
-
 class _Turn:
     """A pass's one consumer: the task taking its batches, and the step (``__anext__``) it
     is in, which :meth:`_Iteration.aclose` from another task cancels and waits for: the
@@ -215,92 +194,54 @@ class _Turn:
             self.scope.cancel()
 
 
-def _handed_out(device: Device, began: float) -> None:
-    """Tell the listeners a batch went out, and how long its consumer waited for it."""
-    if _hooks.listeners:
-        _hooks.loader_batch(str(device), time.monotonic() - began)
+class _Source:
+    """The source's items, one at a time (``_END`` after the last)."""
 
-
-class _Iteration(AsyncIterator[Batch]):
-    """One pass over the source: run ahead in ``runner``'s tasks, or inside ``__anext__``."""
-
-    def __init__(self, plan: Plan, runner: anyio.abc.TaskGroup | None) -> None:
-        self._plan = plan
-        #: the jobs for worker threads (None: no more), in source order
-        self.jobs: SimpleQueue[_Job | None] = SimpleQueue()
-        self._device = plan.device
-        source = plan.source
+    def __init__(self, source: Iterable[Any] | AsyncIterable[Any], checkpoint: bool) -> None:
         self._async = isinstance(source, AsyncIterable)
-        self._source: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
-        self._limiter = anyio.CapacityLimiter(plan.workers)  # worker threads, this pass's own
-        self.staging = Staging(plan, self._limiter)
-        # nothing more is handed out
-        self._closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
-        self._closing: anyio.Event | None = None  # aclose has begun; set once it has finished
-        self._turn = _Turn()
-        self.batches = 0
-        # Produced inside __anext__ (no runner):
+        self._items: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
+        # produced inside __anext__: a long sync source still lets others run between items
+        # (running ahead, the credits bound what one turn takes)
+        self._checkpoint = checkpoint
+
+    async def next(self) -> Any:
+        if self._async:
+            try:
+                return await self._items.__anext__()
+            except StopAsyncIteration:
+                return _END
+        if self._checkpoint:
+            await anyio.lowlevel.checkpoint()
+        return next(self._items, _END)
+
+    async def aclose(self) -> None:
+        """Close an async source (an async generator's ``finally`` runs), shielded."""
+        if self._async and hasattr(self._items, "aclose"):
+            with anyio.CancelScope(shield=True):
+                await self._items.aclose()
+
+
+class _Here:
+    """Production inside ``__anext__`` (a plain ``async for``, no task group to run ahead in):
+    each step fills up to ``prefetch`` batches ahead, none while the consumer works."""
+
+    def __init__(self, plan: Plan, staging: Staging, source: _Source) -> None:
+        self._plan = plan
+        self._staging = staging
+        self._source = source
         self._inflight: deque[Batch] = deque()
         self._exhausted = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
         )
         self._error: BaseException | None = None  # raised once the batches before it are out
-        # Run ahead (a runner): the producer's tasks, and what they hand the consumer.
-        self.run_ahead = runner is not None
-        if runner is not None:
-            self._credits = plan.prefetch  # items the producer may take from the source
-            self._wake = anyio.Event()  # set when the producer may go on
-            self._pending: deque[_Job] = deque()  # taken from the source, in its order
-            self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
-                math.inf  # bounded by the credits
-            )
-            self._scope = anyio.CancelScope()
-            self._stopping = False  # read by worker threads: take no more items
-            self._stopped = anyio.Event()
-            runner.start_soon(self._run_ahead, name=f"{_NAME} producer on {self._device}")
 
-    # ------------------------------------------------------------------ the consumer's side
-
-    async def __anext__(self) -> Batch:
-        if self._closed:
-            raise StopAsyncIteration
-        self._turn.claim(holding=self.staging.held is not None)
-        began = time.monotonic()
-        try:
-            self.staging.release_held()
-            batch = await self._turn.take(self._receive if self.run_ahead else self._produce_here)
-            if batch is None or self._closed:  # closed meanwhile: its slot goes with the pool
-                raise StopAsyncIteration
-            consumer = current_stream(self._device)
-            consumer.wait_event(batch.ready)  # the host does not wait
-            self.staging.hold(batch, consumer)
-            self.batches += 1
-            _handed_out(self._device, began)
-            return batch
-        except BaseException as exc:
-            await self.close_after(exc)
-            raise
-
-    async def _receive(self) -> Batch:
-        try:
-            got = await self._ready.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):  # ended, or closed meanwhile
-            raise StopAsyncIteration from None
-        if isinstance(got, _Failed):
-            raise got.error
-        self._credits += 1  # the producer may take one more item from the source
-        self._wake.set()
-        return got
-
-    async def _produce_here(self) -> Batch:
+    async def take(self) -> Batch:
         """Fill up to ``prefetch`` batches ahead; an error from the source or the transform
         comes out in its turn, after the batches before it (as when running ahead)."""
-        staging = self.staging
+        staging = self._staging
         while len(self._inflight) < self._plan.prefetch and not self._exhausted:
             try:
-                item = await self._next_item()
+                item = await self._source.next()
                 if item is _END:
                     self._exhausted = True
                     break
@@ -317,14 +258,81 @@ class _Iteration(AsyncIterator[Batch]):
             raise StopAsyncIteration
         return self._inflight.popleft()
 
-    # ------------------------------------------------------------------ the producer's side
+    async def end(self) -> None:
+        """Drop the batches filled and not handed out (their slots go with the pool)."""
+        self._inflight.clear()
 
-    async def _run_ahead(self) -> None:
+    def stop(self) -> None:
+        """Nothing runs between steps: nothing to stop."""
+
+
+def _prepare_in_thread(
+    me: weakref.ref[_Ahead], call_soon: Callable[[Callable[[], object]], object]
+) -> None:
+    """A worker thread's loop (``_Ahead._thread_worker``). It reaches the producer, and its
+    queue of jobs, through a weak reference only: the pooled thread that ran it may hold it a
+    moment after reporting that it returned, and the pass (its stream, events and buffers, and
+    the jobs left queued when it stopped) must not outlive its last use on that account."""
+    ahead = me()
+    assert ahead is not None  # the task awaiting this thread holds it
+    queue = ahead.jobs
+    while (job := queue.get()) is not None and not ahead.stopping:
+        try:
+            assert job.slot is not None
+            job.result = ahead.staging.transform_and_fill(job.item, job.slot)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            job.error = exc
+        finally:
+            job.item = None  # pragma: no mutate (equivalent: the field is not read again)
+            call_soon(functools.partial(ahead.prepared, job))
+
+
+class _Ahead:
+    """Production run ahead in the ``async with`` block's tasks: the producer and its workers,
+    and the batches (or the first error, in its turn) they hand the consumer in source order."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        staging: Staging,
+        source: _Source,
+        limiter: anyio.CapacityLimiter,
+        runner: anyio.abc.TaskGroup,
+    ) -> None:
+        self._plan = plan
+        self.staging = staging
+        self._source = source
+        self._limiter = limiter
+        #: the jobs for worker threads (None: no more), in source order
+        self.jobs: SimpleQueue[_Job | None] = SimpleQueue()
+        self._credits = plan.prefetch  # items the producer may take from the source
+        self._wake = anyio.Event()  # set when the producer may go on
+        self._pending: deque[_Job] = deque()  # taken from the source, in its order
+        self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
+            math.inf  # bounded by the credits
+        )
+        self._scope = anyio.CancelScope()
+        self.stopping = False  # read by worker threads: take no more items
+        self._stopped = anyio.Event()
+        runner.start_soon(self._run, name=f"{_NAME} producer on {plan.device}")
+
+    async def take(self) -> Batch:
+        try:
+            got = await self._ready.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):  # ended, or closed meanwhile
+            raise StopAsyncIteration from None
+        if isinstance(got, _Failed):
+            raise got.error
+        self._credits += 1  # the producer may take one more item from the source
+        self._wake.set()
+        return got
+
+    async def _run(self) -> None:
         """The producer: keep up to ``prefetch`` items between the source and the consumer,
         each with a slot, queued for the workers; enqueue the copies of the prepared ones in
         source order and hand their batches (or the first error, in its turn) to the consumer.
         One task does all of it, woken by the consumer taking a batch (which returns a credit);
-        a worker done with an item hands out what is ready itself (:meth:`_prepared`)."""
+        a worker done with an item hands out what is ready itself (:meth:`prepared`)."""
         plan = self._plan
         work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
         in_threads = plan.in_threads
@@ -349,7 +357,7 @@ class _Iteration(AsyncIterator[Batch]):
                             while self._credits and not ended:  # take what the credits allow
                                 job = _Job(None)
                                 try:
-                                    job.item = await self._next_item()
+                                    job.item = await self._source.next()
                                 except BaseException as exc:  # the source failed: in its turn
                                     if _cancelled(exc):
                                         raise
@@ -377,7 +385,7 @@ class _Iteration(AsyncIterator[Batch]):
                             await self._wake.wait()
                             self._wake = anyio.Event()
                     except BaseException:  # failure or cancellation: drop the items queued
-                        self._stopping = True
+                        self.stopping = True
                         raise
                     finally:  # the workers finish what they hold, and leave
                         work_send.close()
@@ -388,11 +396,11 @@ class _Iteration(AsyncIterator[Batch]):
                 stream.close()
             self._stopped.set()
 
-    def _prepared(self, job: _Job) -> None:
+    def prepared(self, job: _Job) -> None:
         """A worker is done with ``job`` (called on the loop's thread): hand out what is ready
         now, with no trip through the producer task."""
         job.done = True
-        if self._stopping:  # stopped by a failure or a cancellation: nothing more goes out
+        if self.stopping:  # stopped by a failure or a cancellation: nothing more goes out
             return
         if self._hand_out():
             return
@@ -419,7 +427,7 @@ class _Iteration(AsyncIterator[Batch]):
                     self._ready_send.send_nowait(batch)
                     continue
             self._ready_send.send_nowait(_Failed(job.error))
-            self._stopping = True
+            self.stopping = True
             self._scope.cancel()
             return True
         return False
@@ -436,7 +444,7 @@ class _Iteration(AsyncIterator[Batch]):
                 job.error = exc
             finally:
                 job.item = None  # pragma: no mutate (equivalent: the field is not read again)
-            self._prepared(job)
+            self.prepared(job)
 
     async def _thread_worker(self, call_soon: Callable[[Callable[[], object]], object]) -> None:
         """Prepare items in one worker thread, which takes the next as soon as it is done with
@@ -446,17 +454,69 @@ class _Iteration(AsyncIterator[Batch]):
         work = functools.partial(_prepare_in_thread, weakref.ref(self), call_soon)
         await anyio.to_thread.run_sync(work, limiter=self._limiter)
 
-    # ------------------------------------------------------------------ both
+    async def end(self) -> None:
+        """Stop the producer and its workers, wait until they have, and drop the batches
+        staged and not handed out."""
+        self._scope.cancel()
+        await self._stopped.wait()
+        self._ready.close()
 
-    async def _next_item(self) -> Any:
-        if self._async:
-            try:
-                return await self._source.__anext__()
-            except StopAsyncIteration:
-                return _END
-        if not self.run_ahead:  # running ahead, the credits bound what one turn takes
-            await anyio.lowlevel.checkpoint()  # a long sync source still lets others run
-        return next(self._source, _END)
+    def stop(self) -> None:
+        """Stop producing (nothing is awaited)."""
+        self.stopping = True
+        self._scope.cancel()
+        self._ready.close()
+
+
+def _handed_out(device: Device, began: float) -> None:
+    """Tell the listeners a batch went out, and how long its consumer waited for it."""
+    if _hooks.listeners:
+        _hooks.loader_batch(str(device), time.monotonic() - began)
+
+
+class _Iteration(AsyncIterator[Batch]):
+    """One pass over the source, its consumer's side: it owns the staging and one of the two
+    ways of producing, inside ``__anext__`` (:class:`_Here`) or ahead in ``runner``'s tasks
+    (:class:`_Ahead`)."""
+
+    def __init__(self, plan: Plan, runner: anyio.abc.TaskGroup | None) -> None:
+        self._device = plan.device
+        limiter = anyio.CapacityLimiter(plan.workers)  # worker threads, this pass's own
+        self.staging = Staging(plan, limiter)
+        self._source = _Source(plan.source, checkpoint=runner is None)
+        # nothing more is handed out
+        self._closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
+        self._closing: anyio.Event | None = None  # aclose has begun; set once it has finished
+        self._turn = _Turn()
+        self.batches = 0
+        self.run_ahead = runner is not None
+        self._producer: _Here | _Ahead = (
+            _Here(plan, self.staging, self._source)
+            if runner is None
+            else _Ahead(plan, self.staging, self._source, limiter, runner)
+        )
+
+    async def __anext__(self) -> Batch:
+        if self._closed:
+            raise StopAsyncIteration
+        self._turn.claim(holding=self.staging.held is not None)
+        began = time.monotonic()
+        try:
+            self.staging.release_held()
+            batch = await self._turn.take(self._producer.take)
+            if batch is None or self._closed:  # closed meanwhile: its slot goes with the pool
+                raise StopAsyncIteration
+            consumer = current_stream(self._device)
+            consumer.wait_event(batch.ready)  # the host does not wait
+            self.staging.hold(batch, consumer)
+            self.batches += 1
+            _handed_out(self._device, began)
+            return batch
+        except BaseException as exc:
+            await self.close_after(exc)
+            raise
 
     async def aclose(self) -> None:
         """Stop: hand nothing more out, let the copies in flight land, return every buffer.
@@ -475,20 +535,14 @@ class _Iteration(AsyncIterator[Batch]):
         try:
             with anyio.CancelScope(shield=True):  # the producer and its workers stop at once
                 await self._turn.end()  # the consumer's step, in another task, ends first
-                if self.run_ahead:
-                    self._scope.cancel()
-                    await self._stopped.wait()
-                    self._ready.close()  # drops the batches staged and not handed out
-                self._inflight.clear()
+                await self._producer.end()
             await self.staging.settle()  # not shielded: leaving under cancellation is bounded
         except AiostreamError:
             pass  # a failed (or reset) device: its awaits report that; cleanup must not
         finally:
             self.staging.drop()
             try:
-                if self._async and hasattr(self._source, "aclose"):
-                    with anyio.CancelScope(shield=True):
-                        await self._source.aclose()
+                await self._source.aclose()
             finally:
                 self._closing.set()
 
@@ -500,10 +554,7 @@ class _Iteration(AsyncIterator[Batch]):
         self._closed = True
         self.staging.give_back()
         self._turn.stop()
-        if self.run_ahead:
-            self._stopping = True
-            self._scope.cancel()
-            self._ready.close()
+        self._producer.stop()
 
     async def close_after(self, error: BaseException) -> None:
         """:meth:`aclose` while ``error`` is on its way out: a cancellation seen while

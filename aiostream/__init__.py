@@ -38,11 +38,14 @@ if _TYPE_CHECKING:
     from . import virtual
     from ._adapters import Adapter, register_adapter
     from ._completions import wait
-    from .buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
+    from ._regions import record_function
+    from .data._staging import Batch
+    from .data.buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
+    from .data.loader import DataLoader, LoaderStats
     from .graph import Graph
     from .interop import as_event, as_stream
-    from .loader import Batch, DataLoader, LoaderStats
-    from .profiler import Profiler, Span, Summary, profile, record_function
+    from .observe._spans import Span, Summary
+    from .observe.profiler import Profiler, profile
 
     __version__: str
 
@@ -51,11 +54,14 @@ if _TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(("Adapter", "register_adapter"), "_adapters"),
     "wait": "_completions",
-    **dict.fromkeys(("DeviceBuffer", "HostBuffer", "copy_async", "from_dlpack"), "buffers"),
+    **dict.fromkeys(("DeviceBuffer", "HostBuffer", "copy_async", "from_dlpack"), "data.buffers"),
     "Graph": "graph",
     **dict.fromkeys(("as_event", "as_stream"), "interop"),
-    **dict.fromkeys(("Batch", "DataLoader", "LoaderStats"), "loader"),
-    **dict.fromkeys(("Profiler", "Span", "Summary", "profile", "record_function"), "profiler"),
+    "Batch": "data._staging",
+    **dict.fromkeys(("DataLoader", "LoaderStats"), "data.loader"),
+    **dict.fromkeys(("Profiler", "profile"), "observe.profiler"),
+    **dict.fromkeys(("Span", "Summary"), "observe._spans"),
+    "record_function": "_regions",
     "virtual": "virtual",
 }
 

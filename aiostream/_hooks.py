@@ -40,7 +40,7 @@ _log = logging.getLogger("aiostream")
 
 
 class Observer(Protocol):
-    """What is told about awaits and device work (``aiostream.profiler.Profiler`` is one).
+    """What is told about awaits and device work (``aiostream.observe.profiler.Profiler`` is one).
 
     Streams are passed as they are (``aiostream.Stream``); this module does not know their type.
     """
@@ -53,11 +53,24 @@ class Observer(Protocol):
     def native_timeline(self, stream: Any) -> bool:
         """Whether ``stream``'s backend shows its work itself (no timing events needed)."""
 
+    def add_host(
+        self, name: str, task: str, start: float, end: float, args: dict[str, Any]
+    ) -> None:
+        """A host range ``name`` of ``task`` (``record_function``) ran from ``start`` to
+        ``end``."""
+
     def mark(self, stream: Any) -> Any:
         """Something recorded on ``stream`` now, that times a range's end points."""
 
     def add_device_range(
-        self, name: str, stream: Any, start: Any, end: Any, args: dict[str, Any], *, op: bool
+        self,
+        name: str,
+        stream: Any,
+        start: Any,
+        end: Any,
+        args: dict[str, Any],
+        *,
+        op: bool = False,
     ) -> None:
         """Work submitted to ``stream`` between the marks ``start`` and ``end``."""
 

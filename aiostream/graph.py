@@ -12,10 +12,10 @@ from typing import Any
 from . import _backends, _captures, _objects
 from ._backends.base import Graphs
 from ._errors import AiostreamError, CaptureError
+from ._regions import record_function
 from .device import Device
 from .device import device as _resolve_device
 from .event import Event
-from .profiler import record_function
 from .stream import Stream, current_stream, use_stream
 
 __all__ = ["CAPTURE_MODES", "Graph"]

@@ -5,7 +5,7 @@ tests catch, per module, and the list of those they miss.
     python tools/mutation.py                      # every module below, in this order
     python tools/mutation.py event stream         # some of them
     python tools/mutation.py aiostream/_backends/cuda/waits.py   # one file, its module's tests
-    python tools/mutation.py loader --mutant 'aiostream.loader.xǁDataLoaderǁ*'   # some mutants
+    python tools/mutation.py loader --mutant 'aiostream.data.loader.xǁDataLoaderǁ*'   # some mutants
     python tools/mutation.py --sample 60 --report build/mutation   # 60 per module, at random
 
 Each module runs in a scratch copy of the last commit (``--working-tree``: of the checkout as
@@ -89,7 +89,7 @@ MODULES: dict[str, Module] = {
         + ("tests/interop/test_interop_peers.py",),
     ),
     "buffers": Module(
-        ("aiostream/buffers.py",),
+        ("aiostream/data/buffers.py", "aiostream/data/_dlpack.py"),
         ("tests/data", "tests/internals/data", "tests/api/test_conformance.py", "tests/virtual")
         + ("tests/profiler", "tests/interop/test_dlpack.py", "tests/interop/test_interop_peers.py")
         + _CUDA,
@@ -100,7 +100,7 @@ MODULES: dict[str, Module] = {
         + ("tests/data", *_CUDA),
     ),
     "loader": Module(
-        ("aiostream/loader.py",),
+        ("aiostream/data/loader.py", "aiostream/data/_staging.py"),
         ("tests/data", "tests/internals/data", "tests/profiler/test_profiler_output.py")
         + ("tests/cuda/test_cuda.py", "tests/cuda/test_memory.py")
         + ("tests/cuda/test_close_and_exit.py",),

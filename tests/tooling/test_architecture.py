@@ -47,12 +47,14 @@ def test_the_map_names_every_module_and_no_missing_one() -> None:
 USER_OBJECTS = [
     "stream",
     "event",
-    "buffers",
     "interop",
-    "profiler",
-    "loader",
     "graph",
     "_objects",
+    "_regions",
+    "data/buffers",
+    "data/loader",
+    "data/_staging",
+    "observe/profiler",
 ]
 
 

@@ -16,7 +16,13 @@ from tests.helpers.process import run_python
 
 LOADED = "import json, sys; print(json.dumps(sorted(m for m in sys.modules)))"
 
-HEAVY = ("numpy", "aiostream.profiler", "aiostream.loader", "aiostream.buffers", "aiostream.graph")
+HEAVY = (
+    "numpy",
+    "aiostream.observe.profiler",
+    "aiostream.data.loader",
+    "aiostream.data.buffers",
+    "aiostream.graph",
+)
 
 
 def loaded_after(code: str, folder: Path | None = None) -> set[str]:
@@ -36,10 +42,10 @@ def test_import_aiostream_loads_the_core_only() -> None:
 @pytest.mark.parametrize(
     ("use", "loads"),
     [
-        ("ais.HostBuffer(64, device='virtual:0').numpy()", {"numpy", "aiostream.buffers"}),
-        ("ais.Profiler", {"aiostream.profiler"}),
+        ("ais.HostBuffer(64, device='virtual:0').numpy()", {"numpy", "aiostream.data.buffers"}),
+        ("ais.Profiler", {"aiostream.observe.profiler"}),
         ("ais.Graph('virtual:0')", {"aiostream.graph"}),
-        ("ais.DataLoader", {"aiostream.loader"}),
+        ("ais.DataLoader", {"aiostream.data.loader"}),
         ("ais.virtual.races()", {"aiostream.virtual"}),
     ],
 )

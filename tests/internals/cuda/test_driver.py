@@ -124,7 +124,7 @@ def test_a_shared_buffer_handle_of_the_wrong_size_says_what_to_pass(part: str) -
     backend's size is refused before any driver call, saying what to pass."""
     import struct
 
-    from aiostream.buffers import _IPC_HEADER
+    from aiostream.data.buffers import _IPC_HEADER
 
     handle = ais.DeviceBuffer(N, DEV, interprocess=True).ipc_handle()
     at = struct.calcsize(_IPC_HEADER)

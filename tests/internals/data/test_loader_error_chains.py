@@ -1,5 +1,5 @@
 """The data loader's insides: how a closing error is chained to the block's error
-(``aiostream.loader._after``), walked on chains that hold cycles. What users see of it
+(``aiostream.data.loader._after``), walked on chains that hold cycles. What users see of it
 (neither error lost, the block's in the closing error's context) is tested in
 ``tests/data/test_loader_errors.py``."""
 
@@ -13,7 +13,7 @@ def test_chaining_a_closing_error_to_the_block_s_never_makes_a_cycle() -> None:
     """The block's error goes at the end of the closing error's context chain, unless it is
     there already, or the closing error is in the block's own chain (linking them would make
     a cycle, which tracebacks would follow forever); a cycle already in a chain ends the walk."""
-    from aiostream.loader import _after
+    from aiostream.data.loader import _after
 
     inner, block = ValueError("inner"), RuntimeError("block")
     block.__context__ = inner

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _check
+from .. import _check
 
 if TYPE_CHECKING:
     import numpy as np

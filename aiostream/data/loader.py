@@ -52,16 +52,15 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from . import _check, _hooks, _waiting
-from ._errors import AiostreamError
-from .buffers import DeviceBuffer, HostBuffer, copy_async
-from .device import Device
-from .device import device as _resolve_device
-from .event import Event
-from .stream import Stream, current_stream, use_stream
+from .. import _check, _hooks, _waiting
+from .._errors import AiostreamError
+from ..device import Device
+from ..device import device as _resolve_device
+from ..stream import current_stream
+from ._staging import Batch, Plan, Prepared, Slot, Staging
 
 if TYPE_CHECKING:
-    import numpy as np
+    pass
 
 __all__ = ["Batch", "DataLoader", "LoaderStats"]
 
@@ -87,116 +86,6 @@ class LoaderStats:
     """Transforms that may run at once."""
 
 
-class Batch:
-    """One item on the device.
-
-    Attributes:
-        data: a :class:`DeviceBuffer` (typed like the source array), or a tuple or dict of them
-            shaped like the item.
-        ready: the :class:`Event` that completes when the batch's copy has landed. The
-            consumer's current stream already waits for it on the device.
-        index: the item's position in the source.
-
-    A batch is valid until the consumer asks for the next one: then its buffers go back to
-    the pool, reused once the work the consumer submitted with them on its current stream has
-    completed. Work on other streams counts too once they are named with :meth:`record_stream`.
-    """
-
-    __slots__ = ("_slot", "data", "index", "ready")
-
-    def __init__(self, index: int, data: Any, ready: Event, slot: _Slot) -> None:
-        if not isinstance(ready, Event) or not isinstance(slot, _Slot):
-            raise TypeError("a Batch is made by aiostream.DataLoader, not by hand")
-        self.index = index
-        self.data = data
-        self.ready = ready
-        self._slot = slot
-
-    def record_stream(self, stream: Stream) -> None:
-        """Mark ``stream`` as using this batch: its buffers are reused only after the work
-        submitted to ``stream`` before the next batch is requested has completed too
-        (as ``torch.Tensor.record_stream``). The stream must first wait for :attr:`ready`.
-        """
-        if not isinstance(stream, Stream):
-            raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
-        if stream.device != self.ready.device:
-            raise ValueError(f"the batch is on {self.ready.device}, the stream on {stream.device}")
-        if self._slot.batch is not self:
-            raise RuntimeError(
-                f"batch {self.index} was given back when the next batch was asked for (or the "
-                "loader closed), and its buffers may hold another item already: call "
-                "record_stream before asking for the next batch"
-            )
-        if stream not in self._slot.users:
-            self._slot.users.append(stream)
-
-    def __repr__(self) -> str:
-        return f"<aiostream.Batch {self.index} ready={self.ready.query()}>"
-
-
-class _Slot:
-    """Staging and device buffers for one item, and the events that order their reuse."""
-
-    __slots__ = ("batch", "copied", "device", "mark", "released", "staging", "users")
-
-    def __init__(self) -> None:
-        self.batch: Batch | None = None  # the batch of the slot's item, until given back
-        self.staging: list[HostBuffer] = []
-        self.device: list[DeviceBuffer] = []
-        self.copied: Event | None = None  # after the last copy out of the staging buffers
-        self.released: list[Event] = []  # after the consumer's work with the last batch
-        # the streams using the batch: the consumer's current stream when it was handed out
-        # first, then those named by Batch.record_stream
-        self.users: list[Stream] = []
-        # Recorded again at each release on the consumer's current stream: only the copy
-        # stream's next wait, which captures its latest record, and the stats read it.
-        self.mark: Event | None = None
-
-
-def _idle(slot: _Slot) -> bool:
-    """Whether the device is done with ``slot`` (a free one): the consumer's work with its
-    last batch, and so its copy too: the events were recorded on the consumer's streams, the
-    one current at the hand-out among them, which waited for that copy first."""
-    return all(e.query() for e in slot.released)
-
-
-def _flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
-    """The item's arrays, and how to rebuild its shape around other leaves."""
-    import numpy as np  # when a loader runs: ``import aiostream`` stays light
-
-    if isinstance(item, np.ndarray):
-        return [item], lambda leaves: leaves[0]
-    if isinstance(item, tuple) and all(isinstance(x, np.ndarray) for x in item):
-        return list(item), tuple
-    if isinstance(item, dict) and all(isinstance(x, np.ndarray) for x in item.values()):
-        keys = list(item)
-        # equivalent mutant (unmarked): strict=True -> False or None, or left out: the leaves are
-        # made one per key
-        return [item[k] for k in keys], lambda leaves: dict(zip(keys, leaves, strict=True))
-    raise TypeError(
-        "the loader carries numpy arrays, or tuples or dicts of them; got "
-        f"{type(item).__name__}"
-        + (f" of {[type(x).__name__ for x in item]}" if isinstance(item, tuple) else "")
-    )
-
-
-class _Prepared:
-    """An item transformed and written into its slot's staging buffers (or, when its shapes
-    are new to the slot, its arrays: the loop allocates buffers for them)."""
-
-    __slots__ = ("arrays", "rebuild", "specs")
-
-    def __init__(
-        self,
-        specs: list[tuple[np.dtype[Any], tuple[int, ...]]],
-        rebuild: Callable[[list[Any]], Any],
-        arrays: list[np.ndarray] | None,
-    ) -> None:
-        self.specs = specs
-        self.rebuild = rebuild
-        self.arrays = arrays
-
-
 class _Job:
     """One item on its way through a worker: its slot, and the result or what was raised."""
 
@@ -205,8 +94,8 @@ class _Job:
     def __init__(self, item: Any) -> None:
         self.item = item
         # equivalent under mutation: read only after take_slot() has set it
-        self.slot: _Slot | None = None  # pragma: no mutate
-        self.result: _Prepared | None = None
+        self.slot: Slot | None = None  # pragma: no mutate
+        self.result: Prepared | None = None
         self.error: BaseException | None = None
         self.done = False  # set on the loop's thread when a worker is done with it
 
@@ -243,192 +132,6 @@ def _after(exc: BaseException, error: BaseException) -> None:
             last.__context__ = error
             return
         last = last.__context__
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What a DataLoader was asked to do: every pass reads it, none changes it."""
-
-    source: Iterable[Any] | AsyncIterable[Any]
-    transform: Callable[[Any], Any] | None
-    in_threads: bool  # a sync transform (and the staging fill) runs in worker threads
-    prefetch: int
-    workers: int
-    device: Device
-
-
-class _Staging:
-    """One pass's pool of slots: staging and device buffers, filled and copied in turn."""
-
-    def __init__(self, plan: _Plan, limiter: anyio.CapacityLimiter) -> None:
-        self.plan = plan
-        self.device = plan.device
-        self.limiter = limiter
-        self.copy_stream = Stream(self.device, name="DataLoader h2d copies")
-        self.pool = plan.prefetch + 2  # slots made as needed, up to this many
-        self.slots: list[_Slot] = []
-        self.free: deque[_Slot] = deque()
-        self.held: _Slot | None = None
-        self.index = 0
-        self.allocations = 0
-        self.peak_in_use = 0
-
-    async def take_slot(self) -> _Slot:
-        """A free slot whose staging buffers may be written: their last copy has completed.
-        The oldest free one if the device is done with it; else a new one while fewer than
-        ``pool`` exist (at most prefetch + 1 are ever out); else the oldest, which the copy
-        stream waits for on the device."""
-        free = self.free
-        if not free or (len(self.slots) < self.pool and not _idle(free[0])):
-            assert len(self.slots) < self.pool
-            slot = _Slot()
-            self.slots.append(slot)
-            return slot
-        slot = free.popleft()
-        if slot.copied is not None and not slot.copied.query():  # no turn of the loop if done
-            await slot.copied.synchronize()
-        return slot
-
-    async def prepare(self, item: Any, slot: _Slot) -> _Prepared:
-        """Transform the item and write it into the slot's staging buffers: in a worker thread
-        with ``to_thread`` (both steps, so the loop's thread does neither), else here."""
-        plan = self.plan
-        if plan.in_threads:
-            return await anyio.to_thread.run_sync(
-                self.transform_and_fill, item, slot, limiter=self.limiter
-            )
-        if plan.transform is not None:
-            item = plan.transform(item)
-            if inspect.isawaitable(item):
-                item = await item
-        return self.fill(item, slot)
-
-    def transform_and_fill(self, item: Any, slot: _Slot) -> _Prepared:
-        transform = self.plan.transform
-        if transform is not None:
-            item = transform(item)
-            if inspect.isawaitable(item):
-                if inspect.iscoroutine(item):
-                    item.close()
-                raise TypeError(
-                    "transform returned an awaitable from a worker thread: make it an "
-                    "'async def' (it then runs on the event loop), or pass to_thread=False"
-                )
-        return self.fill(item, slot)
-
-    @staticmethod
-    def fill(item: Any, slot: _Slot) -> _Prepared:
-        import numpy as np
-
-        arrays, rebuild = _flatten(item)
-        arrays = [np.ascontiguousarray(a) for a in arrays]
-        specs = [(a.dtype, a.shape) for a in arrays]
-        if [b.nbytes for b in slot.staging] != [a.nbytes for a in arrays]:
-            return _Prepared(specs, rebuild, arrays)  # new shapes: the loop allocates
-        # equivalent mutant (unmarked): strict=True -> False or None, or left out: the size check
-        # above makes both lists the same length
-        for array, host in zip(arrays, slot.staging, strict=True):
-            np.copyto(host.numpy(array.dtype, array.shape), array)
-        return _Prepared(specs, rebuild, None)
-
-    def enqueue(self, slot: _Slot, prepared: _Prepared) -> Batch:
-        """Enqueue the copies of a prepared item to the slot's device buffers: its batch."""
-        if prepared.arrays is not None:
-            import numpy as np
-
-            slot.staging = [HostBuffer(a.nbytes, device=self.device) for a in prepared.arrays]
-            with use_stream(self.copy_stream):  # allocated in order with the copies into them
-                slot.device = [DeviceBuffer(a.nbytes, self.device) for a in prepared.arrays]
-            slot.released = []
-            self.allocations += len(prepared.arrays)
-            for array, host in zip(prepared.arrays, slot.staging, strict=True):
-                np.copyto(host.numpy(array.dtype, array.shape), array)
-        stream = self.copy_stream
-        for released in slot.released:
-            stream.wait_event(released)  # the consumer's work with it is done first
-        views = []
-        # equivalent mutant (unmarked): strict=True -> False or None, or left out: all three hold
-        # one entry per array
-        for (dtype, shape), host, dev in zip(
-            prepared.specs, slot.staging, slot.device, strict=True
-        ):
-            copy_async(dev, host, stream=stream)
-            views.append(dev.view(dtype, shape))
-        slot.copied = stream.record_event()
-        batch = slot.batch = Batch(self.index, prepared.rebuild(views), slot.copied, slot)
-        self.index += 1
-        return batch
-
-    def release_held(self) -> None:
-        """Give the held batch's slot back: its reuse waits for the consumer's streams. Raises
-        where the device has failed (see :meth:`give_back`)."""
-        slot, self.held = self.held, None
-        if slot is not None:
-            current = current_stream(self.device)
-            if slot.mark is None:
-                slot.mark = Event(self.device)
-            released = [current.record_event(slot.mark)]
-            users = [s for s in dict.fromkeys(slot.users) if s != current]
-            released += [s.record_event() for s in users]
-            for buf in slot.device:  # freeing them (at close, on a new shape) waits for these
-                for stream in (current, *users):
-                    buf.record_stream(stream)
-            slot.released = released
-            slot.users = []
-            slot.batch = None
-            self.free.append(slot)
-
-    def give_back(self) -> None:
-        """:meth:`release_held` for closing and stopping, which must go on where the device
-        has failed (or its backend was reset): nothing more runs there to wait for."""
-        try:
-            self.release_held()
-        except AiostreamError:
-            pass
-
-    def note_in_use(self) -> None:
-        busy = sum(1 for slot in self.free if not all(e.query() for e in slot.released))
-        in_use = len(self.slots) - len(self.free) + busy
-        self.peak_in_use = max(self.peak_in_use, in_use)
-
-    def hold(self, batch: Batch, consumer: Stream) -> None:
-        """The consumer, whose current stream is ``consumer``, has ``batch``: its slot is in
-        use until the next one is asked for, or the pass is closed or stopped (by any task:
-        its current stream may be another, and both are waited for)."""
-        slot = self.held = batch._slot  # noqa: SLF001 (Batch is this module's)
-        slot.users = [consumer]
-        self.note_in_use()
-
-    async def settle(self) -> None:
-        """Wait for the copies in flight; a cancelled caller does not wait (see ``drop``)."""
-        await self.copy_stream.synchronize()
-
-    def drop(self) -> None:
-        """Drop every buffer. Those with copies still in flight are freed by their backend
-        once that work completes (stream-ordered), never while it runs."""
-        self.free.clear()
-        self.slots.clear()
-
-
-def _prepare_in_thread(
-    me: weakref.ref[_Iteration], call_soon: Callable[[Callable[[], object]], object]
-) -> None:
-    """A worker thread's loop (``_Iteration._thread_worker``). It reaches the loader, and its
-    queue of jobs, through a weak reference only: the pooled thread that ran it may hold it a
-    moment after reporting that it returned, and the loader (its stream, events and buffers,
-    and the jobs left queued when it stopped) must not outlive its last use on that account."""
-    loader = me()
-    assert loader is not None  # the task awaiting this thread holds it
-    queue = loader.jobs
-    while (job := queue.get()) is not None and not loader._stopping:  # noqa: SLF001
-        try:
-            assert job.slot is not None
-            job.result = loader.staging.transform_and_fill(job.item, job.slot)
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
-            job.error = exc
-        finally:
-            job.item = None  # pragma: no mutate (equivalent: the field is not read again)
-            call_soon(functools.partial(loader._prepared, job))  # noqa: SLF001
 
 
 class _Turn:
@@ -491,92 +194,54 @@ class _Turn:
             self.scope.cancel()
 
 
-def _handed_out(device: Device, began: float) -> None:
-    """Tell the listeners a batch went out, and how long its consumer waited for it."""
-    if _hooks.listeners:
-        _hooks.loader_batch(str(device), time.monotonic() - began)
+class _Source:
+    """The source's items, one at a time (``_END`` after the last)."""
 
-
-class _Iteration(AsyncIterator[Batch]):
-    """One pass over the source: run ahead in ``runner``'s tasks, or inside ``__anext__``."""
-
-    def __init__(self, plan: _Plan, runner: anyio.abc.TaskGroup | None) -> None:
-        self._plan = plan
-        #: the jobs for worker threads (None: no more), in source order
-        self.jobs: SimpleQueue[_Job | None] = SimpleQueue()
-        self._device = plan.device
-        source = plan.source
+    def __init__(self, source: Iterable[Any] | AsyncIterable[Any], checkpoint: bool) -> None:
         self._async = isinstance(source, AsyncIterable)
-        self._source: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
-        self._limiter = anyio.CapacityLimiter(plan.workers)  # worker threads, this pass's own
-        self.staging = _Staging(plan, self._limiter)
-        # nothing more is handed out
-        self._closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
-        self._closing: anyio.Event | None = None  # aclose has begun; set once it has finished
-        self._turn = _Turn()
-        self.batches = 0
-        # Produced inside __anext__ (no runner):
+        self._items: Any = aiter(source) if self._async else iter(source)  # type: ignore[arg-type]
+        # produced inside __anext__: a long sync source still lets others run between items
+        # (running ahead, the credits bound what one turn takes)
+        self._checkpoint = checkpoint
+
+    async def next(self) -> Any:
+        if self._async:
+            try:
+                return await self._items.__anext__()
+            except StopAsyncIteration:
+                return _END
+        if self._checkpoint:
+            await anyio.lowlevel.checkpoint()
+        return next(self._items, _END)
+
+    async def aclose(self) -> None:
+        """Close an async source (an async generator's ``finally`` runs), shielded."""
+        if self._async and hasattr(self._items, "aclose"):
+            with anyio.CancelScope(shield=True):
+                await self._items.aclose()
+
+
+class _Here:
+    """Production inside ``__anext__`` (a plain ``async for``, no task group to run ahead in):
+    each step fills up to ``prefetch`` batches ahead, none while the consumer works."""
+
+    def __init__(self, plan: Plan, staging: Staging, source: _Source) -> None:
+        self._plan = plan
+        self._staging = staging
+        self._source = source
         self._inflight: deque[Batch] = deque()
         self._exhausted = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
         )
         self._error: BaseException | None = None  # raised once the batches before it are out
-        # Run ahead (a runner): the producer's tasks, and what they hand the consumer.
-        self.run_ahead = runner is not None
-        if runner is not None:
-            self._credits = plan.prefetch  # items the producer may take from the source
-            self._wake = anyio.Event()  # set when the producer may go on
-            self._pending: deque[_Job] = deque()  # taken from the source, in its order
-            self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
-                math.inf  # bounded by the credits
-            )
-            self._scope = anyio.CancelScope()
-            self._stopping = False  # read by worker threads: take no more items
-            self._stopped = anyio.Event()
-            runner.start_soon(self._run_ahead, name=f"{_NAME} producer on {self._device}")
 
-    # ------------------------------------------------------------------ the consumer's side
-
-    async def __anext__(self) -> Batch:
-        if self._closed:
-            raise StopAsyncIteration
-        self._turn.claim(holding=self.staging.held is not None)
-        began = time.monotonic()
-        try:
-            self.staging.release_held()
-            batch = await self._turn.take(self._receive if self.run_ahead else self._produce_here)
-            if batch is None or self._closed:  # closed meanwhile: its slot goes with the pool
-                raise StopAsyncIteration
-            consumer = current_stream(self._device)
-            consumer.wait_event(batch.ready)  # the host does not wait
-            self.staging.hold(batch, consumer)
-            self.batches += 1
-            _handed_out(self._device, began)
-            return batch
-        except BaseException as exc:
-            await self.close_after(exc)
-            raise
-
-    async def _receive(self) -> Batch:
-        try:
-            got = await self._ready.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):  # ended, or closed meanwhile
-            raise StopAsyncIteration from None
-        if isinstance(got, _Failed):
-            raise got.error
-        self._credits += 1  # the producer may take one more item from the source
-        self._wake.set()
-        return got
-
-    async def _produce_here(self) -> Batch:
+    async def take(self) -> Batch:
         """Fill up to ``prefetch`` batches ahead; an error from the source or the transform
         comes out in its turn, after the batches before it (as when running ahead)."""
-        staging = self.staging
+        staging = self._staging
         while len(self._inflight) < self._plan.prefetch and not self._exhausted:
             try:
-                item = await self._next_item()
+                item = await self._source.next()
                 if item is _END:
                     self._exhausted = True
                     break
@@ -593,14 +258,81 @@ class _Iteration(AsyncIterator[Batch]):
             raise StopAsyncIteration
         return self._inflight.popleft()
 
-    # ------------------------------------------------------------------ the producer's side
+    async def end(self) -> None:
+        """Drop the batches filled and not handed out (their slots go with the pool)."""
+        self._inflight.clear()
 
-    async def _run_ahead(self) -> None:
+    def stop(self) -> None:
+        """Nothing runs between steps: nothing to stop."""
+
+
+def _prepare_in_thread(
+    me: weakref.ref[_Ahead], call_soon: Callable[[Callable[[], object]], object]
+) -> None:
+    """A worker thread's loop (``_Ahead._thread_worker``). It reaches the producer, and its
+    queue of jobs, through a weak reference only: the pooled thread that ran it may hold it a
+    moment after reporting that it returned, and the pass (its stream, events and buffers, and
+    the jobs left queued when it stopped) must not outlive its last use on that account."""
+    ahead = me()
+    assert ahead is not None  # the task awaiting this thread holds it
+    queue = ahead.jobs
+    while (job := queue.get()) is not None and not ahead.stopping:
+        try:
+            assert job.slot is not None
+            job.result = ahead.staging.transform_and_fill(job.item, job.slot)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            job.error = exc
+        finally:
+            job.item = None  # pragma: no mutate (equivalent: the field is not read again)
+            call_soon(functools.partial(ahead.prepared, job))
+
+
+class _Ahead:
+    """Production run ahead in the ``async with`` block's tasks: the producer and its workers,
+    and the batches (or the first error, in its turn) they hand the consumer in source order."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        staging: Staging,
+        source: _Source,
+        limiter: anyio.CapacityLimiter,
+        runner: anyio.abc.TaskGroup,
+    ) -> None:
+        self._plan = plan
+        self.staging = staging
+        self._source = source
+        self._limiter = limiter
+        #: the jobs for worker threads (None: no more), in source order
+        self.jobs: SimpleQueue[_Job | None] = SimpleQueue()
+        self._credits = plan.prefetch  # items the producer may take from the source
+        self._wake = anyio.Event()  # set when the producer may go on
+        self._pending: deque[_Job] = deque()  # taken from the source, in its order
+        self._ready_send, self._ready = anyio.create_memory_object_stream[Batch | _Failed](
+            math.inf  # bounded by the credits
+        )
+        self._scope = anyio.CancelScope()
+        self.stopping = False  # read by worker threads: take no more items
+        self._stopped = anyio.Event()
+        runner.start_soon(self._run, name=f"{_NAME} producer on {plan.device}")
+
+    async def take(self) -> Batch:
+        try:
+            got = await self._ready.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):  # ended, or closed meanwhile
+            raise StopAsyncIteration from None
+        if isinstance(got, _Failed):
+            raise got.error
+        self._credits += 1  # the producer may take one more item from the source
+        self._wake.set()
+        return got
+
+    async def _run(self) -> None:
         """The producer: keep up to ``prefetch`` items between the source and the consumer,
         each with a slot, queued for the workers; enqueue the copies of the prepared ones in
         source order and hand their batches (or the first error, in its turn) to the consumer.
         One task does all of it, woken by the consumer taking a batch (which returns a credit);
-        a worker done with an item hands out what is ready itself (:meth:`_prepared`)."""
+        a worker done with an item hands out what is ready itself (:meth:`prepared`)."""
         plan = self._plan
         work_send, work = anyio.create_memory_object_stream[_Job](math.inf)  # to worker tasks
         in_threads = plan.in_threads
@@ -625,7 +357,7 @@ class _Iteration(AsyncIterator[Batch]):
                             while self._credits and not ended:  # take what the credits allow
                                 job = _Job(None)
                                 try:
-                                    job.item = await self._next_item()
+                                    job.item = await self._source.next()
                                 except BaseException as exc:  # the source failed: in its turn
                                     if _cancelled(exc):
                                         raise
@@ -653,7 +385,7 @@ class _Iteration(AsyncIterator[Batch]):
                             await self._wake.wait()
                             self._wake = anyio.Event()
                     except BaseException:  # failure or cancellation: drop the items queued
-                        self._stopping = True
+                        self.stopping = True
                         raise
                     finally:  # the workers finish what they hold, and leave
                         work_send.close()
@@ -664,11 +396,11 @@ class _Iteration(AsyncIterator[Batch]):
                 stream.close()
             self._stopped.set()
 
-    def _prepared(self, job: _Job) -> None:
+    def prepared(self, job: _Job) -> None:
         """A worker is done with ``job`` (called on the loop's thread): hand out what is ready
         now, with no trip through the producer task."""
         job.done = True
-        if self._stopping:  # stopped by a failure or a cancellation: nothing more goes out
+        if self.stopping:  # stopped by a failure or a cancellation: nothing more goes out
             return
         if self._hand_out():
             return
@@ -695,7 +427,7 @@ class _Iteration(AsyncIterator[Batch]):
                     self._ready_send.send_nowait(batch)
                     continue
             self._ready_send.send_nowait(_Failed(job.error))
-            self._stopping = True
+            self.stopping = True
             self._scope.cancel()
             return True
         return False
@@ -712,7 +444,7 @@ class _Iteration(AsyncIterator[Batch]):
                 job.error = exc
             finally:
                 job.item = None  # pragma: no mutate (equivalent: the field is not read again)
-            self._prepared(job)
+            self.prepared(job)
 
     async def _thread_worker(self, call_soon: Callable[[Callable[[], object]], object]) -> None:
         """Prepare items in one worker thread, which takes the next as soon as it is done with
@@ -722,17 +454,69 @@ class _Iteration(AsyncIterator[Batch]):
         work = functools.partial(_prepare_in_thread, weakref.ref(self), call_soon)
         await anyio.to_thread.run_sync(work, limiter=self._limiter)
 
-    # ------------------------------------------------------------------ both
+    async def end(self) -> None:
+        """Stop the producer and its workers, wait until they have, and drop the batches
+        staged and not handed out."""
+        self._scope.cancel()
+        await self._stopped.wait()
+        self._ready.close()
 
-    async def _next_item(self) -> Any:
-        if self._async:
-            try:
-                return await self._source.__anext__()
-            except StopAsyncIteration:
-                return _END
-        if not self.run_ahead:  # running ahead, the credits bound what one turn takes
-            await anyio.lowlevel.checkpoint()  # a long sync source still lets others run
-        return next(self._source, _END)
+    def stop(self) -> None:
+        """Stop producing (nothing is awaited)."""
+        self.stopping = True
+        self._scope.cancel()
+        self._ready.close()
+
+
+def _handed_out(device: Device, began: float) -> None:
+    """Tell the listeners a batch went out, and how long its consumer waited for it."""
+    if _hooks.listeners:
+        _hooks.loader_batch(str(device), time.monotonic() - began)
+
+
+class _Iteration(AsyncIterator[Batch]):
+    """One pass over the source, its consumer's side: it owns the staging and one of the two
+    ways of producing, inside ``__anext__`` (:class:`_Here`) or ahead in ``runner``'s tasks
+    (:class:`_Ahead`)."""
+
+    def __init__(self, plan: Plan, runner: anyio.abc.TaskGroup | None) -> None:
+        self._device = plan.device
+        limiter = anyio.CapacityLimiter(plan.workers)  # worker threads, this pass's own
+        self.staging = Staging(plan, limiter)
+        self._source = _Source(plan.source, checkpoint=runner is None)
+        # nothing more is handed out
+        self._closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
+            False
+        )
+        self._closing: anyio.Event | None = None  # aclose has begun; set once it has finished
+        self._turn = _Turn()
+        self.batches = 0
+        self.run_ahead = runner is not None
+        self._producer: _Here | _Ahead = (
+            _Here(plan, self.staging, self._source)
+            if runner is None
+            else _Ahead(plan, self.staging, self._source, limiter, runner)
+        )
+
+    async def __anext__(self) -> Batch:
+        if self._closed:
+            raise StopAsyncIteration
+        self._turn.claim(holding=self.staging.held is not None)
+        began = time.monotonic()
+        try:
+            self.staging.release_held()
+            batch = await self._turn.take(self._producer.take)
+            if batch is None or self._closed:  # closed meanwhile: its slot goes with the pool
+                raise StopAsyncIteration
+            consumer = current_stream(self._device)
+            consumer.wait_event(batch.ready)  # the host does not wait
+            self.staging.hold(batch, consumer)
+            self.batches += 1
+            _handed_out(self._device, began)
+            return batch
+        except BaseException as exc:
+            await self.close_after(exc)
+            raise
 
     async def aclose(self) -> None:
         """Stop: hand nothing more out, let the copies in flight land, return every buffer.
@@ -751,20 +535,14 @@ class _Iteration(AsyncIterator[Batch]):
         try:
             with anyio.CancelScope(shield=True):  # the producer and its workers stop at once
                 await self._turn.end()  # the consumer's step, in another task, ends first
-                if self.run_ahead:
-                    self._scope.cancel()
-                    await self._stopped.wait()
-                    self._ready.close()  # drops the batches staged and not handed out
-                self._inflight.clear()
+                await self._producer.end()
             await self.staging.settle()  # not shielded: leaving under cancellation is bounded
         except AiostreamError:
             pass  # a failed (or reset) device: its awaits report that; cleanup must not
         finally:
             self.staging.drop()
             try:
-                if self._async and hasattr(self._source, "aclose"):
-                    with anyio.CancelScope(shield=True):
-                        await self._source.aclose()
+                await self._source.aclose()
             finally:
                 self._closing.set()
 
@@ -776,10 +554,7 @@ class _Iteration(AsyncIterator[Batch]):
         self._closed = True
         self.staging.give_back()
         self._turn.stop()
-        if self.run_ahead:
-            self._stopping = True
-            self._scope.cancel()
-            self._ready.close()
+        self._producer.stop()
 
     async def close_after(self, error: BaseException) -> None:
         """:meth:`aclose` while ``error`` is on its way out: a cancellation seen while
@@ -879,7 +654,7 @@ class DataLoader(AsyncIterable[Batch]):
         self.prefetch = prefetch
         self.workers = workers
         self.device = _resolve_device(device)
-        self._plan = _Plan(source, transform, in_threads, prefetch, workers, self.device)
+        self._plan = Plan(source, transform, in_threads, prefetch, workers, self.device)
         self._iterations: weakref.WeakSet[_Iteration] = weakref.WeakSet()
         self._last: _Iteration | None = None
         self._runner: anyio.abc.TaskGroup | None = None

@@ -6,14 +6,15 @@ import math
 import struct
 from typing import TYPE_CHECKING, Any
 
-from . import _backends, _captures, _check, _dlpack, _hooks, _objects
-from ._backends.base import Interop
+from .. import _backends, _captures, _check, _hooks, _objects
+from .._backends.base import Interop
+from .._errors import pageable_copy
+from ..device import Device
+from ..device import device as _resolve_device
+from ..event import Event
+from ..stream import Stream, current_stream, stream_or_current
+from . import _dlpack
 from ._dlpack import DLDeviceType
-from ._errors import pageable_copy
-from .device import Device
-from .device import device as _resolve_device
-from .event import Event
-from .stream import Stream, current_stream, stream_or_current
 
 if TYPE_CHECKING:
     import numpy as np

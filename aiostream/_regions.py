@@ -1,0 +1,179 @@
+"""``record_function``: a named range of a program, told to the instrumentation plugged into
+``_hooks`` (a profile's host span and device range, the listeners' regions, NVTX). It sits in
+the core, beside the streams it brackets, so that what the core runs (a graph's capture and
+replays) can name its ranges without importing the observers that listen.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import _hooks, _objects, _waiting
+from .event import Event
+from .stream import Stream
+
+__all__ = ["NVTX_DOMAIN", "record_function"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _task_name() -> str:
+    try:
+        return _waiting.task_name()
+    except RuntimeError:  # no event loop in this thread (sniffio's error is a RuntimeError)
+        return threading.current_thread().name
+
+
+def _told(stream: Stream | None) -> tuple[float, Event | None]:
+    """A region's start for the listeners: the host's time and, on a stream not capturing a
+    graph, a timing event recorded there (None if it cannot be: host times only)."""
+    t0 = time.monotonic()  # before the record: the device reaches it no sooner
+    start = None
+    if stream is not None and not _objects.capturing(stream):
+        try:
+            start = Event(stream.device, enable_timing=True)
+            start.record(stream)
+        except Exception:  # noqa: BLE001 - the region's device times are lost, not the program
+            _hooks.failed("record_function", "a listener's timing event")
+            start = None
+    return t0, start
+
+
+def _tell(name: str, stream: Stream | None, told: tuple[float, Event | None]) -> None:
+    t0, start = told
+    end = None
+    if start is not None and stream is not None:
+        try:
+            end = Event(stream.device, enable_timing=True)
+            end.record(stream)
+        except Exception:  # noqa: BLE001
+            _hooks.failed("record_function", "a listener's timing event")
+            start = end = None
+    _hooks.region(name, stream, start, end, (t0, time.monotonic()))
+
+
+#: the NVTX domain of record_function's ranges (Nsight Systems groups them under it)
+NVTX_DOMAIN = "aiostream"
+
+
+class record_function:  # named as torch.profiler.record_function
+    """A named range: ``with``, ``async with``, or a decorator of sync and async functions.
+
+    While a profiler is active it records a host span tagged with the task's name and, with
+    ``stream=``, a device range bracketing the work submitted to that stream inside it. With
+    no profiler it costs about what ``contextlib.nullcontext()`` does. On CUDA, where the
+    ``nvtx`` package is installed (the ``nvtx`` extra), it is also an NVTX range in the
+    ``aiostream`` domain, so Nsight Systems shows it: a start/end range, not a push/pop one,
+    since tasks on one loop thread enter and leave their ranges interleaved across awaits
+    (a thread's push/pop stack would end one task's range at another's exit).
+
+    Args:
+        name: the range's name.
+        stream: also time the device work submitted to this stream inside the range.
+        **args: extra values shown with the span in traces.
+    """
+
+    __slots__ = ("_ev", "_range", "_start", "_told", "args", "name", "stream")
+
+    def __init__(self, name: str, *, stream: Stream | None = None, **args: Any) -> None:
+        if type(name) is not str:
+            raise TypeError(f"name must be a str, got {name!r}")
+        if stream is not None and not isinstance(stream, Stream):
+            raise TypeError(f"stream must be an aiostream.Stream or None, got {stream!r}")
+        self.name = name
+        self.stream = stream
+        self.args = args
+
+    def __enter__(self) -> record_function:
+        if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
+            return self  # the cost with no profiler: this check, and the one in __exit__
+        if _hooks.listeners:
+            self._told = _told(self.stream)
+        prof = _hooks.observer
+        if _hooks.nvtx is not None:
+            try:
+                self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
+            except Exception:  # NVTX's failure never becomes the user's
+                _hooks.nvtx_failed("start_range")
+        if prof is not None:
+            try:
+                self._start = prof.now()
+                if self.stream is not None:
+                    self._ev = prof.mark(self.stream)
+            except Exception:  # the profiler's failure never becomes the user's
+                _hooks.failed(prof, "record_function")
+                if hasattr(self, "_start"):
+                    del self._start  # no range for this one
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
+            return
+        told = getattr(self, "_told", None)  # unset when the listener came inside the range
+        if told is not None:
+            del self._told
+            _tell(self.name, self.stream, told)
+        prof = _hooks.observer
+        if _hooks.nvtx is not None and hasattr(self, "_range"):  # not if NVTX began inside
+            try:
+                _hooks.nvtx.end_range(self._range)
+            except Exception:  # nor replaces the user's exception or result
+                _hooks.nvtx_failed("end_range")
+            del self._range
+        start = getattr(self, "_start", None)  # unset when the profile began inside the range
+        if start is None or prof is None:
+            return
+        del self._start
+        try:
+            prof.add_host(self.name, _task_name(), start, prof.now(), self.args)
+            if self.stream is not None:
+                end = prof.mark(self.stream)
+                prof.add_device_range(self.name, self.stream, self._ev, end, self.args)
+        except Exception:  # the profiler's failure never replaces the user's exception or result
+            _hooks.failed(prof, "record_function")
+
+    async def __aenter__(self) -> record_function:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __call__(self, fn: F) -> F:
+        if not callable(fn):
+            raise TypeError(f"record_function decorates a function, got {fn!r}")
+        name, stream, args = self.name, self.stream, self.args
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*a: Any, **k: Any) -> Any:
+                if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
+                    return await fn(*a, **k)
+                with record_function(name, stream=stream, **args):
+                    return await fn(*a, **k)
+
+            return async_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **k: Any) -> Any:
+            if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
+                return fn(*a, **k)
+            with record_function(name, stream=stream, **args):
+                return fn(*a, **k)
+
+        return wrapper  # type: ignore[return-value]

@@ -12,7 +12,7 @@ the exit status is 1 if any failed. ``gpu_suite.py`` runs it as its ``contract``
 2. ``host-view``: a numpy view of a HostBuffer, written after the buffer object was collected.
 3. ``exit``: the interpreter exits within 1 s of leaving ``main``, with a 60 s kernel pending and
    its wait cancelled (asyncio with ``thread`` and ``hybrid``, trio with ``thread``).
-4. ``fault-exit``: a kernel that traps (the stand-in: one made to fail), objects dropped after
+4. ``fault-exit``: a kernel that traps (the stand-in runs it as a GPU does), objects dropped after
    it: no traceback at exit, at most one line saying what could not be released.
 5. ``cross-device-copy``: a HostBuffer of cuda:0 copied to and from cuda:1 (two GPUs).
 6. ``loader-sync-debug``: the DataLoader feeding PyTorch kernels on an aiostream stream under
@@ -141,16 +141,13 @@ kept = [ais.HostBuffer(64, device="cuda:0"), ais.Event("cuda:0")]
 with ais.use_stream(s):
     dev = ais.DeviceBuffer(64, "cuda:0")
 dropped = [ais.Stream("cuda:0"), ais.HostBuffer(64, device="cuda:0")]
-if stand_in():
-    ctypes.CDLL("libcuda.so.1").fake_cuda_fail_next_launch(719)
-    ais.delay(0.01, stream=s)
-else:
-    ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
-    cu.cuCtxPushCurrent(ctx)
-    module = cu.cuModuleLoadData(PTX)[1]
-    fn = cu.cuModuleGetFunction(module, b"aiostream_trap")[1]
-    cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, cu.CUstream(s.stream_id), None, 0)
-    cu.cuCtxPopCurrent()
+# the trap kernel: it faults on a GPU and on the stand-in, built with its hooks or not
+ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
+cu.cuCtxPushCurrent(ctx)
+module = cu.cuModuleLoadData(PTX)[1]
+fn = cu.cuModuleGetFunction(module, b"aiostream_trap")[1]
+cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, cu.CUstream(s.stream_id), None, 0)
+cu.cuCtxPopCurrent()
 try:
     s.synchronize_blocking()
 except ais.CudaError as exc:

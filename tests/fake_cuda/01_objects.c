@@ -67,8 +67,9 @@ typedef struct Event {
 typedef struct Module {
     Obj h;
     long running;  /* its kernels launched and not yet complete */
+    int sleep, trap;  /* the entries its image has: aiostream_sleep, aiostream_trap */
 } Module;
-typedef struct Function { Obj h; Module *module; } Function;
+typedef struct Function { Obj h; Module *module; int trap; } Function;
 
 typedef struct Block {
     Obj h;

@@ -8,8 +8,15 @@ static CUresult cuModuleLoadData(void **out, const void *image) {
     ENTER();
     CUresult r = need_context("cuModuleLoadData", NULL);
     if (r != OK) LEAVE(r);
-    if (strstr((const char *)image, ".entry aiostream_sleep") == NULL) LEAVE(INVALID_IMAGE);
-    *out = new_object(sizeof(Module), KIND_MODULE, current());
+    /* the kernels it runs: the sleep kernel, and a kernel that traps (`trap;`), which fails
+     * on the device as a GPU's does: CUDA_ERROR_LAUNCH_FAILED, sticky, when it runs */
+    int sleep = strstr((const char *)image, ".entry aiostream_sleep") != NULL;
+    int trap = strstr((const char *)image, ".entry aiostream_trap") != NULL;
+    if (!sleep && !trap) LEAVE(INVALID_IMAGE);
+    Module *m = new_object(sizeof(Module), KIND_MODULE, current());
+    m->sleep = sleep;
+    m->trap = trap;
+    *out = m;
     LEAVE(OK);
 }
 
@@ -36,16 +43,19 @@ static CUresult cuModuleGetFunction(void **out, void *h, const char *name) {
     Module *m = (Module *)lookup(h, KIND_MODULE, "cuModuleGetFunction", &r);
     if (m == NULL) LEAVE(r);
     if ((r = need_context("cuModuleGetFunction", &m->h)) != OK) LEAVE(r);
-    if (strcmp(name, "aiostream_sleep") != 0) LEAVE(NOT_FOUND);
+    int trap = m->trap && strcmp(name, "aiostream_trap") == 0;
+    if (!trap && !(m->sleep && strcmp(name, "aiostream_sleep") == 0)) LEAVE(NOT_FOUND);
     Function *f = new_object(sizeof *f, KIND_FUNCTION, m->h.ctx);
     f->module = m;
+    f->trap = trap;
     *out = f;
     LEAVE(OK);
 }
 
 static unsigned last_launch[7];  /* grid x, y, z, block x, y, z, shared bytes */
 
-/* Runs the sleep kernel: its one parameter is the duration in nanoseconds. */
+/* Runs the sleep kernel (its one parameter is the duration in nanoseconds) or the trap
+ * kernel (no parameter: it fails at once, as `trap;` does). */
 static CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned shmem, void *hs, void **params,
                                void **extra) {
@@ -70,17 +80,18 @@ static CUresult cuLaunchKernel(void *hf, unsigned gx, unsigned gy, unsigned gz, 
                   f->h.ctx->dev, s->h.ctx->dev);
         LEAVE(INVALID_HANDLE);
     }
-    if (params == NULL) LEAVE(INVALID_VALUE);
+    if (params == NULL && !f->trap) LEAVE(INVALID_VALUE);
     if ((r = stream_use("cuLaunchKernel", s)) != OK) LEAVE(r);
-    if (s->cap) {  /* a kernel node: its parameters are read now */
-        add_node(s, OP_KERNEL, *(uint64_t *)params[0]);
+    uint64_t ns = f->trap ? 0 : *(uint64_t *)params[0];
+    if (s->cap) {  /* a kernel node: its parameters are read now (a trap node never fails) */
+        add_node(s, OP_KERNEL, ns);
         LEAVE(OK);
     }
-    Op *op = submit(s, OP_KERNEL, *(uint64_t *)params[0]);
+    Op *op = submit(s, OP_KERNEL, ns);
     op->module = f->module;
     f->module->running++;
-    op->fail = fail_next_code;
-    fail_next_code = 0;
+    op->fail = f->trap ? LAUNCH_FAILED : fail_next_code;
+    if (!f->trap) fail_next_code = 0;
     LEAVE(OK);
 }
 

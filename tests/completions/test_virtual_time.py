@@ -8,6 +8,9 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime, run_in_virtual_time
+from tests.helpers import virtual_loops
+
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
 
 pytestmark = pytest.mark.anyio
 

@@ -10,15 +10,12 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from tests.helpers import virtual_loops
 from tests.helpers.fuzzing import memory_cap
 
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
+
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
-    return request.param
 
 
 def test_host_buffer_views_share_memory(virtual_device: ais.Device) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from tests.helpers import virtual_loops
 from tests.helpers.loader import (
     Counted,
     arrays,
@@ -17,13 +18,9 @@ from tests.helpers.loader import (
 )
 from tests.helpers.waits import assert_quiet as quiet
 
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
+
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
-    return request.param
 
 
 async def test_consumer_work_starts_after_the_copy_lands(virtual_time: VirtualTime) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from tests.helpers import virtual_loops
 from tests.helpers.deadlines import deadline, until, until_blocking
 from tests.helpers.loader import (
     EVERY_LOOP,
@@ -29,13 +30,9 @@ from tests.helpers.loader import (
 )
 from tests.helpers.waits import assert_quiet as quiet
 
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
+
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
-    return request.param
 
 
 async def test_break_with_async_with_leaves_nothing_pending(virtual_time: VirtualTime) -> None:
@@ -243,7 +240,6 @@ async def test_an_async_source_s_cleanup_may_await_under_cancellation(
     quiet()
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("stop", ["exit", "aclose"])
 async def test_exiting_waits_for_a_transform_still_running_in_a_thread(
     virtual_device: ais.Device, stop: str
@@ -280,7 +276,6 @@ async def test_exiting_waits_for_a_transform_still_running_in_a_thread(
     quiet()
 
 
-@pytest.mark.timeout(60)
 async def test_worker_threads_take_no_more_items_once_stopped(virtual_device: ais.Device) -> None:
     """Leaving early with items queued for the worker threads: each thread finishes the item
     it holds and takes no other, though more were taken from the source for them."""
@@ -310,7 +305,6 @@ async def test_worker_threads_take_no_more_items_once_stopped(virtual_device: ai
     quiet()
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 @pytest.mark.parametrize("mode", sorted(MODES))
 async def test_a_stalled_loader_leaves_when_cancelled(
@@ -327,7 +321,6 @@ async def test_a_stalled_loader_leaves_when_cancelled(
     await until(lambda: not ais.virtual.stats().operations, "the released copies to land")
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 @pytest.mark.parametrize("mode", sorted(MODES))
 async def test_a_cancellation_while_closing_at_the_source_s_end_propagates(

@@ -13,6 +13,7 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from tests.helpers import virtual_loops
 from tests.helpers.deadlines import deadline
 from tests.helpers.loader import (
     EVERY_LOOP,
@@ -24,13 +25,9 @@ from tests.helpers.loader import (
 )
 from tests.helpers.waits import assert_quiet as quiet
 
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
+
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
-    return request.param
 
 
 async def test_an_error_in_transform_stops_everything(virtual_time: VirtualTime) -> None:
@@ -223,7 +220,6 @@ async def test_an_error_comes_after_the_batches_before_it_in_every_mode(
     quiet()
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 @pytest.mark.parametrize("mode", sorted(MODES))
 async def test_leaving_after_the_device_failed_does_not_hang(

@@ -13,6 +13,7 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime
+from tests.helpers import virtual_loops
 from tests.helpers.deadlines import deadline
 from tests.helpers.loader import (
     arrays,
@@ -20,13 +21,9 @@ from tests.helpers.loader import (
 )
 from tests.helpers.waits import assert_quiet as quiet
 
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
+
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
-    return request.param
 
 
 async def test_batches_arrive_in_order_with_the_data(virtual_time: VirtualTime) -> None:

@@ -18,6 +18,9 @@ import pytest
 
 import aiostream as ais
 from aiostream.testing import VirtualTime, format_timeline
+from tests.helpers import virtual_loops
+
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
 
 pytestmark = pytest.mark.anyio
 
@@ -27,12 +30,6 @@ EVERY_LOOP = [
     pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
     pytest.param(("trio", {}), id="trio"),
 ]
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
-    return request.param
 
 
 async def pipeline(n: int = 3) -> ais.Profiler:

@@ -10,14 +10,11 @@ import pytest
 import aiostream as ais
 from aiostream.testing import VirtualTime
 from aiostream.virtual import VirtualClock
+from tests.helpers import virtual_loops
+
+anyio_backend = virtual_loops.anyio_backend  # the module's loops: asyncio and trio
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    """Virtual time runs on asyncio's default loop and on trio (uvloop cannot fake time)."""
-    return request.param
 
 
 async def test_fail_next_on_a_stream(virtual_time: VirtualTime) -> None:

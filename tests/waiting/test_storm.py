@@ -111,7 +111,6 @@ async def _chaos(storm: Storm, stop: anyio.Event) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)
 async def test_a_storm_of_waits_ends_every_wait_and_leaves_nothing_pending(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch

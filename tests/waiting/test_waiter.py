@@ -94,7 +94,6 @@ async def test_cancelled_waits_are_removed_and_the_waiter_exits(
     assert s.query()
 
 
-@pytest.mark.timeout(60)
 async def test_a_failed_waiter_fails_its_waits_instead_of_leaving_them_parked(
     clock: VirtualClock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -134,7 +133,6 @@ async def test_a_failed_waiter_fails_its_waits_instead_of_leaving_them_parked(
     assert not any(s.query() for s in streams)  # the device work goes on
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "anyio_backend",
     [

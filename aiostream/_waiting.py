@@ -25,8 +25,11 @@ learns it, and whether the loop also polls it:
   short waits resume without any thread, and cost the stream nothing. Then the loop hands
   the wait to the backend (``watch``): a host function, enqueued after the work if nothing
   followed it, wakes the device's watcher when it completes, whose word finishes the wait
-  in one hop to the loop: long waits cost no CPU. No waiter ever sleeps on a timer shorter
-  than the loop honours (``TIMER_FLOOR_S``).
+  in one hop to the loop: long waits cost no CPU. Once the recent waits ran alike, a wait
+  handed over is also checked on the loop's turns again near its predicted end (from
+  ``NEAR_LEAD_S`` before it), so that a kernel of a few milliseconds ends its wait without
+  the watcher's hops. No waiter ever sleeps on a timer shorter than the loop honours
+  (``TIMER_FLOOR_S``).
 - ``poll``: the loop alone checks, on its turns for the check budget, then sleeping for half
   the wait's age, at least ``TIMER_FLOOR_S``, up to ``POLL_CAP_S``. No thread, no host
   function.
@@ -82,9 +85,9 @@ checkpoint = anyio.lowlevel.checkpoint
 _waiters: anyio.lowlevel.RunVar[dict[tuple[int, int], _Waiter]] = anyio.lowlevel.RunVar(
     "aiostream_waiters"
 )
-#: the typical length of each device's recent waits on this loop (``_StrategyWaiter.typical``),
+#: the lengths of each device's recent waits on this loop (``_StrategyWaiter.typical``),
 #: kept while no waiter runs: sequential waits each start a waiter of their own
-_typical: anyio.lowlevel.RunVar[dict[tuple[int, int], float]] = anyio.lowlevel.RunVar(
+_typical: anyio.lowlevel.RunVar[dict[tuple[int, int], _Lengths]] = anyio.lowlevel.RunVar(
     "aiostream_typical_waits"
 )
 _COMPACT_MIN = 64
@@ -100,6 +103,15 @@ SPIN_MIN_S = 50e-6
 SPIN_MAX_S = 500e-6
 SPIN_LANES = 16  #: at most this many streams' waits are checked on every turn at once
 POLL_CAP_S = 2e-3  #: poll: the longest sleep between checks
+#: the near-end look: once the device's recent waits on the loop ran alike (their spread at
+#: most ``NEAR_SPREAD`` of their mean, which is at most ``NEAR_MAX_S``), a hybrid wait past
+#: its check budget is checked on the loop's turns again from ``NEAR_LEAD_S`` before its
+#: predicted end (the loop's timer wakes it no later: its sleep is whole milliseconds, which
+#: asyncio and trio honour exactly) to a little after it; the backend has it meanwhile
+NEAR_LEAD_S = 250e-6
+NEAR_MAX_S = 0.05
+NEAR_SPREAD = 0.25
+NEAR_SAMPLES = 3  #: the waits seen before any prediction
 #: the strategies whose waits ask the backend to learn of completion promptly
 WAKE = frozenset({"hybrid", "callback"})
 _loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
@@ -258,6 +270,43 @@ class _Entry:
     def __call__(self) -> None:
         """The backend says the work completed (``WaitTarget.watch``); any thread."""
         self.waiter.completed(self)
+
+
+class _Lengths:
+    """The lengths of a device's recent waits on one loop: the typical one (each clipped to
+    ``4 * SPIN_MAX_S``: the check budget's), and their mean and spread (moving averages,
+    one long wait weighing little), which predict when a wait like them ends."""
+
+    __slots__ = ("count", "mean", "spread", "typical")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.typical = 0.0
+        self.mean = 0.0
+        self.spread = 0.0
+
+    def add(self, took: float) -> None:
+        clipped = min(took, 4 * SPIN_MAX_S)
+        if not self.count:
+            self.typical = clipped
+            self.mean = took
+        else:
+            self.typical += (clipped - self.typical) / 4
+            took = min(took, 2 * self.mean + TIMER_FLOOR_S)  # an outlier moves it a little
+            self.spread += (abs(took - self.mean) - self.spread) / 4
+            self.mean += (took - self.mean) / 4
+        self.count += 1
+
+    def predicted(self) -> float | None:
+        """How long the next wait will take (s), or None: too few waits, or unalike, or
+        long ones."""
+        if (
+            self.count < NEAR_SAMPLES
+            or self.mean > NEAR_MAX_S
+            or self.spread > NEAR_SPREAD * self.mean
+        ):
+            return None
+        return self.mean
 
 
 class _Hooks(NamedTuple):
@@ -601,17 +650,25 @@ class _StrategyWaiter(_Waiter):
         self._due_at: dict[Hashable, float] = {}  # each polled lane's next look (loop time)
         self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
         self._spinning: set[Hashable] = set()  # the lanes looked at on every turn
+        #: hybrid waits handed over, to be looked at again near their predicted end: (loop
+        #: time of the first look, order, entry, clock time of the last)
+        self._near: list[tuple[float, int, _Entry, float]] = []
+        self._near_spin: list[tuple[float, _Entry]] = []  # those looked at on every turn
         try:
-            self._lengths = _typical.get()
+            lengths = _typical.get()
         except LookupError:
-            self._lengths = {}
-            _typical.set(self._lengths)
+            lengths = {}
+            _typical.set(lengths)
+        mine = lengths.get(self._key)
+        if mine is None:
+            mine = lengths[self._key] = _Lengths()
+        self._lengths = mine
 
     @property
     def typical(self) -> float | None:
         """The typical length of the device's recent waits on this loop (s): a moving
         average, None before the first."""
-        return self._lengths.get(self._key)
+        return self._lengths.typical if self._lengths.count else None
 
     def budget(self) -> float:
         """The check budget of a wait (s): how long the loop looks at it on each of its
@@ -627,9 +684,7 @@ class _StrategyWaiter(_Waiter):
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:
         super()._finish(entry, error)
         if error is None:
-            took = min(_clock() - entry.started, 4 * SPIN_MAX_S)  # one long wait weighs little
-            typical = self._lengths.get(self._key)
-            self._lengths[self._key] = took if typical is None else typical + (took - typical) / 4
+            self._lengths.add(_clock() - entry.started)
 
     def _added(self, entry: _Entry) -> None:
         if entry.strategy in ("thread", "callback"):
@@ -702,12 +757,19 @@ class _StrategyWaiter(_Waiter):
                 next_look = self._sweep_lane(lane, now, clock, budget)
                 if next_look is not None:
                     self._plan(lane, next_look)
+        if self._near or self._near_spin:
+            self._near_looks(now)
         # a wait handed over above may have been told at once, from this very sweep (its
         # work completed since the look before): no kick comes for it
         self._told()
-        if not schedule:
+        if self._near_spin:
+            return 0.0
+        at = schedule[0][0] if schedule else math.inf
+        if self._near:
+            at = min(at, self._near[0][0])
+        if at == math.inf:
             return None  # until the backend tells, or a new wait comes
-        delay = schedule[0][0] - now
+        delay = at - now
         # never a timer shorter than the loop honours: it would sleep its floor anyway
         return 0.0 if delay <= 0.0 else max(delay, TIMER_FLOOR_S)
 
@@ -742,6 +804,7 @@ class _StrategyWaiter(_Waiter):
             if entry.strategy == "hybrid":
                 heapq.heappop(heap)
                 entry.target.watch(entry)  # the backend has it from here
+                self._plan_near(entry, now, clock)
                 continue
             if self._check(entry):  # poll, past its budget: done() tells a failed device too
                 heapq.heappop(heap)
@@ -751,7 +814,50 @@ class _StrategyWaiter(_Waiter):
         spinning.discard(lane)
         return None
 
+    def _plan_near(self, entry: _Entry, now: float, clock: float) -> None:
+        """Plan the near-end look of a hybrid wait just handed over, if its end can be
+        predicted: a sleep of whole milliseconds (the loop's timer wakes it no later) to
+        ``NEAR_LEAD_S`` before the end, then a look on every turn until a little after it."""
+        predicted = self._lengths.predicted()
+        if predicted is None or entry.finished:
+            return
+        end = entry.started + predicted
+        until = end + max(NEAR_LEAD_S, 2 * self._lengths.spread)
+        if until <= clock:
+            return  # it ran past its prediction already: the backend's word is as prompt
+        ahead = end - NEAR_LEAD_S - clock
+        at = (
+            now
+            if ahead < TIMER_FLOOR_S
+            else now + TIMER_FLOOR_S * math.floor(ahead / TIMER_FLOOR_S)
+        )
+        heapq.heappush(self._near, (at, next(self._order), entry, until))
+
+    def _near_looks(self, now: float) -> None:
+        """Look at the handed-over waits near their predicted end: finish those done, keep
+        those still within their window on every turn (at most ``SPIN_LANES``)."""
+        near, spin = self._near, self._near_spin
+        while near and near[0][0] <= now:
+            _, _, entry, until = heapq.heappop(near)
+            if not (entry.dead or entry.finished) and len(spin) < SPIN_LANES:
+                spin.append((until, entry))
+        if not spin:
+            return
+        clock = _clock()
+        keep = []
+        for until, entry in spin:
+            if entry.dead or entry.finished:
+                continue
+            seen = entry.target.peek()  # the flag: no driver call
+            if seen and self._check(entry):
+                continue
+            if seen is not None and clock < until:
+                keep.append((until, entry))
+        self._near_spin = keep
+
     def _abandoned(self) -> None:
+        self._near.clear()
+        self._near_spin.clear()
         self._lanes.clear()
         self._due_at.clear()
         self._schedule.clear()

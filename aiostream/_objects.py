@@ -107,6 +107,11 @@ class Awaitable(DeviceObject):
         failed)."""
         raise NotImplementedError
 
+    def _ready(self) -> bool:
+        """An await's first look: :meth:`query`, or what the backend can tell of it without a
+        driver call (``event_query(quick=True)``)."""
+        return self.query()
+
     def _capture(self, wake: bool) -> WaitTarget:
         """The work to wait for, fixed now; ``wake``: the backend is to learn of its completion
         promptly (see ``Backend.stream_capture``)."""
@@ -134,7 +139,7 @@ class Awaitable(DeviceObject):
         """
         if strategy is not None:
             _waiting.check_strategy(strategy)
-        if self.query():
+        if self._ready():
             if _hooks.observer is None and not _hooks.listeners:
                 await _waiting.checkpoint()
             else:

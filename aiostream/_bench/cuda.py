@@ -407,29 +407,33 @@ def pending_wait(
 def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[float, float]:
     """(driver calls per wait, host functions per 1,000 waits): ``n`` waits of ``kernel_s``
     kernels on ``streams`` streams (records back to back, all awaited at once), the
-    submission's calls included."""
+    submission's calls included: every call through the bindings, on any thread (the
+    watcher's too), counted by wrapping the bindings module's functions meanwhile."""
+    from cuda.bindings import driver as cu
+
     backend = _backends.get("cuda")
     dev = backend._devices.get(0)  # type: ignore[attr-defined]  # noqa: SLF001
-    drv, watcher = dev.drv, dev.watcher
+    watcher = dev.watcher
     calls = [0]
-    real_cu, real_launch = drv.cu, watcher.launch
+    real_launch = watcher.launch
+    originals = {
+        name: getattr(cu, name)
+        for name in dir(cu)
+        if name.startswith("cu") and callable(getattr(cu, name))
+    }
 
-    class Counting:
-        def __getattr__(self, name: str) -> Any:
-            value = getattr(real_cu, name)
-            if not (callable(value) and name.startswith("cu")):
-                return value
+    def counting(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            calls[0] += 1
+            return fn(*args)
 
-            def call(*args: Any) -> Any:
-                calls[0] += 1
-                return value(*args)
-
-            return call
+        return call
 
     launches = [0]
 
     def launch(*args: Any) -> int:
         launches[0] += 1
+        calls[0] += 1
         result: int = real_launch(*args)
         return result
 
@@ -439,7 +443,8 @@ def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[
         for s in pool:  # warm-up
             ais.delay(kernel_s, stream=s)
             await s.record_event().synchronize()
-        drv.cu = dev.pushed.cu = Counting()
+        for name, fn in originals.items():
+            setattr(cu, name, counting(fn))
         watcher.launch = launch if real_launch is not None else None
         try:
             events = []
@@ -450,8 +455,10 @@ def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[
             async with anyio.create_task_group() as tg:
                 for e in events:
                     tg.start_soon(e.synchronize)
+            del events
         finally:
-            drv.cu = dev.pushed.cu = real_cu
+            for name, fn in originals.items():
+                setattr(cu, name, fn)
             watcher.launch = real_launch
 
     _run_on(loop, main)

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..._errors import NotReadyError, captured_event, capturing_stream
+from ..._errors import AiostreamError, NotReadyError, captured_event, capturing_stream
 from .devices import Devices
 from .driver import NOT_READY, SUCCESS, Driver
 from .graphs import FOREIGN, describe_event, describe_stream
 from .handles import Event, Stream
-from .watcher import Mark, Target
+from .watcher import CLOSED, Mark, Target
 
 __all__ = ["Target", "Waits"]
 
@@ -155,18 +155,30 @@ class Waits:
             if dev is not None and dev.internal.pop(event.ptr, None) is not None:
                 dev.release(self.drv.cu.cuEventDestroy, event.ptr)
 
-    def query(self, event: Event) -> bool:
+    def query(self, event: Event, quick: bool = False) -> bool:
         """Whether the work ``event`` captured has completed (raise if it failed): the driver's
         answer, or, where a record came after the host function announcing a mark of its
         private stream (it completes on the device only once the driver's thread has returned
         from that function), whether the user's work before that mark has. Not for an event
-        whose handle was handed out: others may have recorded it since, unseen."""
+        whose handle was handed out: others may have recorded it since, unseen. ``quick``: the
+        flag of the mark after its record answers, with no driver call (a failed device is
+        told by the health check, at most a millisecond late)."""
         if event.captured is not None:
             raise captured_event(describe_event(event))
         watcher = self.devices[event.index].watcher
         stream = event.stream
         private = event.private and stream is not None and stream.private
-        if watcher.query(event.ptr):
+        mark = event.mark
+        if watcher.closed:  # its handle was destroyed: refused as the driver's query is
+            raise AiostreamError(CLOSED)
+        if quick and mark is not None and event.private and (mark.complete or mark.slot >= 0):
+            # its mark's flag tells, with no driver call: the record completed right before it
+            if watcher.reached(mark):
+                if private and event.at > stream.done_at:  # type: ignore[union-attr]
+                    stream.done_at = event.at  # type: ignore[union-attr]
+                return True
+            watcher.check()  # a failed device never writes it (at most a call a millisecond)
+        elif watcher.query(event.ptr):
             if private and event.at > stream.done_at:  # type: ignore[union-attr]
                 stream.done_at = event.at  # type: ignore[union-attr]
             return True
@@ -228,12 +240,11 @@ class Waits:
         mark the point right after it (the event holds the mark until its next record); note
         where it stands on the stream."""
         dev = self.devices[stream.index]
-        with dev.lock:
+        with dev.lock, dev.pushed.around(stream.ptr):  # one push for the record and its mark
             # a record into another library's capture is a node of its graph: aiostream adds
             # nothing of its own there (its mark would be a node too, rewritten at each launch)
             captured = self.capture_of(stream)
-            with dev.pushed:
-                result = self.drv.cu.cuEventRecord(event.ptr, stream.ptr)
+            result = self.drv.cu.cuEventRecord(event.ptr, stream.ptr)
             self.drv.check(result, event.index, "cuEventRecord")
             old = event.mark
             event.mark = None

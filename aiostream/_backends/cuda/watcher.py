@@ -198,6 +198,7 @@ class Target:
     __slots__ = (
         "callback",
         "complete",
+        "error",
         "event",
         "gone",
         "index",
@@ -222,6 +223,8 @@ class Target:
             False
         )
         self.released = False
+        #: the error the watcher's query of it met (its wait raises it)
+        self.error: DeviceError | None = None
         self.callback: Callable[[], None] | None = None
         self.gone: Callable[[], bool] | None = None  # the callback's (WaitTarget.watch)
         #: launches a host function to announce the mark, when the wait is watched (lock
@@ -232,6 +235,8 @@ class Target:
         """Whether the captured work completed; raise ``CudaError`` if the device failed."""
         if self.complete:
             return True
+        if self.error is not None:
+            raise self.error
         watcher = self.watcher
         mark = self.mark
         if mark is not None:
@@ -481,7 +486,7 @@ class Watcher:
         if wake:
             self.wake(mark, stream)
             mark.ahead = mark.woken
-        with self.dev.pushed:
+        with self.dev.pushed.around(stream):
             if self.memops:
                 if self.flags.full():
                     self.collect()  # landed slots still held by recorded events come back
@@ -508,7 +513,7 @@ class Watcher:
         work so far must end at the mark, or (``mark()``) right before it (lock held)."""
         if mark.woken or self.launch is None or semaphores is None:
             return
-        with self.dev.pushed:
+        with self.dev.pushed.around(stream):
             code = self.launch(int(stream), semaphores.post_address, self.sem)
         if code != SUCCESS:
             raise self.drv.error(self.drv.cu.CUresult(code), self.index, "cuLaunchHostFunc")
@@ -690,7 +695,8 @@ class Watcher:
             try:
                 if target.done():
                     self._fire(target, due)
-            except DeviceError:
+            except DeviceError as exc:  # kept for its wait: a query's error may not come again
+                target.error = exc
                 failed = True
             except AiostreamError:  # its own (a captured event's): its wait raises it
                 self._fire(target, due)

@@ -148,9 +148,28 @@ class Awaitable(DeviceObject):
         if strategy is None:
             strategy = _waiting.get_wait_strategy()
         target = self._capture(strategy in _waiting.WAKE)
-        await _waiting.wait(
-            self._backend, self._device.index, target, self._subject(), self._origin, strategy
+        entry = _waiting.begin(
+            self._backend, self._device.index, target, self, self._origin, strategy, _described
         )
+        if entry is None:  # an observer or listeners: told of the wait
+            await _waiting.wait(
+                self._backend, self._device.index, target, self, self._origin, strategy, _described
+            )
+            return
+        # the wait is held in this frame: one coroutine less per pending wait
+        try:
+            await _waiting.parked(entry)
+        except BaseException:
+            _waiting.cancelled(entry)
+            raise
+        finally:
+            _waiting.end(entry)
+        error = _waiting.failure(entry)
+        if error is not None:
+            # a program may keep the error: its traceback holds this frame, which must not
+            # hold the wait's entry (and through it the waiter and every wait it lists)
+            del entry, target
+            raise error
 
     def __await__(self) -> Generator[Any, Any, None]:
         """``await x`` is ``await x.synchronize()``, with the default wait strategy."""
@@ -169,6 +188,11 @@ class Awaitable(DeviceObject):
         if self.query():
             return
         _waiting.wait_blocking(self._backend, self._capture(True), self._what)
+
+
+def _described(obj: Awaitable) -> str:
+    """What a pending-wait listing calls a wait on ``obj``, worded when someone looks."""
+    return obj._subject()  # noqa: SLF001 (this module owns the method)
 
 
 def handle(obj: DeviceObject) -> Any:

@@ -222,8 +222,9 @@ async def observed(subject: str, device: str) -> None:
         _hooks.wait_ended(told, None, "completed")
 
 
-class _Entry:
-    """One pending wait. Small on purpose: a program may have 100,000 of them."""
+class _Entry(_diagnostics.Record):
+    """One pending wait, and its record for :func:`aiostream.pending_waits` (one object).
+    Small on purpose: a program may have 100,000 of them."""
 
     __slots__ = (
         "dead",
@@ -231,31 +232,39 @@ class _Entry:
         "finished",
         "gone",
         "parked",
-        "record",
         "since",
         "started",
-        "strategy",
         "target",
-        "waiter",
     )
 
     def __init__(
         self,
         waiter: _Waiter,
         target: WaitTarget,
-        record: _diagnostics.Record,
+        task: object,
+        subject: object,
+        describe: Callable[[Any], str] | None,
+        origin: _diagnostics.Origin | None,
+        recorded: _diagnostics.Origin | None,
         strategy: str,
-        parked: Any,
     ) -> None:
-        self.waiter = waiter
+        super().__init__(
+            task,
+            _task_name_of,
+            subject,
+            waiter.device,
+            origin,
+            recorded,
+            waiter,
+            strategy,
+            describe,
+        )
         self.target = target
-        self.record = record
-        self.strategy = strategy
         self.since = _loop_time()  # loop time, for the watchdog
         self.started = _clock()  # for the check budget
         # what the waiting task sleeps on: a future (asyncio, uvloop) or a trio.Event, both
         # far smaller than an anyio.Event with its queue of waiters
-        self.parked = parked
+        self.parked = waiter.park()
         self.error: BaseException | None = None
         self.finished = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
@@ -266,6 +275,11 @@ class _Entry:
         #: whether the wait's event loop has closed (``WaitTarget.watch``): one function per
         #: waiter, so a backend that asks counts waiters, not waits
         self.gone = waiter.gone
+
+    @property
+    def waiter(self) -> _Waiter:
+        waiter: _Waiter = self.owner  # type: ignore[assignment]
+        return waiter
 
     def __call__(self) -> None:
         """The backend says the work completed (``WaitTarget.watch``); any thread."""
@@ -384,7 +398,7 @@ class _Waiter:
         self._registry = registry
         self._key = (id(backend), index)
         hooks = _loop_hooks()
-        self._spawn, self._call_soon_threadsafe, self._park = hooks[:3]
+        self._spawn, self._call_soon_threadsafe, self.park = hooks[:3]
         self.on_trio, self._running_here, self.gone = hooks[3:]
         self._thread = threading.get_ident()
         #: the device's name, shared by every wait's record
@@ -404,15 +418,13 @@ class _Waiter:
 
     # ------------------------------------------------------------------ called by waiting tasks
 
-    def add(self, target: WaitTarget, record: _diagnostics.Record, strategy: str) -> _Entry:
-        entry = _Entry(self, target, record, strategy, self._park())
+    def add(self, entry: _Entry) -> None:
         self._by_age.append(entry)
         self._pending += 1
         self._added(entry)
         if not self._running:
             self._running = True
             self._task = self._spawn(self._run)
-        return entry
 
     def discard(self, entry: _Entry) -> None:
         """Forget a wait whose task was cancelled."""
@@ -484,7 +496,7 @@ class _Waiter:
                 # changes its counts only, which nothing reads (the loop is closed)
                 entry.dead = True  # pragma: no mutate
                 entry.target.release()
-                _diagnostics.unregister(entry.record)
+                _diagnostics.unregister(entry)
         self._pending = 0  # pragma: no mutate (equivalent: the loop is closed: nothing reads it)
         self._abandoned()
         if self._registry.get(self._key) is self:
@@ -502,13 +514,13 @@ class _Waiter:
             if len(ages) > 2 * self._pending + _COMPACT_MIN:
                 self._by_age = deque(e for e in ages if not (e.finished or e.dead))
             return None
-        watched = [e for e in ages if not (e.finished or e.dead or e.record.warned)]
+        watched = [e for e in ages if not (e.finished or e.dead or e.warned)]
         self._by_age = deque(watched)
         if not watched:
             return None
         now = _loop_time()
-        _diagnostics.warn_late([e.record for e in watched if now - e.since >= threshold])
-        pending = [e.since for e in watched if not e.record.warned]
+        _diagnostics.warn_late([e for e in watched if now - e.since >= threshold])
+        pending = [e.since for e in watched if not e.warned]
         return min(pending) + threshold - now if pending else None
 
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:
@@ -882,32 +894,42 @@ async def wait(
     backend: AnyBackend,
     index: int,
     target: WaitTarget,
-    subject: str,
+    subject: object,
     recorded: _diagnostics.Origin | None = None,
     strategy: str | None = None,
+    describe: Callable[[Any], str] | None = None,
 ) -> None:
     """Suspend the calling task until ``target`` is done; raise its error if it failed.
 
-    ``subject`` names what is awaited and ``recorded`` is where its work was recorded (debug
-    mode), for :func:`aiostream.pending_waits`; ``strategy`` (checked by the caller) overrides
+    ``subject`` names what is awaited (its words, or the object ``describe`` words when
+    someone looks) and ``recorded`` is where its work was recorded (debug mode), for
+    :func:`aiostream.pending_waits`; ``strategy`` (checked by the caller) overrides
     :func:`get_wait_strategy`. Cancelling the call removes the wait at once; the device work
     goes on.
     """
+    if describe is not None:  # worded now: the observer and listeners are told the words
+        subject, describe = describe(subject), None
     obs = _hooks.observer
     # equivalent mutant (unmarked): 0.0 -> 1.0: start is read only when there is an observer
     start = _hooks.now(obs) if obs is not None else 0.0
-    task = _current_task()
     waiter = _waiter(backend, index)
-    device = waiter.device
-    strategy = strategy or get_wait_strategy()
-    record = _diagnostics.Record(
-        task, _task_name_of, subject, device, _diagnostics.capture(2), recorded, waiter, strategy
+    entry = _Entry(
+        waiter,
+        target,
+        _current_task(),
+        subject,
+        describe,
+        _diagnostics.capture(2),
+        recorded,
+        strategy or get_wait_strategy(),
     )
-    _diagnostics.register(record)
-    told = _hooks.wait_began(subject, device, strategy) if _hooks.listeners else None
+    _diagnostics.register(entry)
+    told = (
+        _hooks.wait_began(entry.subject, entry.device, entry.strategy) if _hooks.listeners else None
+    )
     raised: BaseException | None = None
     try:
-        entry = waiter.add(target, record, strategy)
+        waiter.add(entry)
         try:
             parked = entry.parked
             await (parked.wait() if waiter.on_trio else parked)
@@ -919,9 +941,9 @@ async def wait(
         raise
     finally:
         target.release()
-        _diagnostics.unregister(record)
+        _diagnostics.unregister(entry)
         if obs is not None:  # its own failure is logged, never raised over the wait's outcome
-            _hooks.on_await(obs, _task_name_of(task), subject, device, start)
+            _hooks.on_await(obs, entry.task, entry.subject, entry.device, start)
         if told is not None:  # likewise; the outcome: what propagates, else the wait's error
             ended = raised if raised is not None else entry.error
             _hooks.wait_ended(told, ended, outcome(ended))
@@ -929,10 +951,68 @@ async def wait(
     error = entry.error
     if error is not None:
         # A program may keep the error: its traceback holds this frame, which must not hold
-        # the wait's entry (and through it, or its record, the waiter and every wait it
-        # still lists).
-        del entry, waiter, record
+        # the wait's entry (and through it the waiter and every wait it still lists).
+        del entry, waiter
         raise error
+
+
+def begin(
+    backend: AnyBackend,
+    index: int,
+    target: WaitTarget,
+    subject: object,
+    recorded: _diagnostics.Origin | None,
+    strategy: str | None,
+    describe: Callable[[Any], str] | None,
+) -> _Entry | None:
+    """:func:`wait` without a coroutine of its own, for an await that holds the wait in its own
+    frame (a pending wait is then one coroutine frame smaller): the wait begun, on which the
+    caller awaits :func:`parked`, then calls :func:`end` in a ``finally`` (and
+    :func:`cancelled` if the await raised), then raises :func:`failure` if there is one.
+    None while an observer or listeners are plugged in: the caller awaits :func:`wait`."""
+    if _hooks.observer is not None or _hooks.listeners:
+        return None
+    waiter = _waiter(backend, index)
+    entry = _Entry(
+        waiter,
+        target,
+        _current_task(),
+        subject,
+        describe,
+        _diagnostics.capture(2),
+        recorded,
+        strategy or get_wait_strategy(),
+    )
+    _diagnostics.register(entry)
+    try:
+        waiter.add(entry)
+    except BaseException:
+        end(entry)
+        raise
+    return entry
+
+
+def parked(entry: _Entry) -> Awaitable[Any]:
+    """What the waiting task awaits (:func:`begin`)."""
+    return entry.parked.wait() if entry.waiter.on_trio else entry.parked  # type: ignore[no-any-return]
+
+
+def cancelled(entry: _Entry) -> None:
+    """The await of :func:`parked` raised: the wait is forgotten."""
+    entry.waiter.discard(entry)
+
+
+def end(entry: _Entry) -> None:
+    """The wait is over, whatever its outcome: its target released, its record gone (and
+    the object it was about let go: the waiter may keep the entry a while)."""
+    entry.target.release()
+    _diagnostics.unregister(entry)
+    entry.about = entry.describe = None
+
+
+def failure(entry: _Entry) -> BaseException | None:
+    """The error the wait ended with (the device's), if any."""
+    return entry.error
 
 
 def in_loop_thread() -> bool:

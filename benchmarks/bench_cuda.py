@@ -31,6 +31,9 @@ run, on this device:
 4. How completion is learned: the CPU of one look at n pending waits, by a sweep of the
    completion flags (what the watcher does) and by ``cuEventQuery`` of each (the other way to
    learn without a host function).
+5. Memory per pending wait, its asyncio task included (tracemalloc): 1,000, 10,000 and
+   100,000 waits on events (100 streams) and on streams of their own, on this device and on
+   ``virtual:0``. Goal: under 2 KiB.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from aiostream._bench.cuda import (
     floor_thread,
     look_cost,
     pending_cpu,
+    pending_memory,
     pending_wait,
     scale,
     short_awaits,
@@ -228,6 +232,13 @@ def main() -> None:
     for n in (100, 1_000) if args.quick else (100, 1_000, 10_000):
         flags, queries = look_cost(n)
         print(f"   {n:>7,} {flags * 1e6:22.1f} {queries * 1e6:21.1f} {queries / flags:7.1f}")
+
+    print("\n5. memory per pending wait, its task included (goal: under 2 KiB)")
+    print(f"   {'waits':>7} {'on':8} {DEVICE:>10} {'virtual:0':>10}")
+    for n in (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000):
+        for on in ("events", "streams") if n <= 10_000 else ("events",):
+            ours, sim = pending_memory(DEVICE, n, on), pending_memory("virtual:0", n, on)
+            print(f"   {n:>7,} {on:8} {ours:8.0f} B {sim:8.0f} B")
 
 
 if __name__ == "__main__":

@@ -6,17 +6,20 @@ the loop's own timer until the same moments (``benchmarks/bench_cuda.py`` prints
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import statistics
 import threading
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 import aiostream as ais
 
@@ -464,3 +467,53 @@ def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[
     _run_on(loop, main)
     waits = max(1, n // streams) * streams
     return calls[0] / waits, launches[0] * 1000 / waits
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def pending_memory(device: str, n: int, on: str = "events") -> float:
+    """Bytes per pending wait, its asyncio task included (tracemalloc), as
+    ``_bench.scale.memory_per_wait`` counts them: ``n`` tasks awaiting events recorded on 100
+    streams (``on="events"``; made before the count begins), or each its own stream
+    (``"streams"``), while the work before them is held (a manual clock on a virtual device;
+    a kernel on CUDA, its waits cancelled after the count)."""
+    virtual = device.startswith("virtual")
+    if virtual:
+        clock = ais.virtual.VirtualClock()
+        ais.virtual.reset(clock=clock, compute_slots=max(n, 100))
+
+    async def main() -> float:
+        warm = ais.Stream(device)  # the waiter's code paths and caches, made before the count
+        ais.delay(0.001, stream=warm)
+        if virtual:
+            clock.advance(0.01)
+        await warm.record_event().synchronize()
+        count = min(n, 100) if on == "events" else n
+        streams = [ais.Stream(device) for _ in range(count)]
+        for s in streams:
+            ais.delay(1.0 + n * 200e-6, stream=s)  # longer than making the waits takes
+        subjects: list[Any] = (
+            [streams[i % count].record_event() for i in range(n)] if on == "events" else streams
+        )
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        tasks = [asyncio.create_task(x.synchronize()) for x in subjects]
+        for _ in range(3):  # every task runs up to its wait
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)  # CUDA: past the check budget, handed over
+        per = (tracemalloc.get_traced_memory()[0] - before) / n
+        tracemalloc.stop()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if virtual:
+            clock.advance(1e6)
+        return per  # (on CUDA the kernels run out meanwhile: nothing waits for them)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        if virtual:
+            ais.virtual.reset()

@@ -28,8 +28,6 @@ still be running the host function, which the stream and the record follow on th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..._errors import AiostreamError, NotReadyError, captured_event, capturing_stream
 from .devices import Devices
 from .driver import NOT_READY, SUCCESS, Driver
@@ -82,28 +80,14 @@ class Waits:
     def stream_capture(self, stream: Stream, wake: bool) -> Target:
         dev = self.devices[stream.index]
         self.check_not_capturing(stream)
-        target = Target(dev.watcher, ("stream", stream.key), next(stream.seq))
+        target = Target(dev.watcher, stream.key, next(stream.seq))
         with dev.lock:
             # on a stream handed out, others may submit unseen: announced now or never
             target.mark = dev.watcher.mark(stream.ptr, wake and not stream.private)
             _reaching(stream, target.mark)
-            if wake and stream.private:
-                target.wake = self._waker(stream, target.mark, stream.ops)
+            if wake and stream.private:  # announced once watched (Watcher.announce)
+                target.stream, target.at = stream, stream.ops
         return target
-
-    def _waker(self, stream: Stream, mark: Mark, at: int) -> Callable[[], None]:
-        """What launches the host function after ``mark`` when its wait is handed to the
-        watcher (lock held then): nothing if the user's work followed the mark meanwhile."""
-        watcher = self.devices[stream.index].watcher
-
-        def wake() -> None:
-            if mark.woken or not stream.alive or not stream.private or stream.ops != at:
-                return
-            watcher.wake(mark, stream.ptr)
-            if mark.woken:
-                stream.woke = (mark, at)
-
-        return wake
 
     def idle(self, stream: Stream) -> bool:
         """Whether everything on ``stream`` but aiostream's own has completed, when
@@ -290,11 +274,11 @@ class Waits:
                 target = Target(watcher, ("event", event.id), 0)
                 target.event = event.ptr
                 return target
-            target = Target(watcher, ("stream", stream.key), event.seq)
+            target = Target(watcher, stream.key, event.seq)  # (the stream's own tuple)
             target.mark = mark
             mark.holders += 1  # the wait holds it too (lock held)
-            if wake and stream.private:
-                target.wake = self._waker(stream, mark, event.at)
+            if wake and stream.private:  # announced once watched (Watcher.announce)
+                target.stream, target.at = stream, event.at
         return target
 
 

@@ -130,7 +130,8 @@ class Awaitable(DeviceObject):
 
         Args:
             strategy: how a CUDA wait is watched, for this call only: ``"hybrid"``, ``"poll"``,
-                ``"thread"`` or ``"callback"`` (see :func:`aiostream.set_wait_strategy`).
+                ``"thread"``, ``"callback"`` or ``"quiet"`` (see
+                :func:`aiostream.set_wait_strategy`).
 
         Note:
             On CUDA this is ``cuStreamQuery`` / ``cuEventQuery``, then a wait for a value the

@@ -36,6 +36,9 @@ learns it, and whether the loop also polls it:
 - ``thread``: the device's watcher alone, which polls the completion flags with a back-off up
   to 2 ms. No host function: nothing is added to the user's stream but the flag's write.
 - ``callback``: the watcher alone, woken by the host function.
+- ``quiet``: ``hybrid`` without host functions (for devices where a host function may hold
+  up other streams' kernels): the loop's checks and near-end looks as ``hybrid``, then the
+  watcher polls the flags, backing off to 2 ms, as for ``thread``.
 
 Everything else goes through anyio; the loop-specific pieces are how a background task is
 spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and uvloop,
@@ -92,7 +95,9 @@ _typical: anyio.lowlevel.RunVar[dict[tuple[int, int], _Lengths]] = anyio.lowleve
 )
 _COMPACT_MIN = 64
 
-STRATEGIES = ("hybrid", "poll", "thread", "callback")
+STRATEGIES = ("hybrid", "poll", "thread", "callback", "quiet")
+#: the strategies whose waits the loop checks for a budget, then hands to the backend
+_HANDED = frozenset({"hybrid", "quiet"})
 #: the shortest sleep the loop's timer honours: asyncio's selector and trio's epoll round a
 #: timeout up to whole milliseconds, so no waiter sleeps less (it checks on the next turn)
 TIMER_FLOOR_S = 1e-3
@@ -112,6 +117,9 @@ NEAR_LEAD_S = 250e-6
 NEAR_MAX_S = 0.05
 NEAR_SPREAD = 0.25
 NEAR_SAMPLES = 3  #: the waits seen before any prediction
+#: the longest sleep toward a predicted end: a loop's timer may wake a millisecond late after
+#: a long one (seen on asyncio for 9 ms sleeps), so a long approach is taken in steps
+NEAR_STEP_S = 0.004
 #: the strategies whose waits ask the backend to learn of completion promptly
 WAKE = frozenset({"hybrid", "callback"})
 _loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
@@ -138,8 +146,9 @@ def set_wait_strategy(strategy: str | None) -> None:
     Args:
         strategy: ``"hybrid"`` (the default: the loop checks briefly, the device's watcher
             thread wakes it for longer waits), ``"poll"`` (the loop alone), ``"thread"`` (the
-            watcher alone, polling: nothing added to your stream) or ``"callback"`` (the
-            watcher alone, woken by a host function); None goes back to
+            watcher alone, polling: nothing added to your stream), ``"callback"`` (the
+            watcher alone, woken by a host function) or ``"quiet"`` (as ``"hybrid"``, with
+            no host function: the watcher polls); None goes back to
             ``$AIOSTREAM_WAIT_STRATEGY``, or ``"hybrid"`` when it is unset.
             ``await x.synchronize(strategy=...)`` overrides it for one wait.
 
@@ -663,8 +672,8 @@ class _StrategyWaiter(_Waiter):
         self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
         self._spinning: set[Hashable] = set()  # the lanes looked at on every turn
         #: hybrid waits handed over, to be looked at again near their predicted end: (loop
-        #: time of the first look, order, entry, clock time of the last)
-        self._near: list[tuple[float, int, _Entry, float]] = []
+        #: time of the next look, order, entry, clock time of the end, and of the last look)
+        self._near: list[tuple[float, int, _Entry, float, float]] = []
         self._near_spin: list[tuple[float, _Entry]] = []  # those looked at on every turn
         try:
             lengths = _typical.get()
@@ -705,7 +714,7 @@ class _StrategyWaiter(_Waiter):
         lane = entry.target.lane
         heap = self._lanes.get(lane)
         if heap is None:
-            if entry.strategy == "hybrid" and len(self._spinning) >= SPIN_LANES:
+            if entry.strategy in _HANDED and len(self._spinning) >= SPIN_LANES:
                 entry.target.watch(entry)  # enough streams are looked at on every turn
                 return
             heap = self._lanes[lane] = []
@@ -813,7 +822,7 @@ class _StrategyWaiter(_Waiter):
                 spinning.add(lane)
                 return now  # the next turn
             spinning.discard(lane)
-            if entry.strategy == "hybrid":
+            if entry.strategy in _HANDED:
                 heapq.heappop(heap)
                 entry.target.watch(entry)  # the backend has it from here
                 self._plan_near(entry, now, clock)
@@ -828,8 +837,9 @@ class _StrategyWaiter(_Waiter):
 
     def _plan_near(self, entry: _Entry, now: float, clock: float) -> None:
         """Plan the near-end look of a hybrid wait just handed over, if its end can be
-        predicted: a sleep of whole milliseconds (the loop's timer wakes it no later) to
-        ``NEAR_LEAD_S`` before the end, then a look on every turn until a little after it."""
+        predicted: sleeps of whole milliseconds (the loop's timer wakes it no later), at most
+        ``NEAR_STEP_S`` each, to ``NEAR_LEAD_S`` before the end, then a look on every turn
+        until a little after it."""
         predicted = self._lengths.predicted()
         if predicted is None or entry.finished:
             return
@@ -837,25 +847,34 @@ class _StrategyWaiter(_Waiter):
         until = end + max(NEAR_LEAD_S, 2 * self._lengths.spread)
         if until <= clock:
             return  # it ran past its prediction already: the backend's word is as prompt
+        self._near_step(entry, now, clock, end, until)
+
+    def _near_step(self, entry: _Entry, now: float, clock: float, end: float, until: float) -> None:
+        """The next near-end look at ``entry``: on the next turn once within ``NEAR_LEAD_S``
+        and a timer's floor of ``end``, else after a sleep of whole milliseconds (a long one
+        is taken in steps: a loop's timer may wake a millisecond late after a long sleep)."""
         ahead = end - NEAR_LEAD_S - clock
-        at = (
-            now
-            if ahead < TIMER_FLOOR_S
-            else now + TIMER_FLOOR_S * math.floor(ahead / TIMER_FLOOR_S)
-        )
-        heapq.heappush(self._near, (at, next(self._order), entry, until))
+        if ahead < TIMER_FLOOR_S:
+            at = now
+        else:
+            at = now + TIMER_FLOOR_S * math.floor(min(ahead, NEAR_STEP_S) / TIMER_FLOOR_S)
+        heapq.heappush(self._near, (at, next(self._order), entry, end, until))
 
     def _near_looks(self, now: float) -> None:
         """Look at the handed-over waits near their predicted end: finish those done, keep
         those still within their window on every turn (at most ``SPIN_LANES``)."""
         near, spin = self._near, self._near_spin
+        clock = _clock()
         while near and near[0][0] <= now:
-            _, _, entry, until = heapq.heappop(near)
-            if not (entry.dead or entry.finished) and len(spin) < SPIN_LANES:
+            _, _, entry, end, until = heapq.heappop(near)
+            if entry.dead or entry.finished:
+                continue
+            if end - NEAR_LEAD_S - clock >= TIMER_FLOOR_S:  # not near yet: another step
+                self._near_step(entry, now, clock, end, until)
+            elif len(spin) < SPIN_LANES:
                 spin.append((until, entry))
         if not spin:
             return
-        clock = _clock()
         keep = []
         for until, entry in spin:
             if entry.dead or entry.finished:

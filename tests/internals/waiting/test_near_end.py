@@ -178,3 +178,42 @@ def test_the_prediction_follows_alike_waits_only() -> None:
     for _ in range(20):
         lengths.add(0.002)
     assert lengths.predicted() == pytest.approx(0.002, rel=0.05)
+
+
+async def test_a_long_approach_is_taken_in_steps(
+    anyio_backend: object, clock: _Clock, asked: list[float | None]
+) -> None:
+    """After waits of 20 ms, the sleeps toward the predicted end are ``NEAR_STEP_S`` at most
+    (a loop's timer may wake a millisecond late after a long sleep), planned again at each
+    wake, until the looks on every turn begin."""
+    backend = _Backend()
+    work = _Work()
+
+    async def drive() -> None:
+        await anyio.lowlevel.checkpoint()
+        start = clock.now
+        clock.now += 2 * _waiting.SPIN_MIN_S
+        await _until(lambda: work.watched is not None)
+        handed = work.peeks
+        steps = []
+        while True:
+            asked.clear()
+            await _until(lambda: asked)
+            delay = asked[-1]
+            if delay == 0.0:
+                break
+            assert delay is not None and delay <= _waiting.NEAR_STEP_S + 1e-9, delay
+            assert work.peeks == handed  # no look while the end is far
+            steps.append(delay)
+            clock.now += delay  # the timer fires
+        assert len(steps) >= 4, steps
+        assert clock.now - start >= 0.02 - _waiting.NEAR_LEAD_S - _waiting.TIMER_FLOOR_S
+        await _until(lambda: work.peeks >= handed + 3)
+        work.complete.set()
+
+    with anyio.fail_after(10):
+        await _waits_of(backend, clock, [0.02] * 5)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drive)
+            await _waiting.wait(backend, 0, work, "work", strategy="hybrid")  # type: ignore[arg-type]
+    assert work.released

@@ -753,8 +753,8 @@ class Watcher:
         if failed:  # host functions never run after a fault: tell everyone (each raises it)
             for target in list(self.watched):
                 self._fire(target, due)
-        if due:
-            self.progress_at = now
+        if due:  # more may come soon: the back-off halves (new waits restart it: watch())
+            self.progress_at = now - (now - self.progress_at) / 2
         return due
 
     def collect(self) -> None:

@@ -125,6 +125,13 @@ WAKE = frozenset({"hybrid", "callback"})
 _loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
 #: the clock of the check budget: uvloop's loop clock counts whole milliseconds (tests freeze it)
 _clock = time.perf_counter
+#: the record's clock (``time.monotonic``), where it is the check budget's too (Linux, macOS)
+_ONE_CLOCK = (
+    time.perf_counter
+    if time.get_clock_info("perf_counter").implementation
+    == time.get_clock_info("monotonic").implementation
+    else None
+)
 #: gives the CPU to the threads ready to run (none: a no-op), on each turn of a spinning loop
 _yield_cpu: Callable[[], object] = getattr(os, "sched_yield", None) or (lambda: None)
 _ENV = "AIOSTREAM_WAIT_STRATEGY"
@@ -270,7 +277,9 @@ class _Entry(_diagnostics.Record):
         )
         self.target = target
         self.since = _loop_time()  # loop time, for the watchdog
-        self.started = _clock()  # for the check budget
+        # for the check budget; the record's start too where the two clocks are one (a float
+        # less per wait)
+        self.started = self.start if _clock is _ONE_CLOCK else _clock()
         # what the waiting task sleeps on: a future (asyncio, uvloop) or a trio.Event, both
         # far smaller than an anyio.Event with its queue of waiters
         self.parked = waiter.park()

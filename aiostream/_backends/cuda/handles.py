@@ -33,6 +33,7 @@ class Stream:
         "recorded",
         "seq",
         "woke",
+        "woke_at",
     )
 
     def __init__(self, ptr: Any, index: int, *, owned: bool) -> None:
@@ -58,7 +59,8 @@ class Stream:
         )
         #: (mark, ops): the last thing on this private stream is the host function that
         #: announces ``mark``, added when ``ops`` was this (see Waits.idle)
-        self.woke: tuple[Any, int] | None = None
+        self.woke: Any = None
+        self.woke_at = 0  # (two fields, not a tuple: no allocation per wait)
         #: the aiostream capture it is part of (graphs.Capture), or None
         self.capture: Any = None
         #: ``ops`` of the latest record here seen complete (-1: none): every event recorded

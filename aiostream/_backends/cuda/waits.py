@@ -190,9 +190,9 @@ class Waits:
         completed, as the mark its announcing host function follows tells: False if the user
         submitted more before that mark, or if others may have submitted unseen."""
         woke = stream.woke
-        if woke is None or woke[1] < at or not stream.private:
+        if woke is None or stream.woke_at < at or not stream.private:
             return False
-        return self.devices[stream.index].watcher.reached(woke[0])
+        return self.devices[stream.index].watcher.reached(woke)
 
     def elapsed_ms(self, start: Event, end: Event) -> float:
         """Milliseconds from ``start`` to ``end`` (``cuEventElapsedTime``)."""

@@ -559,7 +559,7 @@ class Watcher:
             return
         self.wake(mark, stream.ptr)
         if mark.woken:
-            stream.woke = (mark, target.at)
+            stream.woke, stream.woke_at = mark, target.at
 
     def unhold(self, mark: Mark) -> None:
         """One holder less (lock held); with none left, its slot is freed (or drains)."""

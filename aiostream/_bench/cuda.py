@@ -59,14 +59,26 @@ def primary_context() -> Iterator[None]:
     a baseline that calls the driver itself, as a program of its own would, needs."""
     from cuda.bindings import driver
 
-    _, dev = driver.cuDeviceGet(0)
-    _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
-    driver.cuCtxPushCurrent(ctx)
+    # The driver initialised first (the backend's cuInit), and every result checked: before
+    # cuInit the retain fails, and the release after would take aiostream's own reference,
+    # resetting the context under its streams, events and completion flags.
+    _backends.get("cuda")
+    dev = _ok(driver.cuDeviceGet(0), "cuDeviceGet")
+    ctx = _ok(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     try:
-        yield
+        _ok(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        try:
+            yield
+        finally:
+            driver.cuCtxPopCurrent()
     finally:
-        driver.cuCtxPopCurrent()
         driver.cuDevicePrimaryCtxRelease(dev)
+
+
+def _ok(result: tuple[Any, ...], call: str) -> Any:
+    if int(result[0]) != 0:
+        raise RuntimeError(f"{call} failed: {result[0]!r}")
+    return result[1] if len(result) > 1 else None
 
 
 def floor_thread(n: int, kernel_s: float) -> tuple[list[float], float]:

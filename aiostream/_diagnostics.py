@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import _check
 
@@ -172,6 +172,8 @@ class Record:
     """A wait in progress; the task's name is read only when someone looks."""
 
     __slots__ = (
+        "about",
+        "describe",
         "device",
         "name_of",
         "origin",
@@ -179,7 +181,6 @@ class Record:
         "recorded",
         "start",
         "strategy",
-        "subject",
         "task_ref",
         "warned",
     )
@@ -188,18 +189,22 @@ class Record:
         self,
         task: object,
         name_of: Callable[[object], str],
-        subject: str,
+        subject: object,
         device: str,
         origin: Origin | None,
         recorded: Origin | None,
         owner: Owner | None = None,
         strategy: str = "",
+        describe: Callable[[Any], str] | None = None,
     ) -> None:
         self.owner = owner
         self.strategy = strategy
         self.task_ref = task
         self.name_of = name_of
-        self.subject = subject
+        #: what is awaited: its words, or the object ``describe`` words when someone looks
+        #: (no string per wait)
+        self.about = subject
+        self.describe = describe
         self.device = device
         self.origin = origin
         self.recorded = recorded
@@ -209,6 +214,11 @@ class Record:
     @property
     def task(self) -> str:
         return self.name_of(self.task_ref)
+
+    @property
+    def subject(self) -> str:
+        describe = self.describe
+        return str(self.about) if describe is None else describe(self.about)
 
     def report(self, now: float) -> PendingWait:
         return PendingWait(

@@ -107,6 +107,11 @@ class Awaitable(DeviceObject):
         failed)."""
         raise NotImplementedError
 
+    def _ready(self) -> bool:
+        """An await's first look: :meth:`query`, or what the backend can tell of it without a
+        driver call (``event_query(quick=True)``)."""
+        return self.query()
+
     def _capture(self, wake: bool) -> WaitTarget:
         """The work to wait for, fixed now; ``wake``: the backend is to learn of its completion
         promptly (see ``Backend.stream_capture``)."""
@@ -125,7 +130,8 @@ class Awaitable(DeviceObject):
 
         Args:
             strategy: how a CUDA wait is watched, for this call only: ``"hybrid"``, ``"poll"``,
-                ``"thread"`` or ``"callback"`` (see :func:`aiostream.set_wait_strategy`).
+                ``"thread"``, ``"callback"`` or ``"quiet"`` (see
+                :func:`aiostream.set_wait_strategy`).
 
         Note:
             On CUDA this is ``cuStreamQuery`` / ``cuEventQuery``, then a wait for a value the
@@ -134,7 +140,7 @@ class Awaitable(DeviceObject):
         """
         if strategy is not None:
             _waiting.check_strategy(strategy)
-        if self.query():
+        if self._ready():
             if _hooks.observer is None and not _hooks.listeners:
                 await _waiting.checkpoint()
             else:
@@ -143,9 +149,28 @@ class Awaitable(DeviceObject):
         if strategy is None:
             strategy = _waiting.get_wait_strategy()
         target = self._capture(strategy in _waiting.WAKE)
-        await _waiting.wait(
-            self._backend, self._device.index, target, self._subject(), self._origin, strategy
+        entry = _waiting.begin(
+            self._backend, self._device.index, target, self, self._origin, strategy, _described
         )
+        if entry is None:  # an observer or listeners: told of the wait
+            await _waiting.wait(
+                self._backend, self._device.index, target, self, self._origin, strategy, _described
+            )
+            return
+        # the wait is held in this frame: one coroutine less per pending wait
+        try:
+            await _waiting.parked(entry)
+        except BaseException:
+            _waiting.cancelled(entry)
+            raise
+        finally:
+            _waiting.end(entry)
+        error = _waiting.failure(entry)
+        if error is not None:
+            # a program may keep the error: its traceback holds this frame, which must not
+            # hold the wait's entry (and through it the waiter and every wait it lists)
+            del entry, target
+            raise error
 
     def __await__(self) -> Generator[Any, Any, None]:
         """``await x`` is ``await x.synchronize()``, with the default wait strategy."""
@@ -164,6 +189,11 @@ class Awaitable(DeviceObject):
         if self.query():
             return
         _waiting.wait_blocking(self._backend, self._capture(True), self._what)
+
+
+def _described(obj: Awaitable) -> str:
+    """What a pending-wait listing calls a wait on ``obj``, worded when someone looks."""
+    return obj._subject()  # noqa: SLF001 (this module owns the method)
 
 
 def handle(obj: DeviceObject) -> Any:

@@ -25,14 +25,20 @@ learns it, and whether the loop also polls it:
   short waits resume without any thread, and cost the stream nothing. Then the loop hands
   the wait to the backend (``watch``): a host function, enqueued after the work if nothing
   followed it, wakes the device's watcher when it completes, whose word finishes the wait
-  in one hop to the loop: long waits cost no CPU. No waiter ever sleeps on a timer shorter
-  than the loop honours (``TIMER_FLOOR_S``).
+  in one hop to the loop: long waits cost no CPU. Once the recent waits ran alike, a wait
+  handed over is also checked on the loop's turns again near its predicted end (from
+  ``NEAR_LEAD_S`` before it), so that a kernel of a few milliseconds ends its wait without
+  the watcher's hops. No waiter ever sleeps on a timer shorter than the loop honours
+  (``TIMER_FLOOR_S``).
 - ``poll``: the loop alone checks, on its turns for the check budget, then sleeping for half
   the wait's age, at least ``TIMER_FLOOR_S``, up to ``POLL_CAP_S``. No thread, no host
   function.
 - ``thread``: the device's watcher alone, which polls the completion flags with a back-off up
   to 2 ms. No host function: nothing is added to the user's stream but the flag's write.
 - ``callback``: the watcher alone, woken by the host function.
+- ``quiet``: ``hybrid`` without host functions (for devices where a host function may hold
+  up other streams' kernels): the loop's checks and near-end looks as ``hybrid``, then the
+  watcher polls the flags, backing off to 2 ms, as for ``thread``.
 
 Everything else goes through anyio; the loop-specific pieces are how a background task is
 spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and uvloop,
@@ -83,14 +89,16 @@ checkpoint = anyio.lowlevel.checkpoint
 _waiters: anyio.lowlevel.RunVar[dict[tuple[int, int], _Waiter]] = anyio.lowlevel.RunVar(
     "aiostream_waiters"
 )
-#: the typical length of each device's recent waits on this loop (``_StrategyWaiter.typical``),
+#: the lengths of each device's recent waits on this loop (``_StrategyWaiter.typical``),
 #: kept while no waiter runs: sequential waits each start a waiter of their own
-_typical: anyio.lowlevel.RunVar[dict[tuple[int, int], float]] = anyio.lowlevel.RunVar(
+_typical: anyio.lowlevel.RunVar[dict[tuple[int, int], _Lengths]] = anyio.lowlevel.RunVar(
     "aiostream_typical_waits"
 )
 _COMPACT_MIN = 64
 
-STRATEGIES = ("hybrid", "poll", "thread", "callback")
+STRATEGIES = ("hybrid", "poll", "thread", "callback", "quiet")
+#: the strategies whose waits the loop checks for a budget, then hands to the backend
+_HANDED = frozenset({"hybrid", "quiet"})
 #: the shortest sleep the loop's timer honours: asyncio's selector and trio's epoll round a
 #: timeout up to whole milliseconds, so no waiter sleeps less (it checks on the next turn)
 TIMER_FLOOR_S = 1e-3
@@ -101,11 +109,30 @@ SPIN_MIN_S = 50e-6
 SPIN_MAX_S = 500e-6
 SPIN_LANES = 16  #: at most this many streams' waits are checked on every turn at once
 POLL_CAP_S = 2e-3  #: poll: the longest sleep between checks
+#: the near-end look: once the device's recent waits on the loop ran alike (their spread at
+#: most ``NEAR_SPREAD`` of their mean, which is at most ``NEAR_MAX_S``), a hybrid wait past
+#: its check budget is checked on the loop's turns again from ``NEAR_LEAD_S`` before its
+#: predicted end (the loop's timer wakes it no later: its sleep is whole milliseconds, which
+#: asyncio and trio honour exactly) to a little after it; the backend has it meanwhile
+NEAR_LEAD_S = 250e-6
+NEAR_MAX_S = 0.05
+NEAR_SPREAD = 0.25
+NEAR_SAMPLES = 3  #: the waits seen before any prediction
+#: the longest sleep toward a predicted end: a loop's timer may wake a millisecond late after
+#: a long one (seen on asyncio for 9 ms sleeps), so a long approach is taken in steps
+NEAR_STEP_S = 0.004
 #: the strategies whose waits ask the backend to learn of completion promptly
 WAKE = frozenset({"hybrid", "callback"})
 _loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
 #: the clock of the check budget: uvloop's loop clock counts whole milliseconds (tests freeze it)
 _clock = time.perf_counter
+#: the record's clock (``time.monotonic``), where it is the check budget's too (Linux, macOS)
+_ONE_CLOCK = (
+    time.perf_counter
+    if time.get_clock_info("perf_counter").implementation
+    == time.get_clock_info("monotonic").implementation
+    else None
+)
 #: gives the CPU to the threads ready to run (none: a no-op), on each turn of a spinning loop
 _yield_cpu: Callable[[], object] = getattr(os, "sched_yield", None) or (lambda: None)
 _ENV = "AIOSTREAM_WAIT_STRATEGY"
@@ -127,8 +154,9 @@ def set_wait_strategy(strategy: str | None) -> None:
     Args:
         strategy: ``"hybrid"`` (the default: the loop checks briefly, the device's watcher
             thread wakes it for longer waits), ``"poll"`` (the loop alone), ``"thread"`` (the
-            watcher alone, polling: nothing added to your stream) or ``"callback"`` (the
-            watcher alone, woken by a host function); None goes back to
+            watcher alone, polling: nothing added to your stream), ``"callback"`` (the
+            watcher alone, woken by a host function) or ``"quiet"`` (as ``"hybrid"``, with
+            no host function: the watcher polls); None goes back to
             ``$AIOSTREAM_WAIT_STRATEGY``, or ``"hybrid"`` when it is unset.
             ``await x.synchronize(strategy=...)`` overrides it for one wait.
 
@@ -211,8 +239,9 @@ async def observed(subject: str, device: str) -> None:
         _hooks.wait_ended(told, None, "completed")
 
 
-class _Entry:
-    """One pending wait. Small on purpose: a program may have 100,000 of them."""
+class _Entry(_diagnostics.Record):
+    """One pending wait, and its record for :func:`aiostream.pending_waits` (one object).
+    Small on purpose: a program may have 100,000 of them."""
 
     __slots__ = (
         "dead",
@@ -220,31 +249,41 @@ class _Entry:
         "finished",
         "gone",
         "parked",
-        "record",
         "since",
         "started",
-        "strategy",
         "target",
-        "waiter",
     )
 
     def __init__(
         self,
         waiter: _Waiter,
         target: WaitTarget,
-        record: _diagnostics.Record,
+        task: object,
+        subject: object,
+        describe: Callable[[Any], str] | None,
+        origin: _diagnostics.Origin | None,
+        recorded: _diagnostics.Origin | None,
         strategy: str,
-        parked: Any,
     ) -> None:
-        self.waiter = waiter
+        super().__init__(
+            task,
+            _task_name_of,
+            subject,
+            waiter.device,
+            origin,
+            recorded,
+            waiter,
+            strategy,
+            describe,
+        )
         self.target = target
-        self.record = record
-        self.strategy = strategy
         self.since = _loop_time()  # loop time, for the watchdog
-        self.started = _clock()  # for the check budget
+        # for the check budget; the record's start too where the two clocks are one (a float
+        # less per wait)
+        self.started = self.start if _clock is _ONE_CLOCK else _clock()
         # what the waiting task sleeps on: a future (asyncio, uvloop) or a trio.Event, both
         # far smaller than an anyio.Event with its queue of waiters
-        self.parked = parked
+        self.parked = waiter.park()
         self.error: BaseException | None = None
         self.finished = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
@@ -256,9 +295,51 @@ class _Entry:
         #: waiter, so a backend that asks counts waiters, not waits
         self.gone = waiter.gone
 
+    @property
+    def waiter(self) -> _Waiter:
+        waiter: _Waiter = self.owner  # type: ignore[assignment]
+        return waiter
+
     def __call__(self) -> None:
         """The backend says the work completed (``WaitTarget.watch``); any thread."""
         self.waiter.completed(self)
+
+
+class _Lengths:
+    """The lengths of a device's recent waits on one loop: the typical one (each clipped to
+    ``4 * SPIN_MAX_S``: the check budget's), and their mean and spread (moving averages,
+    one long wait weighing little), which predict when a wait like them ends."""
+
+    __slots__ = ("count", "mean", "spread", "typical")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.typical = 0.0
+        self.mean = 0.0
+        self.spread = 0.0
+
+    def add(self, took: float) -> None:
+        clipped = min(took, 4 * SPIN_MAX_S)
+        if not self.count:
+            self.typical = clipped
+            self.mean = took
+        else:
+            self.typical += (clipped - self.typical) / 4
+            took = min(took, 2 * self.mean + TIMER_FLOOR_S)  # an outlier moves it a little
+            self.spread += (abs(took - self.mean) - self.spread) / 4
+            self.mean += (took - self.mean) / 4
+        self.count += 1
+
+    def predicted(self) -> float | None:
+        """How long the next wait will take (s), or None: too few waits, or unalike, or
+        long ones."""
+        if (
+            self.count < NEAR_SAMPLES
+            or self.mean > NEAR_MAX_S
+            or self.spread > NEAR_SPREAD * self.mean
+        ):
+            return None
+        return self.mean
 
 
 class _Hooks(NamedTuple):
@@ -342,7 +423,7 @@ class _Waiter:
         self._registry = registry
         self._key = (id(backend), index)
         hooks = _loop_hooks()
-        self._spawn, self._call_soon_threadsafe, self._park = hooks[:3]
+        self._spawn, self._call_soon_threadsafe, self.park = hooks[:3]
         self.on_trio, self._running_here, self.gone = hooks[3:]
         self._thread = threading.get_ident()
         #: the device's name, shared by every wait's record
@@ -362,15 +443,13 @@ class _Waiter:
 
     # ------------------------------------------------------------------ called by waiting tasks
 
-    def add(self, target: WaitTarget, record: _diagnostics.Record, strategy: str) -> _Entry:
-        entry = _Entry(self, target, record, strategy, self._park())
+    def add(self, entry: _Entry) -> None:
         self._by_age.append(entry)
         self._pending += 1
         self._added(entry)
         if not self._running:
             self._running = True
             self._task = self._spawn(self._run)
-        return entry
 
     def discard(self, entry: _Entry) -> None:
         """Forget a wait whose task was cancelled."""
@@ -442,7 +521,7 @@ class _Waiter:
                 # changes its counts only, which nothing reads (the loop is closed)
                 entry.dead = True  # pragma: no mutate
                 entry.target.release()
-                _diagnostics.unregister(entry.record)
+                _diagnostics.unregister(entry)
         self._pending = 0  # pragma: no mutate (equivalent: the loop is closed: nothing reads it)
         self._abandoned()
         if self._registry.get(self._key) is self:
@@ -460,13 +539,13 @@ class _Waiter:
             if len(ages) > 2 * self._pending + _COMPACT_MIN:
                 self._by_age = deque(e for e in ages if not (e.finished or e.dead))
             return None
-        watched = [e for e in ages if not (e.finished or e.dead or e.record.warned)]
+        watched = [e for e in ages if not (e.finished or e.dead or e.warned)]
         self._by_age = deque(watched)
         if not watched:
             return None
         now = _loop_time()
-        _diagnostics.warn_late([e.record for e in watched if now - e.since >= threshold])
-        pending = [e.since for e in watched if not e.record.warned]
+        _diagnostics.warn_late([e for e in watched if now - e.since >= threshold])
+        pending = [e.since for e in watched if not e.warned]
         return min(pending) + threshold - now if pending else None
 
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:
@@ -608,17 +687,25 @@ class _StrategyWaiter(_Waiter):
         self._due_at: dict[Hashable, float] = {}  # each polled lane's next look (loop time)
         self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
         self._spinning: set[Hashable] = set()  # the lanes looked at on every turn
+        #: hybrid waits handed over, to be looked at again near their predicted end: (loop
+        #: time of the next look, order, entry, clock time of the end, and of the last look)
+        self._near: list[tuple[float, int, _Entry, float, float]] = []
+        self._near_spin: list[tuple[float, _Entry]] = []  # those looked at on every turn
         try:
-            self._lengths = _typical.get()
+            lengths = _typical.get()
         except LookupError:
-            self._lengths = {}
-            _typical.set(self._lengths)
+            lengths = {}
+            _typical.set(lengths)
+        mine = lengths.get(self._key)
+        if mine is None:
+            mine = lengths[self._key] = _Lengths()
+        self._lengths = mine
 
     @property
     def typical(self) -> float | None:
         """The typical length of the device's recent waits on this loop (s): a moving
         average, None before the first."""
-        return self._lengths.get(self._key)
+        return self._lengths.typical if self._lengths.count else None
 
     def budget(self) -> float:
         """The check budget of a wait (s): how long the loop looks at it on each of its
@@ -634,9 +721,7 @@ class _StrategyWaiter(_Waiter):
     def _finish(self, entry: _Entry, error: BaseException | None) -> None:
         super()._finish(entry, error)
         if error is None:
-            took = min(_clock() - entry.started, 4 * SPIN_MAX_S)  # one long wait weighs little
-            typical = self._lengths.get(self._key)
-            self._lengths[self._key] = took if typical is None else typical + (took - typical) / 4
+            self._lengths.add(_clock() - entry.started)
 
     def _added(self, entry: _Entry) -> None:
         if entry.strategy in ("thread", "callback"):
@@ -645,7 +730,7 @@ class _StrategyWaiter(_Waiter):
         lane = entry.target.lane
         heap = self._lanes.get(lane)
         if heap is None:
-            if entry.strategy == "hybrid" and len(self._spinning) >= SPIN_LANES:
+            if entry.strategy in _HANDED and len(self._spinning) >= SPIN_LANES:
                 entry.target.watch(entry)  # enough streams are looked at on every turn
                 return
             heap = self._lanes[lane] = []
@@ -709,12 +794,19 @@ class _StrategyWaiter(_Waiter):
                 next_look = self._sweep_lane(lane, now, clock, budget)
                 if next_look is not None:
                     self._plan(lane, next_look)
+        if self._near or self._near_spin:
+            self._near_looks(now)
         # a wait handed over above may have been told at once, from this very sweep (its
         # work completed since the look before): no kick comes for it
         self._told()
-        if not schedule:
+        if self._near_spin:
+            return 0.0
+        at = schedule[0][0] if schedule else math.inf
+        if self._near:
+            at = min(at, self._near[0][0])
+        if at == math.inf:
             return None  # until the backend tells, or a new wait comes
-        delay = schedule[0][0] - now
+        delay = at - now
         # never a timer shorter than the loop honours: it would sleep its floor anyway
         return 0.0 if delay <= 0.0 else max(delay, TIMER_FLOOR_S)
 
@@ -746,9 +838,10 @@ class _StrategyWaiter(_Waiter):
                 spinning.add(lane)
                 return now  # the next turn
             spinning.discard(lane)
-            if entry.strategy == "hybrid":
+            if entry.strategy in _HANDED:
                 heapq.heappop(heap)
                 entry.target.watch(entry)  # the backend has it from here
+                self._plan_near(entry, now, clock)
                 continue
             if self._check(entry):  # poll, past its budget: done() tells a failed device too
                 heapq.heappop(heap)
@@ -758,7 +851,60 @@ class _StrategyWaiter(_Waiter):
         spinning.discard(lane)
         return None
 
+    def _plan_near(self, entry: _Entry, now: float, clock: float) -> None:
+        """Plan the near-end look of a hybrid wait just handed over, if its end can be
+        predicted: sleeps of whole milliseconds (the loop's timer wakes it no later), at most
+        ``NEAR_STEP_S`` each, to ``NEAR_LEAD_S`` before the end, then a look on every turn
+        until a little after it."""
+        predicted = self._lengths.predicted()
+        if predicted is None or entry.finished:
+            return
+        end = entry.started + predicted
+        until = end + max(NEAR_LEAD_S, 2 * self._lengths.spread)
+        if until <= clock:
+            return  # it ran past its prediction already: the backend's word is as prompt
+        self._near_step(entry, now, clock, end, until)
+
+    def _near_step(self, entry: _Entry, now: float, clock: float, end: float, until: float) -> None:
+        """The next near-end look at ``entry``: on the next turn once within ``NEAR_LEAD_S``
+        and a timer's floor of ``end``, else after a sleep of whole milliseconds (a long one
+        is taken in steps: a loop's timer may wake a millisecond late after a long sleep)."""
+        ahead = end - NEAR_LEAD_S - clock
+        if ahead < TIMER_FLOOR_S:
+            at = now
+        else:
+            at = now + TIMER_FLOOR_S * math.floor(min(ahead, NEAR_STEP_S) / TIMER_FLOOR_S)
+        heapq.heappush(self._near, (at, next(self._order), entry, end, until))
+
+    def _near_looks(self, now: float) -> None:
+        """Look at the handed-over waits near their predicted end: finish those done, keep
+        those still within their window on every turn (at most ``SPIN_LANES``)."""
+        near, spin = self._near, self._near_spin
+        clock = _clock()
+        while near and near[0][0] <= now:
+            _, _, entry, end, until = heapq.heappop(near)
+            if entry.dead or entry.finished:
+                continue
+            if end - NEAR_LEAD_S - clock >= TIMER_FLOOR_S:  # not near yet: another step
+                self._near_step(entry, now, clock, end, until)
+            elif len(spin) < SPIN_LANES:
+                spin.append((until, entry))
+        if not spin:
+            return
+        keep = []
+        for until, entry in spin:
+            if entry.dead or entry.finished:
+                continue
+            seen = entry.target.peek()  # the flag: no driver call
+            if seen and self._check(entry):
+                continue
+            if seen is not None and clock < until:
+                keep.append((until, entry))
+        self._near_spin = keep
+
     def _abandoned(self) -> None:
+        self._near.clear()
+        self._near_spin.clear()
         self._lanes.clear()
         self._due_at.clear()
         self._schedule.clear()
@@ -783,32 +929,42 @@ async def wait(
     backend: AnyBackend,
     index: int,
     target: WaitTarget,
-    subject: str,
+    subject: object,
     recorded: _diagnostics.Origin | None = None,
     strategy: str | None = None,
+    describe: Callable[[Any], str] | None = None,
 ) -> None:
     """Suspend the calling task until ``target`` is done; raise its error if it failed.
 
-    ``subject`` names what is awaited and ``recorded`` is where its work was recorded (debug
-    mode), for :func:`aiostream.pending_waits`; ``strategy`` (checked by the caller) overrides
+    ``subject`` names what is awaited (its words, or the object ``describe`` words when
+    someone looks) and ``recorded`` is where its work was recorded (debug mode), for
+    :func:`aiostream.pending_waits`; ``strategy`` (checked by the caller) overrides
     :func:`get_wait_strategy`. Cancelling the call removes the wait at once; the device work
     goes on.
     """
+    if describe is not None:  # worded now: the observer and listeners are told the words
+        subject, describe = describe(subject), None
     obs = _hooks.observer
     # equivalent mutant (unmarked): 0.0 -> 1.0: start is read only when there is an observer
     start = _hooks.now(obs) if obs is not None else 0.0
-    task = _current_task()
     waiter = _waiter(backend, index)
-    device = waiter.device
-    strategy = strategy or get_wait_strategy()
-    record = _diagnostics.Record(
-        task, _task_name_of, subject, device, _diagnostics.capture(2), recorded, waiter, strategy
+    entry = _Entry(
+        waiter,
+        target,
+        _current_task(),
+        subject,
+        describe,
+        _diagnostics.capture(2),
+        recorded,
+        strategy or get_wait_strategy(),
     )
-    _diagnostics.register(record)
-    told = _hooks.wait_began(subject, device, strategy) if _hooks.listeners else None
+    _diagnostics.register(entry)
+    told = (
+        _hooks.wait_began(entry.subject, entry.device, entry.strategy) if _hooks.listeners else None
+    )
     raised: BaseException | None = None
     try:
-        entry = waiter.add(target, record, strategy)
+        waiter.add(entry)
         try:
             parked = entry.parked
             await (parked.wait() if waiter.on_trio else parked)
@@ -820,9 +976,9 @@ async def wait(
         raise
     finally:
         target.release()
-        _diagnostics.unregister(record)
+        _diagnostics.unregister(entry)
         if obs is not None:  # its own failure is logged, never raised over the wait's outcome
-            _hooks.on_await(obs, _task_name_of(task), subject, device, start)
+            _hooks.on_await(obs, entry.task, entry.subject, entry.device, start)
         if told is not None:  # likewise; the outcome: what propagates, else the wait's error
             ended = raised if raised is not None else entry.error
             _hooks.wait_ended(told, ended, outcome(ended))
@@ -830,10 +986,68 @@ async def wait(
     error = entry.error
     if error is not None:
         # A program may keep the error: its traceback holds this frame, which must not hold
-        # the wait's entry (and through it, or its record, the waiter and every wait it
-        # still lists).
-        del entry, waiter, record
+        # the wait's entry (and through it the waiter and every wait it still lists).
+        del entry, waiter
         raise error
+
+
+def begin(
+    backend: AnyBackend,
+    index: int,
+    target: WaitTarget,
+    subject: object,
+    recorded: _diagnostics.Origin | None,
+    strategy: str | None,
+    describe: Callable[[Any], str] | None,
+) -> _Entry | None:
+    """:func:`wait` without a coroutine of its own, for an await that holds the wait in its own
+    frame (a pending wait is then one coroutine frame smaller): the wait begun, on which the
+    caller awaits :func:`parked`, then calls :func:`end` in a ``finally`` (and
+    :func:`cancelled` if the await raised), then raises :func:`failure` if there is one.
+    None while an observer or listeners are plugged in: the caller awaits :func:`wait`."""
+    if _hooks.observer is not None or _hooks.listeners:
+        return None
+    waiter = _waiter(backend, index)
+    entry = _Entry(
+        waiter,
+        target,
+        _current_task(),
+        subject,
+        describe,
+        _diagnostics.capture(2),
+        recorded,
+        strategy or get_wait_strategy(),
+    )
+    _diagnostics.register(entry)
+    try:
+        waiter.add(entry)
+    except BaseException:
+        end(entry)
+        raise
+    return entry
+
+
+def parked(entry: _Entry) -> Awaitable[Any]:
+    """What the waiting task awaits (:func:`begin`)."""
+    return entry.parked.wait() if entry.waiter.on_trio else entry.parked  # type: ignore[no-any-return]
+
+
+def cancelled(entry: _Entry) -> None:
+    """The await of :func:`parked` raised: the wait is forgotten."""
+    entry.waiter.discard(entry)
+
+
+def end(entry: _Entry) -> None:
+    """The wait is over, whatever its outcome: its target released, its record gone (and
+    the object it was about let go: the waiter may keep the entry a while)."""
+    entry.target.release()
+    _diagnostics.unregister(entry)
+    entry.about = entry.describe = None
+
+
+def failure(entry: _Entry) -> BaseException | None:
+    """The error the wait ended with (the device's), if any."""
+    return entry.error
 
 
 def in_loop_thread() -> bool:

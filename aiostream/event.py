@@ -137,6 +137,9 @@ class Event(_objects.Awaitable):
         """
         return True if self._handle is None else self._backend.event_query(self._handle)
 
+    def _ready(self) -> bool:
+        return True if self._handle is None else self._backend.event_query(self._handle, True)
+
     def _capture(self, wake: bool) -> WaitTarget:
         target: WaitTarget = self._backend.event_capture(self._handle, wake)
         return target

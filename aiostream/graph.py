@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -101,8 +102,9 @@ class Graph:
         self._replays = 0
         self._state = "new"  # capturing, ready, failed, closed
         #: an event of aiostream's own after each replay that may still run (the program may
-        #: record the one it was given elsewhere): the buffers are kept until they complete
-        self._last: list[Event] = []
+        #: record the one it was given elsewhere), by the replay's stream, oldest first (a
+        #: stream's work completes in order): the buffers are kept until they complete
+        self._last: dict[int, deque[Event]] = {}
         self._finalizer: weakref.finalize[..., Any] | None = None
 
     # ------------------------------------------------------------------ properties
@@ -246,9 +248,13 @@ class Graph:
         event = Event(self._device)
         event.record(stream)
         event._label = f"replay {self._replays} of graph {self._name!r}"  # noqa: SLF001
-        if len(self._last) >= _PRUNE_AT:  # those complete are forgotten, now and then
-            self._last[:] = [e for e in self._last if not _done(e)]
-        self._last.append(stream.record_event())
+        trackers = self._last.get(stream.stream_id)
+        if trackers is None:
+            trackers = self._last[stream.stream_id] = deque()
+        elif len(trackers) >= _PRUNE_AT:  # the stream's oldest, forgotten once complete:
+            while trackers and _done(trackers[0]):  # a look at the oldest pending only
+                trackers.popleft()
+        trackers.append(stream.record_event())
         return event
 
     def _not_ready(self) -> AiostreamError:
@@ -293,10 +299,10 @@ class Graph:
         )
 
 
-def _retire(backend: Any, graph: Any, kept: list[object], last: list[Event]) -> None:
+def _retire(backend: Any, graph: Any, kept: list[object], last: dict[int, deque[Event]]) -> None:
     """Release ``graph``; let go of what its copies use once its last replays completed."""
     backend.graph_destroy(graph)
-    pending = [e for e in last if not _done(e)]
+    pending = [e for trackers in last.values() for e in trackers if not _done(e)]
     last.clear()
     if not pending:
         kept.clear()
@@ -329,5 +335,5 @@ def _done(event: Event) -> bool:
 
 #: what retired graphs keep alive until their last replays complete
 _held: dict[int, list[object]] = {}
-#: how many replay trackers a graph keeps before it forgets those complete
+#: how many replay trackers a graph keeps on a stream before it forgets those complete
 _PRUNE_AT = 64

@@ -31,6 +31,12 @@ run, on this device:
 4. How completion is learned: the CPU of one look at n pending waits, by a sweep of the
    completion flags (what the watcher does) and by ``cuEventQuery`` of each (the other way to
    learn without a host function).
+5. The host-function-free mode (``quiet``) against ``hybrid``: the CPU of this process while
+   1,000 waits on 100 streams pend, and the short wait's ratio (as in 0) for 0.2, 2 and 10 ms
+   kernels on each loop.
+6. Memory per pending wait, its asyncio task included (tracemalloc): 1,000, 10,000 and
+   100,000 waits on events (100 streams) and on streams of their own, on this device and on
+   ``virtual:0``. Goal: under 2 KiB. Last: its CUDA kernels run on a while after it.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from aiostream._bench.cuda import (
     floor_thread,
     look_cost,
     pending_cpu,
+    pending_memory,
     pending_wait,
     scale,
     short_awaits,
@@ -60,7 +67,7 @@ from aiostream._bench.cuda import (
     to_thread_wait,
 )
 
-STRATEGIES = ("hybrid", "poll", "thread", "callback")
+STRATEGIES = ("hybrid", "poll", "thread", "callback", "quiet")
 TO_THREAD = "anyio.to_thread.run_sync(cuEventSynchronize)"
 LOOPS = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else []) + ["trio"]
 
@@ -187,7 +194,7 @@ def main() -> None:
     for strategy in STRATEGIES:
         wall, share = long_wait_cpu(args.long_s, strategy)
         many = pending_cpu(waits, streams, args.long_s, strategy)
-        goal = " (goal: under 1 %)" if strategy in ("hybrid", "callback") else ""
+        goal = " (goal: under 1 %)" if strategy in ("hybrid", "callback", "quiet") else ""
         print(
             f"   aiostream {strategy:10} one wait {share * 100:6.2f} % of a core; "
             f"{waits:,} waits on {streams} streams {many * 100:6.2f} %{goal}"
@@ -228,6 +235,27 @@ def main() -> None:
     for n in (100, 1_000) if args.quick else (100, 1_000, 10_000):
         flags, queries = look_cost(n)
         print(f"   {n:>7,} {flags * 1e6:22.1f} {queries * 1e6:21.1f} {queries / flags:7.1f}")
+
+    print("\n5. no host functions (quiet) against hybrid")
+    pend, over = (100, 10) if args.quick else (1000, 100)
+    for strategy in ("hybrid", "quiet"):
+        share = pending_cpu(pend, over, args.long_s, strategy)
+        print(f"   {strategy:7} CPU while {pend:,} waits pend: {share * 100:5.2f} % of a core")
+    print(f"   {'kernel':>7} {'loop':8} {'hybrid':>8} {'quiet':>8}   (await / cuEventSynchronize)")
+    for kernel in (200e-6, 2e-3, 10e-3):
+        for loop in LOOPS:
+            ratios = []
+            for strategy in ("hybrid", "quiet"):
+                r = pending_wait(loop, kernel, 50 if args.quick else 150, strategy)
+                ratios.append(r["await"] / r["sync"])
+            print(f"   {kernel * 1e3:5.1f}ms {loop:8} {ratios[0]:8.2f} {ratios[1]:8.2f}")
+
+    print("\n6. memory per pending wait, its task included (goal: under 2 KiB)")
+    print(f"   {'waits':>7} {'on':8} {DEVICE:>10} {'virtual:0':>10}")
+    for n in (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000):
+        for on in ("events", "streams") if n <= 10_000 else ("events",):
+            ours, sim = pending_memory(DEVICE, n, on), pending_memory("virtual:0", n, on)
+            print(f"   {n:>7,} {on:8} {ours:8.0f} B {sim:8.0f} B")
 
 
 if __name__ == "__main__":

@@ -6,17 +6,20 @@ the loop's own timer until the same moments (``benchmarks/bench_cuda.py`` prints
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import statistics
 import threading
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 import aiostream as ais
 
@@ -56,14 +59,26 @@ def primary_context() -> Iterator[None]:
     a baseline that calls the driver itself, as a program of its own would, needs."""
     from cuda.bindings import driver
 
-    _, dev = driver.cuDeviceGet(0)
-    _, ctx = driver.cuDevicePrimaryCtxRetain(dev)
-    driver.cuCtxPushCurrent(ctx)
+    # The driver initialised first (the backend's cuInit), and every result checked: before
+    # cuInit the retain fails, and the release after would take aiostream's own reference,
+    # resetting the context under its streams, events and completion flags.
+    _backends.get("cuda")
+    dev = _ok(driver.cuDeviceGet(0), "cuDeviceGet")
+    ctx = _ok(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     try:
-        yield
+        _ok(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        try:
+            yield
+        finally:
+            driver.cuCtxPopCurrent()
     finally:
-        driver.cuCtxPopCurrent()
         driver.cuDevicePrimaryCtxRelease(dev)
+
+
+def _ok(result: tuple[Any, ...], call: str) -> Any:
+    if int(result[0]) != 0:
+        raise RuntimeError(f"{call} failed: {result[0]!r}")
+    return result[1] if len(result) > 1 else None
 
 
 def floor_thread(n: int, kernel_s: float) -> tuple[list[float], float]:
@@ -407,29 +422,33 @@ def pending_wait(
 def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[float, float]:
     """(driver calls per wait, host functions per 1,000 waits): ``n`` waits of ``kernel_s``
     kernels on ``streams`` streams (records back to back, all awaited at once), the
-    submission's calls included."""
+    submission's calls included: every call through the bindings, on any thread (the
+    watcher's too), counted by wrapping the bindings module's functions meanwhile."""
+    from cuda.bindings import driver as cu
+
     backend = _backends.get("cuda")
     dev = backend._devices.get(0)  # type: ignore[attr-defined]  # noqa: SLF001
-    drv, watcher = dev.drv, dev.watcher
+    watcher = dev.watcher
     calls = [0]
-    real_cu, real_launch = drv.cu, watcher.launch
+    real_launch = watcher.launch
+    originals = {
+        name: getattr(cu, name)
+        for name in dir(cu)
+        if name.startswith("cu") and callable(getattr(cu, name))
+    }
 
-    class Counting:
-        def __getattr__(self, name: str) -> Any:
-            value = getattr(real_cu, name)
-            if not (callable(value) and name.startswith("cu")):
-                return value
+    def counting(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            calls[0] += 1
+            return fn(*args)
 
-            def call(*args: Any) -> Any:
-                calls[0] += 1
-                return value(*args)
-
-            return call
+        return call
 
     launches = [0]
 
     def launch(*args: Any) -> int:
         launches[0] += 1
+        calls[0] += 1
         result: int = real_launch(*args)
         return result
 
@@ -439,7 +458,8 @@ def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[
         for s in pool:  # warm-up
             ais.delay(kernel_s, stream=s)
             await s.record_event().synchronize()
-        drv.cu = dev.pushed.cu = Counting()
+        for name, fn in originals.items():
+            setattr(cu, name, counting(fn))
         watcher.launch = launch if real_launch is not None else None
         try:
             events = []
@@ -450,10 +470,62 @@ def driver_calls(loop: str, kernel_s: float, n: int, streams: int = 1) -> tuple[
             async with anyio.create_task_group() as tg:
                 for e in events:
                     tg.start_soon(e.synchronize)
+            del events
         finally:
-            drv.cu = dev.pushed.cu = real_cu
+            for name, fn in originals.items():
+                setattr(cu, name, fn)
             watcher.launch = real_launch
 
     _run_on(loop, main)
     waits = max(1, n // streams) * streams
     return calls[0] / waits, launches[0] * 1000 / waits
+
+
+# ---------------------------------------------------------------------- memory
+
+
+def pending_memory(device: str, n: int, on: str = "events") -> float:
+    """Bytes per pending wait, its asyncio task included (tracemalloc), as
+    ``_bench.scale.memory_per_wait`` counts them: ``n`` tasks awaiting events recorded on 100
+    streams (``on="events"``; made before the count begins), or each its own stream
+    (``"streams"``), while the work before them is held (a manual clock on a virtual device;
+    a kernel on CUDA, its waits cancelled after the count)."""
+    virtual = device.startswith("virtual")
+    if virtual:
+        clock = ais.virtual.VirtualClock()
+        ais.virtual.reset(clock=clock, compute_slots=max(n, 100))
+
+    async def main() -> float:
+        warm = ais.Stream(device)  # the waiter's code paths and caches, made before the count
+        ais.delay(0.001, stream=warm)
+        if virtual:
+            clock.advance(0.01)
+        await warm.record_event().synchronize()
+        count = min(n, 100) if on == "events" else n
+        streams = [ais.Stream(device) for _ in range(count)]
+        for s in streams:
+            ais.delay(1.0 + n * 200e-6, stream=s)  # longer than making the waits takes
+        subjects: list[Any] = (
+            [streams[i % count].record_event() for i in range(n)] if on == "events" else streams
+        )
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        tasks = [asyncio.create_task(x.synchronize()) for x in subjects]
+        for _ in range(3):  # every task runs up to its wait
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)  # CUDA: past the check budget, handed over
+        per = (tracemalloc.get_traced_memory()[0] - before) / n
+        tracemalloc.stop()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if virtual:
+            clock.advance(1e6)
+        return per  # (on CUDA the kernels run out meanwhile: nothing waits for them)
+
+    try:
+        return asyncio.run(main())
+    finally:
+        if virtual:
+            ais.virtual.reset()

@@ -47,7 +47,7 @@ async def test_a_bad_strategy_is_refused_even_on_the_fast_path(anyio_backend: ob
         await s.record_event().synchronize(strategy=0)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback", "quiet"])
 async def test_virtual_waits_take_any_strategy_and_sleep_until_completion(
     clock: ais.virtual.VirtualClock, anyio_backend: object, strategy: str
 ) -> None:

@@ -7,7 +7,7 @@ import atexit
 import ctypes
 import threading
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ... import _hooks
 from ..base import Backend, Graphs, Interop
@@ -161,9 +161,19 @@ class CudaBackend(
         if interprocess:
             flags |= EVENT_INTERPROCESS
         dev = self._devices.get(index)
-        with self._devices.lock, dev.pushed:
-            ptr = self._drv.check(self._cu.cuEventCreate(flags), index, "cuEventCreate")
-            event = Event(ptr, index, owned=True)
+        drv, lock = self._drv, self._devices.lock
+
+        def make(event: Event) -> Any:
+            """The driver's event, made on its first use (its record's, which it shares a
+            push with)."""
+            with lock:
+                if event.raw is None:
+                    with dev.pushed.safe:
+                        event.raw = drv.check(self._cu.cuEventCreate(flags), index, "cuEventCreate")
+                return event.raw
+
+        with lock:
+            event = Event(None, index, owned=True, make=make)
             dev.events.add(event)
         return event
 
@@ -180,8 +190,14 @@ class CudaBackend(
                 return
             self._waits.forget(event)
             dev = self._devices.retire(event, "events")
-            if dev is not None and not self._waits.keep_recorded(event):
-                dev.release(self._cu.cuEventDestroy, event.ptr)
+            if dev is None or self._waits.keep_recorded(event):
+                return
+            if event.raw is None:
+                return  # never made
+            if event.private:  # its handle never left: destroyed with the next push
+                dev.doom_event(event)
+            else:
+                dev.release(self._cu.cuEventDestroy, event.ptr, safe=True)
 
     def event_id(self, event: Event) -> int:
         return event.id
@@ -193,8 +209,8 @@ class CudaBackend(
     def event_record(self, event: Event, stream: Stream) -> None:
         self._waits.record(event, stream)
 
-    def event_query(self, event: Event) -> bool:
-        return self._waits.query(event)
+    def event_query(self, event: Event, quick: bool = False) -> bool:
+        return self._waits.query(event, quick)
 
     def event_capture(self, event: Event, wake: bool) -> Target:
         return self._waits.event_capture(event, wake)
@@ -214,7 +230,7 @@ class CudaBackend(
         dev = self._devices[stream.index]
         kernel = dev.sleep_kernel()
         ns = round(seconds * 1e9)
-        with dev.pushed:
+        with dev.pushed.around(stream.ptr):
             result = self._cu.cuLaunchKernel(
                 kernel, 1, 1, 1, 1, 1, 1, 0, stream.ptr, ((ns,), (ctypes.c_uint64,)), 0
             )
@@ -311,6 +327,7 @@ class CudaBackend(
         internal streams and events, waits watched, completion-flag slots and chunks."""
         dev = self._devices.get(index)
         with self._devices.lock:
+            dev.flush()  # the events released by the program go now
             streams = sum(1 for kind in dev.internal.values() if kind == "stream")
             events = len(dev.internal) - streams + (dev.watcher.health.event is not None)
         watched, slots, chunks = watcher_stats(dev.watcher)

@@ -34,6 +34,7 @@ __all__ = ["CLOSED", "Device", "Devices", "Pushed", "handed_out"]
 logger = logging.getLogger("aiostream")
 
 MARKER_POOL = 8  #: idle markers a device keeps for reuse; the rest are destroyed
+DOOMED_MAX = 32  #: events released by the program whose destruction waits for a push
 _SLEEP_KERNEL = b"aiostream_sleep"
 _ptx_image: bytes | None = None
 
@@ -58,11 +59,17 @@ def sleep_ptx() -> bytes:
 class Pushed:
     """``with dev.pushed:`` the device's context is current on this thread, then the
     thread's own again (``cuCtxPushCurrent`` / ``cuCtxPopCurrent``), and the thread's capture
-    interaction mode RELAXED, then its own again (:meth:`Driver.relax`). Reentrant. Once the
-    backend has released the device's handles (``closed``), it refuses: a handle the program
-    still holds names nothing, or another object the driver made since."""
+    interaction mode RELAXED, then its own again (:meth:`Driver.relax`). ``with dev.pushed.safe:``
+    leaves the capture mode alone: for calls that are never *potentially unsafe* during
+    another thread's capture (launches, event records, stream memory writes and host
+    functions on a stream other than the legacy one; creating and destroying events), which
+    saves two driver calls. Both are reentrant: a block inside another of the same device on
+    the same thread pushes nothing (its context is current already), so an operation's
+    calls share one push and one pop. Once the backend has released the device's handles
+    (``closed``), they refuse: a handle the program still holds names nothing, or another
+    object the driver made since."""
 
-    __slots__ = ("closed", "ctx", "cu", "drv", "index")
+    __slots__ = ("closed", "ctx", "cu", "doomed", "drv", "index", "safe")
 
     def __init__(self, drv: Driver, ctx: Any, index: int) -> None:
         self.drv = drv
@@ -70,19 +77,77 @@ class Pushed:
         self.ctx = ctx
         self.index = index
         self.closed = False
+        self.safe = _Safe(self)
+        #: events released by the program, destroyed at the next push (``Device.doom_event``)
+        self.doomed: list[Any] = []
 
     def __enter__(self) -> None:
         if self.closed:
             raise AiostreamError(CLOSED)
         self.drv.relax()  # no call of ours breaks a capture another thread has under way
-        (err,) = self.cu.cuCtxPushCurrent(self.ctx)
-        if err != SUCCESS:
+        try:
+            self.push()
+        except BaseException:
             self.drv.restore()
-            raise self.drv.error(err, self.index, "cuCtxPushCurrent")
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        self.cu.cuCtxPopCurrent()
+        self.pop()
         self.drv.restore()
+
+    def push(self) -> None:
+        """Make the context current on this thread, unless a block of this device's already
+        made it so (the innermost of this thread's open blocks is one of ours)."""
+        levels = _levels()
+        if levels and levels[-1][0] is self:
+            levels.append((self, False))
+            return
+        (err,) = self.cu.cuCtxPushCurrent(self.ctx)
+        if err != SUCCESS:
+            raise self.drv.error(err, self.index, "cuCtxPushCurrent")
+        levels.append((self, True))
+        doomed = self.doomed
+        while doomed:  # (pop: a finalizer on another thread may append meanwhile)
+            self.drv.released(self.cu.cuEventDestroy(doomed.pop()), self.index, "cuEventDestroy")
+
+    def pop(self) -> None:
+        _, pushed = _levels().pop()
+        if pushed:
+            self.cu.cuCtxPopCurrent()
+
+    def around(self, stream: Any) -> Pushed | _Safe:
+        """The block for a call that is safe on any stream but the legacy one (``stream``,
+        a ``CUstream`` or its int): there it synchronizes implicitly, potentially unsafe."""
+        return self if int(stream) == 0 else self.safe
+
+
+class _Safe:
+    """``with dev.pushed.safe:`` (see :class:`Pushed`)."""
+
+    __slots__ = ("pushed",)
+
+    def __init__(self, pushed: Pushed) -> None:
+        self.pushed = pushed
+
+    def __enter__(self) -> None:
+        if self.pushed.closed:
+            raise AiostreamError(CLOSED)
+        self.pushed.push()
+
+    def __exit__(self, *exc: object) -> None:
+        self.pushed.pop()
+
+
+#: per thread: the open blocks of every device (innermost last), each with whether it pushed
+_open = threading.local()
+
+
+def _levels() -> list[tuple[Pushed, bool]]:
+    try:
+        levels: list[tuple[Pushed, bool]] = _open.levels
+    except AttributeError:
+        levels = _open.levels = []
+    return levels
 
 
 class Device:
@@ -135,6 +200,24 @@ class Device:
             # equivalent under mutation: internal kinds are only compared with "stream"
             self.internal[marker] = "event"  # pragma: no mutate
             return marker
+
+    def doom_event(self, event: Event) -> None:
+        """Destroy ``event``, released by the program (lock held): with the next push of the
+        device's context, on any thread, so that its call shares that push; at once when
+        ``DOOMED_MAX`` wait."""
+        doomed = self.pushed.doomed
+        doomed.append(event.ptr)
+        if len(doomed) >= DOOMED_MAX:
+            self.flush()
+
+    def flush(self) -> None:
+        """Destroy the events doomed so far (``doom_event``); never raises."""
+        if self.pushed.doomed and not self.pushed.closed:
+            try:
+                with self.pushed.safe:  # (the push destroys them)
+                    pass
+            except CudaError as exc:
+                self.drv.failed_release(str(exc))
 
     def give_back(self, marker: Any) -> None:
         """Put ``marker`` back in the pool, or destroy it when the pool is full (a pending
@@ -255,11 +338,15 @@ class Device:
                     )
         return self.sleep
 
-    def release(self, call: Callable[[Any], tuple[Any, ...]], handle: Any) -> None:
+    def release(
+        self, call: Callable[[Any], tuple[Any, ...]], handle: Any, safe: bool = False
+    ) -> None:
         """``call(handle)``, a driver call that releases something (``cuStreamDestroy``...),
-        with the context pushed; never raises (see :meth:`Driver.released`)."""
+        with the context pushed (``safe``: a call never potentially unsafe during a capture,
+        ``cuEventDestroy``: the capture mode left alone); never raises (see
+        :meth:`Driver.released`)."""
         try:
-            with self.pushed:
+            with self.pushed.safe if safe else self.pushed:
                 result = call(handle)
         except CudaError as exc:
             self.drv.failed_release(str(exc))
@@ -309,7 +396,8 @@ class Device:
                     event.alive = (  # pragma: no mutate (equivalent: None: only tested for truth)
                         False
                     )
-                    drv.released(cu.cuEventDestroy(event.ptr), self.index, "cuEventDestroy")
+                    if event.raw is not None:  # else never made
+                        drv.released(cu.cuEventDestroy(event.raw), self.index, "cuEventDestroy")
                 for stream in self.streams:
                     stream.alive = (  # pragma: no mutate (equivalent: None: only tested for truth)
                         False

@@ -4,6 +4,7 @@ index and whether the backend owns (and so destroys) it."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Event", "Memory", "Stream", "StreamKey"]
@@ -32,6 +33,7 @@ class Stream:
         "recorded",
         "seq",
         "woke",
+        "woke_at",
     )
 
     def __init__(self, ptr: Any, index: int, *, owned: bool) -> None:
@@ -57,7 +59,8 @@ class Stream:
         )
         #: (mark, ops): the last thing on this private stream is the host function that
         #: announces ``mark``, added when ``ops`` was this (see Waits.idle)
-        self.woke: tuple[Any, int] | None = None
+        self.woke: Any = None
+        self.woke_at = 0  # (two fields, not a tuple: no allocation per wait)
         #: the aiostream capture it is part of (graphs.Capture), or None
         self.capture: Any = None
         #: ``ops`` of the latest record here seen complete (-1: none): every event recorded
@@ -77,22 +80,25 @@ class Event:
         "alive",
         "at",
         "captured",
-        "id",
         "index",
         "kept",
+        "make",
         "mark",
         "owned",
         "private",
-        "ptr",
+        "raw",
         "seq",
         "shares",
         "stream",
     )
 
-    def __init__(self, ptr: Any, index: int, *, owned: bool) -> None:
-        self.ptr = ptr
+    def __init__(
+        self, ptr: Any, index: int, *, owned: bool, make: Callable[[Event], Any] | None = None
+    ) -> None:
+        #: the driver's event; None until ``make`` makes it, on first use (``ptr``)
+        self.raw = ptr
+        self.make = make
         self.index = index
-        self.id = int(ptr)
         self.owned = owned
         #: the Events opened from its IPC handle in this process, which share it: destroyed
         #: once the last of them and the original are
@@ -114,6 +120,18 @@ class Event:
         #: library's on a stream whose handle was handed out): a point of a graph, which
         #: never completes as work; None if it was recorded outside any capture
         self.captured: Any = None
+
+    @property
+    def ptr(self) -> Any:
+        """The driver's ``CUevent``, made now if it was not yet."""
+        raw = self.raw
+        if raw is None and self.make is not None:
+            raw = self.make(self)
+        return raw
+
+    @property
+    def id(self) -> int:
+        return int(self.ptr)
 
 
 class Memory:

@@ -28,14 +28,12 @@ still be running the host function, which the stream and the record follow on th
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ..._errors import NotReadyError, captured_event, capturing_stream
+from ..._errors import AiostreamError, NotReadyError, captured_event, capturing_stream
 from .devices import Devices
 from .driver import NOT_READY, SUCCESS, Driver
 from .graphs import FOREIGN, describe_event, describe_stream
 from .handles import Event, Stream
-from .watcher import Mark, Target
+from .watcher import CLOSED, Mark, Target
 
 __all__ = ["Target", "Waits"]
 
@@ -82,28 +80,14 @@ class Waits:
     def stream_capture(self, stream: Stream, wake: bool) -> Target:
         dev = self.devices[stream.index]
         self.check_not_capturing(stream)
-        target = Target(dev.watcher, ("stream", stream.key), next(stream.seq))
+        target = Target(dev.watcher, stream.key, next(stream.seq))
         with dev.lock:
             # on a stream handed out, others may submit unseen: announced now or never
             target.mark = dev.watcher.mark(stream.ptr, wake and not stream.private)
             _reaching(stream, target.mark)
-            if wake and stream.private:
-                target.wake = self._waker(stream, target.mark, stream.ops)
+            if wake and stream.private:  # announced once watched (Watcher.announce)
+                target.stream, target.at = stream, stream.ops
         return target
-
-    def _waker(self, stream: Stream, mark: Mark, at: int) -> Callable[[], None]:
-        """What launches the host function after ``mark`` when its wait is handed to the
-        watcher (lock held then): nothing if the user's work followed the mark meanwhile."""
-        watcher = self.devices[stream.index].watcher
-
-        def wake() -> None:
-            if mark.woken or not stream.alive or not stream.private or stream.ops != at:
-                return
-            watcher.wake(mark, stream.ptr)
-            if mark.woken:
-                stream.woke = (mark, at)
-
-        return wake
 
     def idle(self, stream: Stream) -> bool:
         """Whether everything on ``stream`` but aiostream's own has completed, when
@@ -155,18 +139,30 @@ class Waits:
             if dev is not None and dev.internal.pop(event.ptr, None) is not None:
                 dev.release(self.drv.cu.cuEventDestroy, event.ptr)
 
-    def query(self, event: Event) -> bool:
+    def query(self, event: Event, quick: bool = False) -> bool:
         """Whether the work ``event`` captured has completed (raise if it failed): the driver's
         answer, or, where a record came after the host function announcing a mark of its
         private stream (it completes on the device only once the driver's thread has returned
         from that function), whether the user's work before that mark has. Not for an event
-        whose handle was handed out: others may have recorded it since, unseen."""
+        whose handle was handed out: others may have recorded it since, unseen. ``quick``: the
+        flag of the mark after its record answers, with no driver call (a failed device is
+        told by the health check, at most a millisecond late)."""
         if event.captured is not None:
             raise captured_event(describe_event(event))
         watcher = self.devices[event.index].watcher
         stream = event.stream
         private = event.private and stream is not None and stream.private
-        if watcher.query(event.ptr):
+        mark = event.mark
+        if watcher.closed:  # its handle was destroyed: refused as the driver's query is
+            raise AiostreamError(CLOSED)
+        if quick and mark is not None and event.private and (mark.complete or mark.slot >= 0):
+            # its mark's flag tells, with no driver call: the record completed right before it
+            if watcher.reached(mark):
+                if private and event.at > stream.done_at:  # type: ignore[union-attr]
+                    stream.done_at = event.at  # type: ignore[union-attr]
+                return True
+            watcher.check()  # a failed device never writes it (at most a call a millisecond)
+        elif watcher.query(event.ptr):
             if private and event.at > stream.done_at:  # type: ignore[union-attr]
                 stream.done_at = event.at  # type: ignore[union-attr]
             return True
@@ -194,9 +190,9 @@ class Waits:
         completed, as the mark its announcing host function follows tells: False if the user
         submitted more before that mark, or if others may have submitted unseen."""
         woke = stream.woke
-        if woke is None or woke[1] < at or not stream.private:
+        if woke is None or stream.woke_at < at or not stream.private:
             return False
-        return self.devices[stream.index].watcher.reached(woke[0])
+        return self.devices[stream.index].watcher.reached(woke)
 
     def elapsed_ms(self, start: Event, end: Event) -> float:
         """Milliseconds from ``start`` to ``end`` (``cuEventElapsedTime``)."""
@@ -228,12 +224,11 @@ class Waits:
         mark the point right after it (the event holds the mark until its next record); note
         where it stands on the stream."""
         dev = self.devices[stream.index]
-        with dev.lock:
+        with dev.lock, dev.pushed.around(stream.ptr):  # one push for the record and its mark
             # a record into another library's capture is a node of its graph: aiostream adds
             # nothing of its own there (its mark would be a node too, rewritten at each launch)
             captured = self.capture_of(stream)
-            with dev.pushed:
-                result = self.drv.cu.cuEventRecord(event.ptr, stream.ptr)
+            result = self.drv.cu.cuEventRecord(event.ptr, stream.ptr)
             self.drv.check(result, event.index, "cuEventRecord")
             old = event.mark
             event.mark = None
@@ -279,11 +274,11 @@ class Waits:
                 target = Target(watcher, ("event", event.id), 0)
                 target.event = event.ptr
                 return target
-            target = Target(watcher, ("stream", stream.key), event.seq)
+            target = Target(watcher, stream.key, event.seq)  # (the stream's own tuple)
             target.mark = mark
             mark.holders += 1  # the wait holds it too (lock held)
-            if wake and stream.private:
-                target.wake = self._waker(stream, mark, event.at)
+            if wake and stream.private:  # announced once watched (Watcher.announce)
+                target.stream, target.at = stream, event.at
         return target
 
 

@@ -178,7 +178,7 @@ class Mark:
     before the point has completed; or, where the device writes no values, a marker ``event``
     recorded there."""
 
-    __slots__ = ("ahead", "complete", "event", "holders", "slot", "value", "waits", "woken")
+    __slots__ = ("ahead", "complete", "event", "first", "holders", "slot", "value", "woken")
 
     def __init__(self) -> None:
         self.slot = -1
@@ -188,7 +188,33 @@ class Mark:
         self.woken = False  # a host function next to it wakes the watcher
         self.ahead = False  # that host function comes before it: the mark lands after it ran
         self.holders = 1  # its maker; then the waits on it, and the event record it stands for
-        self.waits: list[Target] = []  # the watched ones
+        #: the watched waits on it, linked through ``Target.next`` (most marks have one or
+        #: none: no list per mark)
+        self.first: Target | None = None
+
+    def watched(self) -> list[Target]:
+        """The watched waits on it."""
+        out = []
+        target = self.first
+        while target is not None:
+            out.append(target)
+            target = target.next
+        return out
+
+    def unlink(self, target: Target) -> bool:
+        """Take ``target`` off its watched waits; whether it was there."""
+        if self.first is target:
+            self.first = target.next
+            target.next = None
+            return True
+        prev = self.first
+        while prev is not None:
+            if prev.next is target:
+                prev.next = target.next
+                target.next = None
+                return True
+            prev = prev.next
+        return False
 
 
 class Target:
@@ -196,23 +222,24 @@ class Target:
     on an event the watcher queries."""
 
     __slots__ = (
+        "at",
         "callback",
         "complete",
+        "error",
         "event",
         "gone",
-        "index",
         "lane",
         "mark",
+        "next",
         "polled",
         "released",
         "seq",
-        "wake",
+        "stream",
         "watcher",
     )
 
     def __init__(self, watcher: Watcher, lane: Hashable, seq: int) -> None:
         self.watcher = watcher
-        self.index = watcher.index
         self.lane = lane
         self.seq = seq
         self.mark: Mark | None = None
@@ -222,16 +249,23 @@ class Target:
             False
         )
         self.released = False
+        #: the error the watcher's query of it met (its wait raises it)
+        self.error: DeviceError | None = None
         self.callback: Callable[[], None] | None = None
         self.gone: Callable[[], bool] | None = None  # the callback's (WaitTarget.watch)
-        #: launches a host function to announce the mark, when the wait is watched (lock
-        #: held); None: polled
-        self.wake: Callable[[], None] | None = None
+        #: the private stream whose host function is to announce the mark once the wait is
+        #: watched (``Watcher.announce``), if nothing of the user's followed its ``at``-th
+        #: operation; None: polled
+        self.stream: Any = None
+        self.at = 0
+        self.next: Target | None = None  # the next watched wait on its mark
 
     def done(self) -> bool:
         """Whether the captured work completed; raise ``CudaError`` if the device failed."""
         if self.complete:
             return True
+        if self.error is not None:
+            raise self.error
         watcher = self.watcher
         mark = self.mark
         if mark is not None:
@@ -481,7 +515,7 @@ class Watcher:
         if wake:
             self.wake(mark, stream)
             mark.ahead = mark.woken
-        with self.dev.pushed:
+        with self.dev.pushed.around(stream):
             if self.memops:
                 if self.flags.full():
                     self.collect()  # landed slots still held by recorded events come back
@@ -508,11 +542,24 @@ class Watcher:
         work so far must end at the mark, or (``mark()``) right before it (lock held)."""
         if mark.woken or self.launch is None or semaphores is None:
             return
-        with self.dev.pushed:
+        with self.dev.pushed.around(stream):
             code = self.launch(int(stream), semaphores.post_address, self.sem)
         if code != SUCCESS:
             raise self.drv.error(self.drv.cu.CUresult(code), self.index, "cuLaunchHostFunc")
         mark.woken = True
+
+    def announce(self, target: Target) -> None:
+        """Launch the host function after ``target``'s mark, which announces it, as its wait
+        is watched (lock held): unless one is there already, or the user's work followed the
+        mark on its stream since (a host function then would wait for that work too)."""
+        stream, mark = target.stream, target.mark
+        if mark is None or mark.woken or not stream.alive or not stream.private:
+            return
+        if stream.ops != target.at:
+            return
+        self.wake(mark, stream.ptr)
+        if mark.woken:
+            stream.woke, stream.woke_at = mark, target.at
 
     def unhold(self, mark: Mark) -> None:
         """One holder less (lock held); with none left, its slot is freed (or drains)."""
@@ -541,7 +588,7 @@ class Watcher:
             with self.lock:  # (closed: its flags went with the close; check() says so)
                 if mark.slot >= 0 and not self.closed and self.flags.landed(mark):
                     mark.complete = True
-                    if not mark.waits:  # else the sweep frees it, and tells them
+                    if mark.first is None:  # else the sweep frees it, and tells them
                         self.flags.free(mark)
         elif mark.event is not None:
             mark.complete = self.query(mark.event)
@@ -574,18 +621,18 @@ class Watcher:
                 return
             mark = target.mark
             tell_now = target.complete or self.closed or (mark is not None and mark.complete)
-            if not tell_now and target.wake is not None:
+            if not tell_now and target.stream is not None:
                 try:
-                    target.wake()
+                    self.announce(target)
                 except CudaError:  # polled instead; the health check tells a failed device
                     logger.debug("cuda:%d: no host function for a wait", self.index)
-                target.wake = None
+                target.stream = None
             if not tell_now:  # (post is read only then)
                 target.callback = callback
                 self.watched[target] = None  # pragma: no mutate (equivalent: values unread)
                 target.gone = self.owners.add(callback)
                 if mark is not None and mark.slot >= 0:
-                    mark.waits.append(target)  # the sweep of the flags tells it
+                    target.next, mark.first = mark.first, target  # the sweep of flags tells it
                     target.polled = not mark.woken
                     self.ahead += mark.ahead
                 else:
@@ -611,7 +658,7 @@ class Watcher:
             if target.released:
                 return
             target.released = True
-            target.wake = None
+            target.stream = None
             self._forget(target)
             if target.mark is not None:
                 self.unhold(target.mark)
@@ -628,8 +675,7 @@ class Watcher:
         self.owners.remove(target.gone)
         target.gone = None
         mark = target.mark
-        if mark is not None and target in mark.waits:
-            mark.waits.remove(target)
+        if mark is not None and mark.unlink(target):
             self.ahead -= mark.ahead
         if target.polled:
             self.polled -= 1
@@ -683,14 +729,15 @@ class Watcher:
         due: list[Callable[[], None]] = []
         # woken by a host function with few waits watched: a read of each of their marks
         for mark in self.flags.sweep(self.watched if few and len(self.watched) <= FEW else None):
-            for target in list(mark.waits):
+            for target in mark.watched():
                 self._fire(target, due)
         failed = False  # equivalent mutant (unmarked): = None, read only as a truth value
         for target in list(self.queried):
             try:
                 if target.done():
                     self._fire(target, due)
-            except DeviceError:
+            except DeviceError as exc:  # kept for its wait: a query's error may not come again
+                target.error = exc
                 failed = True
             except AiostreamError:  # its own (a captured event's): its wait raises it
                 self._fire(target, due)
@@ -706,8 +753,8 @@ class Watcher:
         if failed:  # host functions never run after a fault: tell everyone (each raises it)
             for target in list(self.watched):
                 self._fire(target, due)
-        if due:
-            self.progress_at = now
+        if due:  # more may come soon: the back-off halves (new waits restart it: watch())
+            self.progress_at = now - (now - self.progress_at) / 2
         return due
 
     def collect(self) -> None:

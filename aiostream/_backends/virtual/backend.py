@@ -192,7 +192,7 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
             # never read
             event.state.item = self._sim.submit_locked(stream, 0, None, None, None, "record")
 
-    def event_query(self, event: Event) -> bool:
+    def event_query(self, event: Event, quick: bool = False) -> bool:
         graphs.check_awaitable_event(event)
         item = event.state.item
         if item is None:

@@ -75,7 +75,7 @@ def _complete_later(work: _Work, seconds: float) -> None:
     threading.Timer(seconds, work.complete.set).start()
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback", "quiet"])
 async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str) -> None:
     backend = _ManualBackend()
     work = _Work("s", 0)
@@ -99,7 +99,7 @@ async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str
         assert work.checks == 1  # once, when the backend said it completed
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "poll"])
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "quiet"])
 async def test_polling_never_holds_the_loop(anyio_backend: object, strategy: str) -> None:
     """While the loop polls a wait, other tasks run on every turn: a poll is one look per turn,
     never a spin within one. The other task completes the work on its 20th turn: a sweep
@@ -397,7 +397,7 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
 # ------------------------------------------------ the short wait: check budget and one hop
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "poll"])
+@pytest.mark.parametrize("strategy", ["hybrid", "poll", "quiet"])
 async def test_no_sleep_is_shorter_than_the_loop_timer(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:

@@ -925,6 +925,30 @@ def _waiter(backend: AnyBackend, index: int) -> _Waiter:
     return waiter
 
 
+def _begun(
+    backend: AnyBackend,
+    index: int,
+    target: WaitTarget,
+    subject: object,
+    describe: Callable[[Any], str] | None,
+    recorded: _diagnostics.Origin | None,
+    strategy: str | None,
+) -> _Entry:
+    """A wait's entry, listed among the pending waits (where it began: the caller's caller)."""
+    entry = _Entry(
+        _waiter(backend, index),
+        target,
+        _current_task(),
+        subject,
+        describe,
+        _diagnostics.capture(3),
+        recorded,
+        strategy or get_wait_strategy(),
+    )
+    _diagnostics.register(entry)
+    return entry
+
+
 async def wait(
     backend: AnyBackend,
     index: int,
@@ -947,18 +971,8 @@ async def wait(
     obs = _hooks.observer
     # equivalent mutant (unmarked): 0.0 -> 1.0: start is read only when there is an observer
     start = _hooks.now(obs) if obs is not None else 0.0
-    waiter = _waiter(backend, index)
-    entry = _Entry(
-        waiter,
-        target,
-        _current_task(),
-        subject,
-        describe,
-        _diagnostics.capture(2),
-        recorded,
-        strategy or get_wait_strategy(),
-    )
-    _diagnostics.register(entry)
+    entry = _begun(backend, index, target, subject, describe, recorded, strategy)
+    waiter = entry.waiter
     told = (
         _hooks.wait_began(entry.subject, entry.device, entry.strategy) if _hooks.listeners else None
     )
@@ -1007,18 +1021,8 @@ def begin(
     None while an observer or listeners are plugged in: the caller awaits :func:`wait`."""
     if _hooks.observer is not None or _hooks.listeners:
         return None
-    waiter = _waiter(backend, index)
-    entry = _Entry(
-        waiter,
-        target,
-        _current_task(),
-        subject,
-        describe,
-        _diagnostics.capture(2),
-        recorded,
-        strategy or get_wait_strategy(),
-    )
-    _diagnostics.register(entry)
+    entry = _begun(backend, index, target, subject, describe, recorded, strategy)
+    waiter = entry.waiter
     try:
         waiter.add(entry)
     except BaseException:

@@ -78,6 +78,7 @@ class Graph:
         "_finalizer",
         "_handle",
         "_last",
+        "_lock",
         "_name",
         "_nodes",
         "_replays",
@@ -106,6 +107,9 @@ class Graph:
         #: stream's work completes in order): the buffers are kept until they complete
         self._last: dict[int, deque[Event]] = {}
         self._finalizer: weakref.finalize[..., Any] | None = None
+        #: held by a replay from its state check to its bookkeeping, and by close: a close
+        #: waits for a replay under way, and a replay after it is refused as closed
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
 
@@ -203,11 +207,12 @@ class Graph:
                 raise
         finally:
             _captures.end(where, capture_error_mode, kept)
-        self._handle = graph
-        self._nodes = backend.graph_nodes(graph)
-        self._state = "ready"
-        self._finalizer = weakref.finalize(self, _retire, backend, graph, kept, self._last)
-        self._finalizer.atexit = False  # the backend's close at exit releases what it must
+        with self._lock:
+            self._handle = graph
+            self._nodes = backend.graph_nodes(graph)
+            self._state = "ready"
+            self._finalizer = weakref.finalize(self, _retire, backend, graph, kept, self._last)
+            self._finalizer.atexit = False  # the backend's close at exit releases what it must
 
     # ------------------------------------------------------------------ replay
 
@@ -225,6 +230,10 @@ class Graph:
         Note:
             Wraps ``cuGraphLaunch`` on CUDA.
         """
+        with self._lock:  # not closed from its state check to its bookkeeping
+            return self._replay(stream)
+
+    def _replay(self, stream: Stream | None) -> Event:
         if self._state != "ready":
             raise self._not_ready()
         if stream is None:
@@ -280,11 +289,12 @@ class Graph:
 
     def close(self) -> None:
         """Release the graph (idempotent). Replays in flight complete; the buffers its copies
-        use are let go once they have."""
-        if self._finalizer is not None:
-            self._finalizer()
-        if self._state != "failed":
-            self._state = "closed"
+        use are let go once they have. A replay under way on another thread is waited for."""
+        with self._lock:
+            if self._finalizer is not None:
+                self._finalizer()
+            if self._state != "failed":
+                self._state = "closed"
 
     def __enter__(self) -> Graph:
         return self

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import re
+import sys
+import threading
 import weakref
 
 import anyio
@@ -440,3 +442,48 @@ def test_graphs_are_in_the_package() -> None:
     assert ais.Graph.__module__ == "aiostream.graph"
     assert issubclass(ais.CaptureError, ais.AiostreamError)
     assert not issubclass(ais.CaptureError, ais.DeviceError)  # the device is fine
+
+
+def replay_until_refused(
+    g: ais.Graph, r: ais.Stream, raised: list[BaseException], started: threading.Event
+) -> None:
+    """Replay ``g`` on ``r`` until a replay raises (kept in ``raised``); ``started`` is set
+    after the first replay's end."""
+    try:
+        while True:
+            g.replay(r)
+            started.set()
+    except BaseException as exc:  # noqa: BLE001 - what it was is the check
+        raised.append(exc)
+        started.set()
+
+
+async def test_close_racing_replays_on_another_thread(aiostream_device: ais.Device) -> None:
+    """A thread replays in a loop while this one closes: each replay is made whole or refused
+    with the documented "closed" error, never a destroyed handle's, and close waits for a
+    replay under way (its buffers are not let go while it still uses them)."""
+    dev = aiostream_device
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two steps of a replay
+    try:
+        for trial in range(20):
+            src, dst, buf = pipeline(dev)
+            g = ais.Graph(dev, name=f"raced {trial}")
+            with g.capture() as s:
+                ais.copy_async(buf, src, stream=s)
+                ais.copy_async(dst, buf, stream=s)
+            r = ais.Stream(dev)
+            raised: list[BaseException] = []
+            started = threading.Event()
+            thread = threading.Thread(target=replay_until_refused, args=(g, r, raised, started))
+            thread.start()
+            started.wait()
+            g.close()
+            thread.join()
+            assert [type(e) for e in raised] == [ais.AiostreamError], raised
+            assert (
+                str(raised[0]) == f"graph 'raced {trial}' was closed: it can no longer be replayed"
+            )
+            await r
+    finally:
+        sys.setswitchinterval(switch)

@@ -9,6 +9,7 @@ import re
 import sys
 import threading
 import weakref
+from contextlib import AbstractContextManager
 
 import anyio
 import pytest
@@ -487,3 +488,42 @@ async def test_close_racing_replays_on_another_thread(aiostream_device: ais.Devi
             await r
     finally:
         sys.setswitchinterval(switch)
+
+
+def leave_capture(block: AbstractContextManager[ais.Stream], raised: list[BaseException]) -> None:
+    try:
+        block.__exit__(None, None, None)
+    except BaseException as exc:  # noqa: BLE001 - what it was is the check
+        raised.append(exc)
+
+
+async def test_a_capture_left_on_another_thread_is_refused_and_goes_on(
+    aiostream_device: ais.Device,
+) -> None:
+    """A capture's with block left on another thread than the one that entered it raises
+    CaptureError before anything is ended; the capture goes on, and its own thread ends it."""
+    dev = aiostream_device
+    g = ais.Graph(dev, name="wandering")
+    block = g.capture()
+    s = block.__enter__()
+    ais.delay(0.001, stream=s)
+    raised: list[BaseException] = []
+    thread = threading.Thread(target=leave_capture, args=(block, raised))
+    thread.start()
+    thread.join()
+    assert [type(e) for e in raised] == [ais.CaptureError], raised
+    assert str(raised[0]) == (
+        "the capture of graph 'wandering' was left on another thread than the one that began "
+        "it: the driver ends a capture on its own thread, so leave the with block there (the "
+        "capture goes on)"
+    )
+    assert ais.current_stream(dev) is s
+    with pytest.raises(ais.CaptureError):
+        ais.HostBuffer(N, device=dev)  # this thread still captures
+    ais.delay(0.001, stream=s)
+    block.__exit__(None, None, None)
+    assert g.nodes == 2
+    assert ais.current_stream(dev) is not s
+    ais.HostBuffer(N, device=dev)  # the capture is over
+    await g.replay()
+    g.close()

@@ -16,7 +16,7 @@ from ._regions import record_function
 from .device import Device
 from .device import device as _resolve_device
 from .event import Event
-from .stream import Stream, current_stream, use_stream
+from .stream import Stream, current_stream, use_capture_stream
 
 __all__ = ["CAPTURE_MODES", "Graph"]
 
@@ -32,11 +32,12 @@ class Graph:
 
     ``with g.capture() as s:`` records the work submitted to ``s`` inside the block into the
     graph instead of running it (``s`` is also the current stream there, so work submitted
-    with no stream goes to it). Work on other streams joins the capture when they wait for an
-    event recorded on ``s`` (a fork), and must be joined back (``s.wait_stream(other)``)
-    before the block ends. ``g.replay()`` then enqueues the whole graph on a stream, at the
-    cost of one submission, and returns an Event recorded after it: ``await g.replay()`` waits
-    for that replay. Replays may be made any number of times, from any task.
+    with no stream goes to it, whatever the default device). Work on other streams joins the
+    capture when they wait for an event recorded on ``s`` (a fork), and must be joined back
+    (``s.wait_stream(other)``) before the block ends. ``g.replay()`` then enqueues the whole
+    graph on a stream, at the cost of one submission, and returns an Event recorded after it:
+    ``await g.replay()`` waits for that replay. Replays may be made any number of times, from
+    any task.
 
     What a capture does not allow raises :class:`aiostream.CaptureError` on every backend, the
     virtual devices' included, with the same words: awaiting, synchronizing or querying a
@@ -148,7 +149,8 @@ class Graph:
                 ``"relaxed"`` (no thread is).
 
         Yields:
-            The capturing stream, current inside the block.
+            The capturing stream, current inside the block (``current_stream()`` with no
+            device is it there too).
 
         Raises:
             CaptureError: the graph was captured already, the stream is capturing, or the
@@ -197,7 +199,7 @@ class Graph:
         begun = _Begun(stream, handle, where, capture_error_mode, kept)
         try:
             begun.scope.enter_context(record_function(f"capture {self._name}"))
-            begun.scope.enter_context(use_stream(stream))
+            begun.scope.enter_context(use_capture_stream(stream))
         except BaseException as exc:
             self._end(begun, exc)
             raise

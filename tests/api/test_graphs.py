@@ -527,3 +527,20 @@ async def test_a_capture_left_on_another_thread_is_refused_and_goes_on(
     ais.HostBuffer(N, device=dev)  # the capture is over
     await g.replay()
     g.close()
+
+
+async def test_work_with_no_stream_in_a_capture_off_the_default_device_is_captured(
+    virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside the capture of a graph whose device is not the default device, work with no
+    stream goes to the capturing stream, not to the default device's current stream."""
+    ais.virtual.reset(devices=2)
+    monkeypatch.setenv("AIOSTREAM_DEVICE", "virtual:1")
+    g = ais.Graph("virtual:0", name="off default")
+    with g.capture() as s:
+        assert ais.current_stream() is s
+        ais.delay(0.001)
+    assert g.nodes == 1
+    assert ais.current_stream() is ais.default_stream("virtual:1")
+    await g.replay()
+    g.close()

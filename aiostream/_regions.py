@@ -6,6 +6,7 @@ replays) can name its ranges without importing the observers that listen.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import threading
@@ -62,6 +63,27 @@ def _tell(name: str, stream: Stream | None, told: tuple[float, Event | None]) ->
 NVTX_DOMAIN = "aiostream"
 
 
+class _Entry:
+    """One entry into a record_function: what its exit ends (each task's its own)."""
+
+    __slots__ = ("ev", "range", "ranged", "start", "told")
+
+    def __init__(self) -> None:
+        self.told: tuple[float, Event | None] | None = None
+        self.range: Any = None
+        self.ranged = False  # an NVTX range was started (its id may be anything)
+        self.start: float | None = None  # None: no profiler span for this entry
+        self.ev: Any = None
+
+
+#: per context (a task, a thread), the entries of each record_function not yet left there,
+#: newest last; never changed in place, so that a task's copy of its parent's context does not
+#: see the parent's later entries
+_entries: contextvars.ContextVar[dict[record_function, tuple[_Entry, ...]]] = (
+    contextvars.ContextVar("aiostream_record_function_entries", default={})  # noqa: B039
+)
+
+
 class record_function:  # named as torch.profiler.record_function
     """A named range: ``with``, ``async with``, or a decorator of sync and async functions.
 
@@ -79,7 +101,7 @@ class record_function:  # named as torch.profiler.record_function
         **args: extra values shown with the span in traces.
     """
 
-    __slots__ = ("_ev", "_range", "_start", "_told", "args", "name", "stream")
+    __slots__ = ("_open", "args", "name", "stream")
 
     def __init__(self, name: str, *, stream: Stream | None = None, **args: Any) -> None:
         if type(name) is not str:
@@ -89,28 +111,58 @@ class record_function:  # named as torch.profiler.record_function
         self.name = name
         self.stream = stream
         self.args = args
+        #: the entries not yet left, in every context (one left elsewhere than it was entered
+        #: is ended from here)
+        self._open: list[_Entry] = []
 
     def __enter__(self) -> record_function:
         if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
             return self  # the cost with no profiler: this check, and the one in __exit__
+        entry = _Entry()
         if _hooks.listeners:
-            self._told = _told(self.stream)
+            entry.told = _told(self.stream)
         prof = _hooks.observer
         if _hooks.nvtx is not None:
             try:
-                self._range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
+                entry.range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
+                entry.ranged = True
             except Exception:  # NVTX's failure never becomes the user's
                 _hooks.nvtx_failed("start_range")
         if prof is not None:
             try:
-                self._start = prof.now()
+                entry.start = prof.now()
                 if self.stream is not None:
-                    self._ev = prof.mark(self.stream)
+                    entry.ev = prof.mark(self.stream)
             except Exception:  # the profiler's failure never becomes the user's
                 _hooks.failed(prof, "record_function")
-                if hasattr(self, "_start"):
-                    del self._start  # no range for this one
+                entry.start = None  # no range for this one
+        entries = _entries.get()
+        _entries.set({**entries, self: (*entries.get(self, ()), entry)})
+        self._open.append(entry)
         return self
+
+    def _left(self) -> _Entry | None:
+        """The entry this exit ends: this context's newest, else (entered in another
+        context) the oldest open; None if none is open."""
+        entries = _entries.get()
+        stack = entries.get(self)
+        if stack:
+            entry = stack[-1]
+            rest = dict(entries)
+            if len(stack) > 1:
+                rest[self] = stack[:-1]
+            else:
+                del rest[self]
+            _entries.set(rest)
+            for i, e in enumerate(self._open):
+                if e is entry:
+                    del self._open[i]
+                    break
+            return entry
+        try:
+            return self._open.pop(0)
+        except IndexError:
+            return None
 
     def __exit__(
         self,
@@ -118,28 +170,27 @@ class record_function:  # named as torch.profiler.record_function
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
+        if not self._open:
+            return  # the cost with no profiler: nothing was entered with one
+        entry = self._left()
+        if entry is None:
             return
-        told = getattr(self, "_told", None)  # unset when the listener came inside the range
-        if told is not None:
-            del self._told
-            _tell(self.name, self.stream, told)
+        if entry.told is not None:
+            _tell(self.name, self.stream, entry.told)
         prof = _hooks.observer
-        if _hooks.nvtx is not None and hasattr(self, "_range"):  # not if NVTX began inside
+        if _hooks.nvtx is not None and entry.ranged:  # not if NVTX began inside
             try:
-                _hooks.nvtx.end_range(self._range)
+                _hooks.nvtx.end_range(entry.range)
             except Exception:  # nor replaces the user's exception or result
                 _hooks.nvtx_failed("end_range")
-            del self._range
-        start = getattr(self, "_start", None)  # unset when the profile began inside the range
+        start = entry.start  # None when the profile began inside the range
         if start is None or prof is None:
             return
-        del self._start
         try:
             prof.add_host(self.name, _task_name(), start, prof.now(), self.args)
             if self.stream is not None:
                 end = prof.mark(self.stream)
-                prof.add_device_range(self.name, self.stream, self._ev, end, self.args)
+                prof.add_device_range(self.name, self.stream, entry.ev, end, self.args)
         except Exception:  # the profiler's failure never replaces the user's exception or result
             _hooks.failed(prof, "record_function")
 

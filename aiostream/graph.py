@@ -7,7 +7,6 @@ import contextlib
 import threading
 import weakref
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 from . import _backends, _captures, _objects
@@ -17,7 +16,7 @@ from ._regions import record_function
 from .device import Device
 from .device import device as _resolve_device
 from .event import Event
-from .stream import Stream, current_stream, use_stream
+from .stream import Stream, current_stream, use_capture_stream
 
 __all__ = ["CAPTURE_MODES", "Graph"]
 
@@ -33,11 +32,12 @@ class Graph:
 
     ``with g.capture() as s:`` records the work submitted to ``s`` inside the block into the
     graph instead of running it (``s`` is also the current stream there, so work submitted
-    with no stream goes to it). Work on other streams joins the capture when they wait for an
-    event recorded on ``s`` (a fork), and must be joined back (``s.wait_stream(other)``)
-    before the block ends. ``g.replay()`` then enqueues the whole graph on a stream, at the
-    cost of one submission, and returns an Event recorded after it: ``await g.replay()`` waits
-    for that replay. Replays may be made any number of times, from any task.
+    with no stream goes to it, whatever the default device). Work on other streams joins the
+    capture when they wait for an event recorded on ``s`` (a fork), and must be joined back
+    (``s.wait_stream(other)``) before the block ends. ``g.replay()`` then enqueues the whole
+    graph on a stream, at the cost of one submission, and returns an Event recorded after it:
+    ``await g.replay()`` waits for that replay. Replays may be made any number of times, from
+    any task.
 
     What a capture does not allow raises :class:`aiostream.CaptureError` on every backend, the
     virtual devices' included, with the same words: awaiting, synchronizing or querying a
@@ -78,6 +78,7 @@ class Graph:
         "_finalizer",
         "_handle",
         "_last",
+        "_lock",
         "_name",
         "_nodes",
         "_replays",
@@ -106,6 +107,9 @@ class Graph:
         #: stream's work completes in order): the buffers are kept until they complete
         self._last: dict[int, deque[Event]] = {}
         self._finalizer: weakref.finalize[..., Any] | None = None
+        #: held by a replay from its state check to its bookkeeping, and by close: a close
+        #: waits for a replay under way, and a replay after it is refused as closed
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
 
@@ -130,10 +134,9 @@ class Graph:
 
     # ------------------------------------------------------------------ capture
 
-    @contextlib.contextmanager
     def capture(
         self, stream: Stream | None = None, *, capture_error_mode: str = "thread_local"
-    ) -> Iterator[Stream]:
+    ) -> contextlib.AbstractContextManager[Stream]:
         """Capture the work submitted to ``stream`` inside the block into this graph.
 
         Args:
@@ -146,12 +149,19 @@ class Graph:
                 ``"relaxed"`` (no thread is).
 
         Yields:
-            The capturing stream, current inside the block.
+            The capturing stream, current inside the block (``current_stream()`` with no
+            device is it there too).
 
         Raises:
             CaptureError: the graph was captured already, the stream is capturing, or the
-                capture could not make a graph (the block's work broke a rule).
+                capture could not make a graph (the block's work broke a rule); or the block
+                is left on another thread than the one that entered it (nothing is ended
+                then: the capture goes on, and its own thread leaves the block).
         """
+        return _Capture(self, stream, capture_error_mode)
+
+    def _begin(self, stream: Stream | None, capture_error_mode: str) -> _Begun:
+        """What entering ``capture``'s block does: the capture begun, and its stream current."""
         if type(capture_error_mode) is not str:
             raise TypeError(f"capture_error_mode must be a str, got {capture_error_mode!r}")
         if capture_error_mode not in CAPTURE_MODES:
@@ -186,28 +196,52 @@ class Graph:
             _captures.end(where, capture_error_mode, kept)
             raise
         self._state = "capturing"
+        begun = _Begun(stream, handle, where, capture_error_mode, kept)
+        try:
+            begun.scope.enter_context(record_function(f"capture {self._name}"))
+            begun.scope.enter_context(use_capture_stream(stream))
+        except BaseException as exc:
+            self._end(begun, exc)
+            raise
+        return begun
+
+    def _end(self, begun: _Begun, exc: BaseException | None) -> None:
+        """What leaving ``capture``'s block does (on the thread that entered it), ``exc``
+        the exception that left it: the capture ended, and its graph made or discarded."""
+        backend, handle = self._backend, begun.handle
+        failure = exc is not None
         graph: Any = None
         try:
-            with record_function(f"capture {self._name}"), use_stream(stream):
-                yield stream
-        except BaseException:
-            self._state = "failed"
-            with contextlib.suppress(AiostreamError):  # ended and discarded: what broke is told
-                backend.graph_destroy(backend.capture_end(handle))
-            raise
-        else:
             try:
-                graph = backend.capture_end(handle)
+                if exc is None:
+                    begun.scope.close()
+                else:
+                    begun.scope.__exit__(type(exc), exc, exc.__traceback__)
             except BaseException:
-                self._state = "failed"
+                failure = True
                 raise
+            finally:
+                if failure:
+                    self._state = "failed"
+                    with contextlib.suppress(AiostreamError):  # ended and discarded: what
+                        backend.graph_destroy(backend.capture_end(handle))  # broke is told
+            if not failure:
+                try:
+                    graph = backend.capture_end(handle)
+                except BaseException:
+                    self._state = "failed"
+                    raise
         finally:
-            _captures.end(where, capture_error_mode, kept)
-        self._handle = graph
-        self._nodes = backend.graph_nodes(graph)
-        self._state = "ready"
-        self._finalizer = weakref.finalize(self, _retire, backend, graph, kept, self._last)
-        self._finalizer.atexit = False  # the backend's close at exit releases what it must
+            _captures.end(begun.where, begun.mode, begun.kept)
+        if failure:
+            return
+        kept = begun.kept
+        with self._lock:
+            self._handle = graph
+            self._nodes = backend.graph_nodes(graph)
+            self._state = "ready"
+            self._finalizer = weakref.finalize(self, _retire, backend, graph, kept, self._last)
+            self._finalizer.atexit = False  # the backend's close at exit releases what it must
 
     # ------------------------------------------------------------------ replay
 
@@ -225,6 +259,10 @@ class Graph:
         Note:
             Wraps ``cuGraphLaunch`` on CUDA.
         """
+        with self._lock:  # not closed from its state check to its bookkeeping
+            return self._replay(stream)
+
+    def _replay(self, stream: Stream | None) -> Event:
         if self._state != "ready":
             raise self._not_ready()
         if stream is None:
@@ -280,11 +318,12 @@ class Graph:
 
     def close(self) -> None:
         """Release the graph (idempotent). Replays in flight complete; the buffers its copies
-        use are let go once they have."""
-        if self._finalizer is not None:
-            self._finalizer()
-        if self._state != "failed":
-            self._state = "closed"
+        use are let go once they have. A replay under way on another thread is waited for."""
+        with self._lock:
+            if self._finalizer is not None:
+                self._finalizer()
+            if self._state != "failed":
+                self._state = "closed"
 
     def __enter__(self) -> Graph:
         return self
@@ -297,6 +336,55 @@ class Graph:
             f"<aiostream.Graph {self._name!r} device={self._device} state={self._state} "
             f"nodes={self._nodes} replays={self._replays}>"
         )
+
+
+class _Begun:
+    """A capture begun by :meth:`Graph.capture`'s block: what leaving it ends."""
+
+    __slots__ = ("handle", "kept", "mode", "scope", "stream", "thread", "where")
+
+    def __init__(
+        self, stream: Stream, handle: Any, where: tuple[str, int], mode: str, kept: list[object]
+    ) -> None:
+        self.stream = stream
+        self.handle = handle
+        self.where = where
+        self.mode = mode
+        self.kept = kept
+        self.thread = threading.get_ident()
+        #: what the block entered (its profile range, its current stream): left at its end
+        self.scope = contextlib.ExitStack()
+
+
+class _Capture:
+    """The block of :meth:`Graph.capture`: begins the capture when entered, ends it when left
+    on the same thread; left on another, it raises and the capture goes on."""
+
+    __slots__ = ("_begun", "_graph", "_mode", "_stream")
+
+    def __init__(self, graph: Graph, stream: Stream | None, mode: str) -> None:
+        self._graph = graph
+        self._stream = stream
+        self._mode = mode
+        self._begun: _Begun | None = None
+
+    def __enter__(self) -> Stream:
+        begun = self._graph._begin(self._stream, self._mode)  # noqa: SLF001 - its own block
+        self._begun = begun
+        return begun.stream
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        begun = self._begun
+        if begun is None:
+            return
+        if threading.get_ident() != begun.thread:  # before anything: the capture goes on
+            raise CaptureError(
+                f"the capture of graph {self._graph.name!r} was left on another thread than "
+                "the one that began it: the driver ends a capture on its own thread, so leave "
+                "the with block there (the capture goes on)"
+            )
+        self._begun = None
+        self._graph._end(begun, exc)  # noqa: SLF001 - its own block
 
 
 def _retire(backend: Any, graph: Any, kept: list[object], last: dict[int, deque[Event]]) -> None:

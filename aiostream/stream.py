@@ -246,6 +246,12 @@ _current: contextvars.ContextVar[Mapping[Device, Stream]] = contextvars.ContextV
     "aiostream_current_stream", default=MappingProxyType({})
 )
 
+#: the device whose current stream work with no stream and no device goes to: a graph
+#: capture's inside its block (``use_capture_stream``), else None (the default device)
+_work_device: contextvars.ContextVar[Device | None] = contextvars.ContextVar(
+    "aiostream_work_device", default=None
+)
+
 
 def default_stream(device: Device | str | None = None) -> Stream:
     """Return the default stream of ``device`` (the default device when None).
@@ -272,7 +278,10 @@ def default_stream(device: Device | str | None = None) -> Stream:
 
 def current_stream(device: Device | str | None = None) -> Stream:
     """Return the current task's stream on ``device``: set by :func:`use_stream`, else the
-    default."""
+    default. With no device: inside a graph's capture block, the capturing stream (whatever
+    the default device); else the default device's."""
+    if device is None:
+        device = _work_device.get()
     dev = _resolve_device(device)
     stream = _current.get().get(dev)
     if stream is not None and _objects.backend(stream) is _backends.get(dev.type):
@@ -310,6 +319,18 @@ def use_stream(stream: Stream) -> Iterator[Stream]:
         yield stream
     finally:
         _current.reset(token)
+
+
+@contextlib.contextmanager
+def use_capture_stream(stream: Stream) -> Iterator[Stream]:
+    """:func:`use_stream`, and ``stream``'s device the one that work with no stream and no
+    device goes to: a graph capture's block (aiostream's own, not exported)."""
+    token = _work_device.set(stream.device)
+    try:
+        with use_stream(stream):
+            yield stream
+    finally:
+        _work_device.reset(token)
 
 
 def delay(seconds: float, *, stream: Stream | None = None) -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import gc
 import re
+import sys
+import threading
 import weakref
+from contextlib import AbstractContextManager
 
 import anyio
 import pytest
@@ -440,3 +443,104 @@ def test_graphs_are_in_the_package() -> None:
     assert ais.Graph.__module__ == "aiostream.graph"
     assert issubclass(ais.CaptureError, ais.AiostreamError)
     assert not issubclass(ais.CaptureError, ais.DeviceError)  # the device is fine
+
+
+def replay_until_refused(
+    g: ais.Graph, r: ais.Stream, raised: list[BaseException], started: threading.Event
+) -> None:
+    """Replay ``g`` on ``r`` until a replay raises (kept in ``raised``); ``started`` is set
+    after the first replay's end."""
+    try:
+        while True:
+            g.replay(r)
+            started.set()
+    except BaseException as exc:  # noqa: BLE001 - what it was is the check
+        raised.append(exc)
+        started.set()
+
+
+async def test_close_racing_replays_on_another_thread(aiostream_device: ais.Device) -> None:
+    """A thread replays in a loop while this one closes: each replay is made whole or refused
+    with the documented "closed" error, never a destroyed handle's, and close waits for a
+    replay under way (its buffers are not let go while it still uses them)."""
+    dev = aiostream_device
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch between any two steps of a replay
+    try:
+        for trial in range(20):
+            src, dst, buf = pipeline(dev)
+            g = ais.Graph(dev, name=f"raced {trial}")
+            with g.capture() as s:
+                ais.copy_async(buf, src, stream=s)
+                ais.copy_async(dst, buf, stream=s)
+            r = ais.Stream(dev)
+            raised: list[BaseException] = []
+            started = threading.Event()
+            thread = threading.Thread(target=replay_until_refused, args=(g, r, raised, started))
+            thread.start()
+            started.wait()
+            g.close()
+            thread.join()
+            assert [type(e) for e in raised] == [ais.AiostreamError], raised
+            assert (
+                str(raised[0]) == f"graph 'raced {trial}' was closed: it can no longer be replayed"
+            )
+            await r
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def leave_capture(block: AbstractContextManager[ais.Stream], raised: list[BaseException]) -> None:
+    try:
+        block.__exit__(None, None, None)
+    except BaseException as exc:  # noqa: BLE001 - what it was is the check
+        raised.append(exc)
+
+
+async def test_a_capture_left_on_another_thread_is_refused_and_goes_on(
+    aiostream_device: ais.Device,
+) -> None:
+    """A capture's with block left on another thread than the one that entered it raises
+    CaptureError before anything is ended; the capture goes on, and its own thread ends it."""
+    dev = aiostream_device
+    g = ais.Graph(dev, name="wandering")
+    block = g.capture()
+    s = block.__enter__()
+    ais.delay(0.001, stream=s)
+    raised: list[BaseException] = []
+    thread = threading.Thread(target=leave_capture, args=(block, raised))
+    thread.start()
+    thread.join()
+    assert [type(e) for e in raised] == [ais.CaptureError], raised
+    assert str(raised[0]) == (
+        "the capture of graph 'wandering' was left on another thread than the one that began "
+        "it: the driver ends a capture on its own thread, so leave the with block there (the "
+        "capture goes on)"
+    )
+    assert ais.current_stream(dev) is s
+    with pytest.raises(ais.CaptureError):
+        ais.HostBuffer(N, device=dev)  # this thread still captures
+    ais.delay(0.001, stream=s)
+    block.__exit__(None, None, None)
+    assert g.nodes == 2
+    assert ais.current_stream(dev) is not s
+    ais.HostBuffer(N, device=dev)  # the capture is over
+    await g.replay()
+    g.close()
+
+
+async def test_work_with_no_stream_in_a_capture_off_the_default_device_is_captured(
+    virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside the capture of a graph whose device is not the default device, work with no
+    stream goes to the capturing stream, not to the default device's current stream."""
+    ais.virtual.reset(devices=2)
+    monkeypatch.setenv("AIOSTREAM_DEVICE", "virtual:1")
+    g = ais.Graph("virtual:0", name="off default")
+    with g.capture() as s:
+        assert ais.current_stream() is s
+        ais.delay(0.001)
+    assert g.nodes == 1
+    assert ais.current_stream() is ais.default_stream("virtual:1")
+    await g.replay()
+    g.close()

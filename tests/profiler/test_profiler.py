@@ -107,6 +107,34 @@ async def test_spans_are_tagged_with_their_task(virtual_time: VirtualTime) -> No
     }
 
 
+async def test_one_instance_entered_by_several_tasks_records_a_span_each(
+    virtual_time: VirtualTime,
+) -> None:
+    """One record_function entered by three tasks at once: each task's region is its own
+    span, with its own device range, however their entries and exits interleave."""
+    s = ais.Stream()
+    shared = ais.record_function("shared", stream=s)
+
+    async def worker(i: int) -> None:
+        with shared:
+            await anyio.sleep(0.001 * (3 - i))  # the last in leaves first
+            ais.delay(0.001, stream=s)
+
+    with ais.profile() as prof:
+        async with anyio.create_task_group() as tg:
+            for i in range(3):
+                tg.start_soon(worker, i, name=f"worker-{i}")
+        await s.synchronize()
+    spans = [sp for sp in prof.spans if sp.name == "shared"]
+    host = {sp.track: sp.duration for sp in spans if sp.kind == "host"}
+    assert [sp.kind for sp in spans].count("range") == 3  # a device range each
+    assert host == {
+        "worker-0": pytest.approx(0.003),
+        "worker-1": pytest.approx(0.002),
+        "worker-2": pytest.approx(0.001),
+    }
+
+
 def test_sync_code_and_decorators(virtual_device: ais.Device) -> None:
     @ais.record_function("sync-fn")
     def double(x: int) -> int:

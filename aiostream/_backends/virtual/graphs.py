@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 
 from ..._errors import (
+    AiostreamError,
     already_capturing,
     captured_event,
     capturing_stream,
@@ -130,7 +131,16 @@ class Capture:
 class Graph:
     """A capture's nodes, replayed as a whole."""
 
-    __slots__ = ("capture_id", "device", "ids", "last", "nodes", "priorities", "shape")
+    __slots__ = (
+        "capture_id",
+        "destroyed",
+        "device",
+        "ids",
+        "last",
+        "nodes",
+        "priorities",
+        "shape",
+    )
 
     def __init__(self, capture: Capture) -> None:
         self.capture_id = capture.id
@@ -144,6 +154,8 @@ class Graph:
         #: the marker of its last launch: a launch runs after the previous one (as CUDA
         #: orders the launches of one executable graph)
         self.last: Item | None = None
+        #: destroyed (``graph_destroy``): launching it is refused, as CUDA refuses it
+        self.destroyed = False
 
     def launch(self, stream: Stream, sched: Scheduler) -> None:
         """Submit every node again, after the work on ``stream`` so far and the previous
@@ -195,6 +207,12 @@ def end(stream: Stream) -> Graph:
 
 
 def check_launch(graph: Graph, stream: Stream) -> None:
+    """Raise if ``graph`` may not be launched on ``stream`` (lock held)."""
+    if graph.destroyed:  # the driver's INVALID_VALUE for a destroyed executable graph
+        raise AiostreamError(
+            f"graph {graph.capture_id} on virtual:{graph.device.index} was destroyed: it "
+            "cannot be launched"
+        )
     if stream.device is not graph.device:
         raise ValueError(
             f"a graph captured on virtual:{graph.device.index} cannot be replayed on "

@@ -103,10 +103,13 @@ class Work:
         sim = self._sim
         with sim.lock:
             sim.check_device(stream.device)
-            graphs.check_launch(graph, stream)
+            graphs.check_launch(graph, stream)  # a destroyed graph's included, as CUDA's
             sim.now_locked()
             graph.launch(stream, sim.sched)
             sim.submitted_locked()
 
     def graph_destroy(self, graph: graphs.Graph) -> None:
-        """Nothing to release: the nodes submitted by launches run on without the graph."""
+        """The nodes submitted by launches run on without the graph; a launch after this is
+        refused, as the driver refuses a destroyed executable graph."""
+        with self._sim.lock:
+            graph.destroyed = True

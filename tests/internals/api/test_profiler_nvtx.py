@@ -84,6 +84,40 @@ async def test_ranges_of_tasks_interleaved_across_awaits_each_end_their_own(
     assert fake.open == {}
 
 
+@pytest.mark.anyio
+async def test_one_instance_entered_by_several_tasks_ends_each_range(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One record_function entered by two tasks at once: a range each, each ended."""
+    fake = FakeNvtx()
+    monkeypatch.setattr(_hooks, "nvtx", fake)
+    shared = ais.record_function("shared")
+    a_in, b_in, a_out = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def task_a() -> None:
+        with shared:
+            a_in.set()
+            await b_in.wait()
+        a_out.set()
+
+    async def task_b() -> None:
+        await a_in.wait()
+        with shared:
+            b_in.set()
+            await a_out.wait()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(task_a)
+        tg.start_soon(task_b)
+    assert fake.calls == [
+        ("start", "shared"),
+        ("start", "shared"),
+        ("end", "aiostream/shared"),
+        ("end", "aiostream/shared"),
+    ]
+    assert fake.open == {}
+
+
 def test_the_nvtx_package_takes_the_calls_as_made(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real package, where installed: its start_range and end_range take what
     record_function passes (with no tool attached they record nothing)."""

@@ -15,12 +15,11 @@ from tests.helpers.stand_in import FAKE, needs_stand_in
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
 
-@needs_stand_in
 async def test_quiet_waits_end_with_their_work_and_launch_no_host_function(
     anyio_backend: object,
 ) -> None:
     s, other = ais.Stream(DEV), ais.Stream(DEV)
-    calls = FAKE.fake_cuda_host_calls()
+    calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
     with anyio.fail_after(30):
         for seconds in (0.0, 0.0002, 0.002, 0.002, 0.002, 0.002, 0.01):
             ais.delay(seconds, stream=s)
@@ -38,7 +37,8 @@ async def test_quiet_waits_end_with_their_work_and_launch_no_host_function(
             for e in events:
                 tg.start_soon(lambda e=e: e.synchronize(strategy="quiet"))
     assert all(e.query() for e in events)
-    assert FAKE.fake_cuda_host_calls() == calls
+    if FAKE is not None:  # the host functions the driver ran: the stand-in counts them
+        assert FAKE.fake_cuda_host_calls() == calls
 
 
 async def test_quiet_is_chosen_globally(anyio_backend: object) -> None:

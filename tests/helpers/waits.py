@@ -20,3 +20,17 @@ def assert_quiet() -> None:
     stats = ais.virtual.stats()
     assert stats.waits == 0, stats
     assert stats.operations == 0, stats
+
+
+class ManualBackend:
+    """A backend that knows no completion times and tells nothing by itself: the waiter's
+    own looks (``WaitTarget.done``/``peek``) or a test's callback end its waits."""
+
+    kind = "manual"
+    completion_times = False
+
+    def wake_hint(self, index: int) -> float | None:
+        return None
+
+    def subscribe(self, index: int, callback: object) -> object:
+        return lambda: None

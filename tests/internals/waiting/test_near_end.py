@@ -13,6 +13,7 @@ import anyio.lowlevel
 import pytest
 
 from aiostream import _waiting
+from tests.helpers.waits import ManualBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -41,17 +42,6 @@ class _Work:
         self.released = True
 
 
-class _Backend:
-    kind = "manual"
-    completion_times = False
-
-    def wake_hint(self, index: int) -> float | None:
-        return None
-
-    def subscribe(self, index: int, callback: object) -> object:
-        return lambda: None
-
-
 class _Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -68,7 +58,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     return frozen
 
 
-async def _waits_of(backend: _Backend, clock: _Clock, lengths: list[float]) -> None:
+async def _waits_of(backend: ManualBackend, clock: _Clock, lengths: list[float]) -> None:
     """Waits that each take the given length on the frozen clock (the loop sees them end)."""
     for length in lengths:
         work = _Work()
@@ -109,7 +99,7 @@ async def test_a_wait_like_the_recent_ones_is_looked_at_near_its_end(
     """After waits of 5 ms, a hybrid wait handed over to the backend sleeps whole
     milliseconds to ``NEAR_LEAD_S`` before its predicted end, is not looked at meanwhile,
     then is looked at on every turn and ends by the loop's look, the backend silent."""
-    backend = _Backend()
+    backend = ManualBackend()
     work = _Work()
 
     async def drive() -> None:
@@ -142,7 +132,7 @@ async def test_no_near_end_look_without_a_prediction(
 ) -> None:
     """Unalike recent waits, long ones (over ``NEAR_MAX_S``) or too few: the wait handed over
     is the backend's alone, the loop looks at it no more."""
-    backend = _Backend()
+    backend = ManualBackend()
     work = _Work()
 
     async def drive() -> None:
@@ -186,7 +176,7 @@ async def test_a_long_approach_is_taken_in_steps(
     """After waits of 20 ms, the sleeps toward the predicted end are ``NEAR_STEP_S`` at most
     (a loop's timer may wake a millisecond late after a long sleep), planned again at each
     wake, until the looks on every turn begin."""
-    backend = _Backend()
+    backend = ManualBackend()
     work = _Work()
 
     async def drive() -> None:

@@ -20,6 +20,7 @@ import anyio.lowlevel
 import pytest
 
 from aiostream import _waiting
+from tests.helpers.waits import ManualBackend
 
 pytestmark = pytest.mark.anyio
 
@@ -60,24 +61,13 @@ class _Work:
         self.released = True
 
 
-class _ManualBackend:
-    kind = "manual"
-    completion_times = False
-
-    def wake_hint(self, index: int) -> float | None:
-        return None
-
-    def subscribe(self, index: int, callback: object) -> object:
-        return lambda: None
-
-
 def _complete_later(work: _Work, seconds: float) -> None:
     threading.Timer(seconds, work.complete.set).start()
 
 
 @pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback", "quiet"])
 async def test_each_strategy_wakes_its_wait(anyio_backend: object, strategy: str) -> None:
-    backend = _ManualBackend()
+    backend = ManualBackend()
     work = _Work("s", 0)
     start = anyio.current_time()
     _complete_later(work, 0.03)
@@ -104,7 +94,7 @@ async def test_polling_never_holds_the_loop(anyio_backend: object, strategy: str
     """While the loop polls a wait, other tasks run on every turn: a poll is one look per turn,
     never a spin within one. The other task completes the work on its 20th turn: a sweep
     that spun would never let it get there (a thread then completes the work, after 30 s)."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     work = _Work("s", 0)
     rescue = threading.Timer(30, work.complete.set)
     rescue.start()
@@ -157,7 +147,7 @@ async def test_completions_told_from_another_thread_wake_the_loop_once(
     """1,000 waits told complete at once from another thread (a watcher's sweep): one
     wake-up crosses to the loop, not one per wait (each is a write to the loop's self-pipe on
     asyncio, a run_sync_soon on trio)."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     targets = [_Told(i) for i in range(1000)]
     sent: list[object] = []
 
@@ -208,7 +198,7 @@ def loop_time(monkeypatch: pytest.MonkeyPatch) -> _FrozenLoopTime:
 async def test_hybrid_catches_short_waits_on_the_loop(
     anyio_backend: object, loop_time: _FrozenLoopTime
 ) -> None:
-    backend = _ManualBackend()
+    backend = ManualBackend()
     work = _Work("s", 0)
     work.watch = lambda callback: None  # type: ignore[method-assign]  # the backend never tells
 
@@ -227,7 +217,7 @@ async def test_hybrid_catches_short_waits_on_the_loop(
 async def test_hybrid_leaves_a_wait_past_its_window_to_the_backend(
     anyio_backend: object, loop_time: _FrozenLoopTime
 ) -> None:
-    backend = _ManualBackend()
+    backend = ManualBackend()
     work = _Work("s", 0)
 
     async def outlast_the_window() -> None:
@@ -252,7 +242,7 @@ async def test_a_wait_complete_as_hybrid_hands_it_over_is_not_lost(
     """The work completes between the loop's last look and the hand-over, so the backend
     calls back at once, from the loop's own thread, inside the waiter's sweep (the CUDA
     watcher does so for a mark that landed meanwhile): the wait ends, not asleep for good."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     work = _Work("s", 0)
 
     def watch_complete_meanwhile(callback: Any) -> None:
@@ -275,7 +265,7 @@ async def test_a_wait_complete_as_hybrid_hands_it_over_is_not_lost(
 
 async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:
     """Each wait starts while the previous one's waiter may still be closing."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     for i in range(30):
         work = _Work("s", i)
         _complete_later(work, 0.001)
@@ -284,7 +274,7 @@ async def test_back_to_back_waits_are_never_lost(anyio_backend: object) -> None:
 
 
 async def test_a_cancelled_wait_is_forgotten_at_once(anyio_backend: object) -> None:
-    backend = _ManualBackend()
+    backend = ManualBackend()
     work = _Work("s", 0)
     with anyio.move_on_after(0.02) as scope:
         await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
@@ -303,7 +293,7 @@ async def test_a_wait_told_complete_after_its_cancellation_counts_once(
     must pass the told wait by. Finishing it too would take it off the waiter's count a
     second time, and the waiter would stop with another wait still pending, which would
     then sleep for good."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     first, second = _Told(0), _Told(1)
     ended: list[str] = []
 
@@ -332,7 +322,7 @@ async def test_a_wait_told_complete_after_its_cancellation_counts_once(
 async def test_waits_on_different_lanes_do_not_queue_behind_each_other(
     anyio_backend: object,
 ) -> None:
-    backend = _ManualBackend()
+    backend = ManualBackend()
     slow, fast = _Work("a", 0), _Work("b", 0)
     order: list[str] = []
 
@@ -355,7 +345,7 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
     """The poll strategy's schedule, read from the sleeps the waiter asks for on a frozen
     loop clock: every turn for the check budget (500 us with no wait before it), then half
     the wait's age, never under the loop timer's 1 ms, up to 2 ms."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     work = _Work("s", 0)
     asked: list[tuple[float, float | None]] = []  # (loop time, sleep asked for)
     sweep = _waiting._StrategyWaiter._sweep
@@ -404,7 +394,7 @@ async def test_no_sleep_is_shorter_than_the_loop_timer(
     """asyncio's selector and trio's epoll round a timeout up to a whole millisecond: a waiter
     asks for a look on the next turn (0), or for a sleep of at least ``TIMER_FLOOR_S``, never
     for one in between."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     asked: list[float | None] = []
     sweep = _waiting._StrategyWaiter._sweep
 
@@ -436,7 +426,7 @@ async def test_the_backends_word_ends_the_wait_in_one_hop(
     """A completion told from the watcher's thread finishes its wait in the callback that
     crosses to the loop: no sweep of the waiter's task runs between the word and the
     waiting task's resumption."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     target = _Told(0)
     events: list[str] = []
     sweep = _waiting._StrategyWaiter._sweep
@@ -474,7 +464,7 @@ async def test_the_check_budget_follows_the_recent_waits(
     """The loop checks a wait on its turns for 1.5 times the recent waits' typical length,
     plus ``SPIN_MIN_S``, at most ``SPIN_MAX_S``; after long waits, ``SPIN_MIN_S`` only; the
     length outlives the waiter, which leaves with its last wait."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
 
     async def one(length: float) -> None:
         work = _Work("s", 0)
@@ -507,7 +497,7 @@ async def test_at_most_spin_lanes_streams_are_checked_on_every_turn(
 ) -> None:
     """Hybrid waits on more streams than ``SPIN_LANES`` at once: the others go to the
     backend at once, so that a turn's checks stay few however many streams wait."""
-    backend = _ManualBackend()
+    backend = ManualBackend()
     lanes = _waiting.SPIN_LANES + 5
     works = [_Work(str(i), 0) for i in range(lanes)]
 

@@ -184,8 +184,8 @@ class Scale:
     ours_settled: int
     held_peak: dict[str, int]  # what the device held for aiostream at most (Backend.held)
     held_after: dict[str, int]
-    cpu_per_wait_us: float  # the loop's thread and aiostream's (ours_cpu), per wait
-    timer_cpu_per_wait_us: float  # the loop's thread, per task
+    cpu_per_wait_us: float  # the loop's thread and aiostream's (ours_cpu), per wait begun
+    timer_cpu_per_wait_us: float  # the loop's thread, per task (the same give up)
     late_median_us: float  # beyond the work's end, median, of the waits not cancelled
     late_p99_us: float
     timer_late_median_us: float  # a task sleeping on the loop timer until the same moment
@@ -217,7 +217,8 @@ def scale(
 ) -> Scale:
     """``waits`` events on ``streams`` streams awaited at once, a third cancelled at random
     times: threads, handles held, CPU per wait and lateness, beside tasks that sleep on the
-    loop's timer until the same moments."""
+    loop's timer until the same moments (the same third giving up at the same moments). CPU
+    per wait is the whole burst's over the waits begun, cancelled ones included."""
     backend, options = (loop, {}) if loop != "uvloop" else ("asyncio", {"use_uvloop": True})
     plan = _plan(waits, streams, window)
     lead = lead_s(waits)  # every wait has started before the first completion
@@ -235,19 +236,33 @@ def scale(
             for key, value in cuda.held(0).items():  # type: ignore[attr-defined]
                 held_peak[key] = max(held_peak.get(key, 0), value)
 
+    # a third give up at a random moment while the streams' work completes (seconds after the
+    # start; None: never), the same in both runs
+    give_ups = [
+        rng.uniform(lead, lead + window) if rng.random() < 1 / 3 else None
+        for durations in plan
+        for _ in durations
+    ]
+
     async def timers() -> tuple[list[float], float]:
-        t0 = anyio.current_time() + lead
-        ends = [t0 + sum(d[: k + 1]) for d in plan for k in range(len(d))]
+        t0 = anyio.current_time()
+        ends = [t0 + lead + sum(d[: k + 1]) for d in plan for k in range(len(d))]
         late: list[float] = []
 
-        async def one(end: float) -> None:
-            await anyio.sleep_until(end)
-            late.append(anyio.current_time() - end)
+        async def one(end: float, give_up: float | None) -> None:
+            if give_up is None:
+                await anyio.sleep_until(end)
+                late.append(anyio.current_time() - end)
+                return
+            with anyio.move_on_after(max(0.0, give_up - anyio.current_time())) as scope:
+                await anyio.sleep_until(end)
+            if not scope.cancelled_caught:
+                late.append(anyio.current_time() - end)
 
         cpu = ours_cpu()
         async with anyio.create_task_group() as tg:
-            for end in ends:
-                tg.start_soon(one, end)
+            for end, give_up in zip(ends, give_ups, strict=True):
+                tg.start_soon(one, end, None if give_up is None else t0 + give_up)
         return late, ours_cpu() - cpu
 
     async def device() -> tuple[list[float], float, int]:
@@ -269,15 +284,17 @@ def scale(
                 late.append(time.monotonic() - end)
 
         work = []  # submitted first: the CPU measured is the waits', not the submissions'
+        moments = iter(give_ups)
         for s, durations in pairs:
             ais.delay(lead, stream=s)
             t0, elapsed = time.monotonic(), lead
             for d in durations:
                 ais.delay(d, stream=s)
                 elapsed += d
-                # a third give up at a random moment while the stream's work completes
-                give_up = t0 + rng.uniform(lead, lead + window) if rng.random() < 1 / 3 else None
-                work.append((s.record_event(), t0 + elapsed, give_up))
+                give_up = next(moments)
+                work.append(
+                    (s.record_event(), t0 + elapsed, None if give_up is None else t0 + give_up)
+                )
         cpu = ours_cpu()
         async with anyio.create_task_group() as tg:
             for e, end, give_up in work:
@@ -293,7 +310,6 @@ def scale(
         stop.set()
         sampler.join()
     time.sleep(0.5)
-    done = max(1, waits - cancelled)
     return Scale(
         waits=waits,
         streams=streams,
@@ -306,8 +322,8 @@ def scale(
         ours_settled=aiostream_threads(),
         held_peak=held_peak,
         held_after=cuda.held(0),  # type: ignore[attr-defined]
-        cpu_per_wait_us=cpu / done * 1e6,
-        timer_cpu_per_wait_us=timer_cpu / waits * 1e6,
+        cpu_per_wait_us=cpu / len(give_ups) * 1e6,
+        timer_cpu_per_wait_us=timer_cpu / len(give_ups) * 1e6,
         late_median_us=statistics.median(late) * 1e6 if late else 0.0,
         late_p99_us=_quantile(late, 0.99) * 1e6,
         timer_late_median_us=statistics.median(timer_late) * 1e6,

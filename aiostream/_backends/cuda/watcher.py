@@ -103,7 +103,7 @@ class Semaphores:
     def __init__(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         self.libc = libc
-        for name in ("sem_init", "sem_post", "sem_wait", "sem_timedwait"):
+        for name in ("sem_init", "sem_post", "sem_wait", "sem_timedwait", "sem_trywait"):
             getattr(libc, name).restype = ctypes.c_int
         libc.malloc.restype = ctypes.c_void_p
         libc.malloc.argtypes = [ctypes.c_size_t]
@@ -126,11 +126,17 @@ class Semaphores:
 
     def wait(self, sem: int, timeout: float | None) -> bool:
         """Wait (GIL released) until posted, or ``timeout`` seconds: whether it was posted."""
+        handle = ctypes.c_void_p(sem)
         if timeout is None:
-            return bool(self.libc.sem_wait(ctypes.c_void_p(sem)) == 0)
-        deadline = time.time() + timeout
-        ts = (ctypes.c_long * 2)(int(deadline), int((deadline % 1) * 1e9))
-        return bool(self.libc.sem_timedwait(ctypes.c_void_p(sem), ts) == 0)
+            posted = self.libc.sem_wait(handle) == 0
+        else:
+            deadline = time.time() + timeout
+            ts = (ctypes.c_long * 2)(int(deadline), int((deadline % 1) * 1e9))
+            posted = self.libc.sem_timedwait(handle, ts) == 0
+        if posted:  # one wake for every post so far: the sweep after it sees all they announce
+            while self.libc.sem_trywait(handle) == 0:
+                pass
+        return bool(posted)
 
 
 def _load_semaphores() -> Semaphores | None:
@@ -314,7 +320,9 @@ class _Chunk:
         memory = memoryview((ctypes.c_uint32 * CHUNK).from_address(ptr)).cast("B")
         self.flags = np.frombuffer(memory, dtype=np.uint32)
         self.flags[:] = 0
-        self.expected = np.zeros_like(self.flags)  # 0: the slot expects nothing
+        # what each slot waits for; a free slot, which nothing writes, expects what it does
+        # not hold, so that one comparison finds the landed values
+        self.expected = np.ones_like(self.flags)
         self.owners: list[Mark | None] = [None] * CHUNK
         self.free = list(range(CHUNK - 1, -1, -1))
         self.used = 0
@@ -365,7 +373,7 @@ class Flags:
         # meaning none
         slot, mark.slot = mark.slot, -1
         chunk, j = self.chunks[slot // CHUNK], slot % CHUNK
-        chunk.expected[j] = 0
+        chunk.expected[j] = chunk.flags[j] ^ 1  # nothing writes it now: it never matches
         chunk.owners[j] = None
         chunk.free.append(j)
         chunk.used -= 1
@@ -390,8 +398,7 @@ class Flags:
         for chunk in self.chunks:
             if not chunk.used:
                 continue
-            expected = chunk.expected
-            hits = np.flatnonzero((chunk.flags == expected) & (expected != 0))
+            hits = np.flatnonzero(chunk.flags == chunk.expected)
             for j in hits.tolist():
                 mark = chunk.owners[j]
                 if mark is not None:
@@ -575,6 +582,7 @@ class Watcher:
             self._start()
             if self.sleeping_until == float("inf") and semaphores is not None:  # eq. mutant "INF"
                 semaphores.post(self.sem)
+                self.sleeping_until = 0.0  # it wakes now: later calls need not post again
         if mark.event is not None:
             self.dev.give_back(mark.event)
             mark.event = None
@@ -645,6 +653,8 @@ class Watcher:
                 # Wake the thread if it sleeps past when this wait needs a look (equivalent
                 # mutant, unmarked: > -> >=, as at equal times the thread wakes then anyway).
                 post = self.sleeping_until > now + (POLL_MIN_S if target.polled else HEALTH_S)
+                if post:  # it wakes now and plans anew for every wait: the next need not post
+                    self.sleeping_until = 0.0
         if tell_now:
             callback()
         elif post and semaphores is not None:

@@ -36,7 +36,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX semaphores of glibc")
 def test_the_watcher_sleeps_on_a_semaphore_that_sem_post_wakes() -> None:
     """The host function that announces a wait is libc's ``sem_post``, handed to the driver
-    by its address; the watcher's thread sleeps in ``sem_timedwait`` until it is posted."""
+    by its address; the watcher's thread sleeps in ``sem_timedwait`` until it is posted, and
+    one wake takes every post made so far (the sweep after it sees all they announce)."""
     from aiostream._backends.cuda.watcher import Semaphores
 
     sems = Semaphores()
@@ -47,6 +48,8 @@ def test_the_watcher_sleeps_on_a_semaphore_that_sem_post_wakes() -> None:
     sems.post(sem)
     sems.post(sem)
     assert sems.wait(sem, 0.01)
+    assert not sems.wait(sem, 0.0)  # the second post woke nobody a second time
+    sems.post(sem)
     assert sems.wait(sem, None)
     assert not sems.wait(sem, 0.0)
 
@@ -153,6 +156,42 @@ def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
         for target in targets:
             target.release()
         release()
+    s.synchronize_blocking()
+
+
+def test_waits_watched_together_post_the_sleeping_watcher_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A burst of waits handed to the watcher while its thread sleeps posts it once: the
+    first post means it wakes now and plans for every wait watched by then (a burst of 1,000
+    polled waits posted it 1,000 times, each post a wake and a sweep that found nothing)."""
+    from aiostream._backends.cuda import watcher
+
+    if watcher.semaphores is None:
+        pytest.skip("no POSIX semaphores here: the watcher polls")
+    backend = _backends.get("cuda")
+    s = ais.Stream(DEV)
+    thread = backend._devices[0].watcher
+    posts: list[int] = []
+    post = watcher.semaphores.post
+    monkeypatch.setattr(watcher.semaphores, "post", lambda sem: (posts.append(sem), post(sem)))
+    targets = []
+    with gated(s):
+        events = []
+        for _ in range(20):  # not announced: the user's work follows each (polled waits)
+            ais.delay(0.001, stream=s)
+            events.append(s.record_event())
+        ais.delay(0.001, stream=s)
+        with thread.lock:  # the thread cannot plan again until all are watched
+            thread.sleeping_until = float("inf")  # asleep until posted
+            for event in events:
+                target = backend.event_capture(event._handle, True)
+                target.watch(lambda: None)
+                targets.append(target)
+            assert all(t.polled for t in targets)
+            assert len(posts) == 1, posts
+        for target in targets:
+            target.release()
     s.synchronize_blocking()
 
 

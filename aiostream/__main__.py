@@ -392,7 +392,7 @@ def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 
 def _run_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ._bench import calibrate  # numpy and the testing clock: only for this command
+    from ._bench import calibrate  # numpy and virtual time: only for this command
 
     if not args.device.strip().startswith("cuda"):
         parser.error(

@@ -1,4 +1,9 @@
-"""The command line: ``python -m aiostream info``, ``demo``, ``streams`` and ``bench``."""
+"""The command line: ``python -m aiostream info``, ``demo``, ``streams``, ``bench`` and
+``calibrate``.
+
+Each command is a function (``COMMANDS``) beside the helpers only it uses; every command's
+arguments are declared together (``_parser``), and ``main`` parses them and runs the command.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,8 @@ import importlib.metadata
 import json
 import os
 import platform
-import shutil
 import sys
 import textwrap
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,19 +24,19 @@ import aiostream as ais
 
 from . import _backends, _clash, _demo
 from ._bench import suite
+from ._demo import streams_demo
+
+# ------------------------------------------------------------------ shared by the commands
+# The terminal, how the user ran the CLI, and the checks of more than one command.
+
 
 LOOPS = ("asyncio", "uvloop", "trio")
-
-
-def _columns() -> int:
-    """The terminal's width ($COLUMNS first), 80 when the output is no terminal."""
-    return max(40, shutil.get_terminal_size((80, 24)).columns)
 
 
 def _fit(text: str) -> str:
     """``text`` with each line longer than the terminal wrapped at spaces, its continuation
     indented two more than the line (a word longer than a line stays whole)."""
-    width = _columns()
+    width = _demo.columns()
     out: list[str] = []
     for line in text.splitlines():
         if len(line) <= width:
@@ -50,11 +53,88 @@ def _fit(text: str) -> str:
     return "\n".join(out)
 
 
+def _prog() -> str:
+    """How the user ran the CLI: the ``aiostream`` console script, or ``python -m``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "aiostream" if name in ("aiostream", "aiostream.exe") else "python -m aiostream"
+
+
+def _failed(command: str, message: str) -> int:
+    """A run that failed after its checks passed: one line on stderr, exit status 1."""
+    print(_fit(f"{_prog()} {command}: error: {message}"), file=sys.stderr)
+    return 1
+
+
 def _dist_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
+    """The device ``--device`` names, else ``$AIOSTREAM_DEVICE``, else the default device; an
+    error names where the spec came from. A virtual device past the simulator's count is made,
+    whichever names it: the CLI's simulator has as many devices as the command asks for."""
+    label = f"--device {spec}: " if spec is not None else ""  # the default's error says why
+    if spec is None and os.environ.get("AIOSTREAM_DEVICE"):
+        spec = os.environ["AIOSTREAM_DEVICE"]
+        label = f"AIOSTREAM_DEVICE={spec}: "
+    try:
+        if spec is not None and spec.strip().startswith("virtual:"):
+            index = spec.strip().partition(":")[2]
+            if index.isascii() and index.isdigit() and int(index) >= ais.device_count("virtual"):
+                ais.virtual.reset(devices=int(index) + 1)
+        return ais.device(spec)
+    except (ValueError, TypeError, ais.AiostreamError) as exc:
+        parser.error(f"{label}{exc}")
+
+
+def _device_and_loop(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ais.Device:
+    """The device ``demo`` and ``streams`` run on, once their ``--loop`` is installed."""
+    device = _device(parser, args.device)
+    if args.loop != "asyncio" and _dist_version(args.loop) is None:
+        parser.error(
+            f"--loop {args.loop} needs the {args.loop!r} package: pip install {args.loop} "
+            f'(or, from aiostream\'s checkout, python -m pip install ".[{args.loop}]")'
+        )
+    return device
+
+
+def _run(main: object, loop: str) -> None:
+    """Run the async function ``main`` on ``loop``: asyncio, uvloop or trio."""
+    if loop == "trio":
+        anyio.run(main, backend="trio")  # type: ignore[arg-type]
+    else:
+        anyio.run(main, backend="asyncio", backend_options={"use_uvloop": loop == "uvloop"})  # type: ignore[arg-type]
+
+
+def _check_writable(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
+    """Refuse a file this run could not write, before any work: the path is opened for
+    appending (a file already there keeps its bytes; one made here is removed again)."""
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        parser.error(f"{flag} {path}: names a folder; name a file (in it)")
+    existed = os.path.lexists(path)
+    # not blocking: a FIFO with no reader is refused rather than waited on
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
+    try:
+        os.close(os.open(path, flags, 0o666))
+    except OSError as exc:
+        folder = os.path.dirname(path) or os.curdir
+        if not os.path.isdir(folder):
+            parser.error(f"{flag} {path}: {folder} is not a folder this user can write in")
+        parser.error(f"{flag} {path}: cannot write it: {exc.strerror or exc}")
+    if not existed:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+# ------------------------------------------------------------------ info
+
+
+def _info_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    print(_fit(info()))
+    return 0
 
 
 def info() -> str:
@@ -92,125 +172,63 @@ def info() -> str:
     return "\n".join(lines)
 
 
-async def streams_demo(device: ais.Device, tasks: int, base_ms: float, out: list[str]) -> None:
-    """Several tasks, each recording work on its own stream and awaiting it."""
-    t0 = ais.Event(device, enable_timing=True)
-    t0.record(ais.default_stream(device))
-    t0_device = ais.virtual.now() if device.type == "virtual" else 0.0
-    wall0 = time.perf_counter()
-    spans: list[tuple[int, ais.Stream, float, float, float]] = []
+# ------------------------------------------------------------------ demo
 
-    async def worker(i: int) -> None:
-        stream = ais.Stream(device)
-        start = ais.Event(device, enable_timing=True)
-        end = ais.Event(device, enable_timing=True)
-        duration = base_ms * (tasks - i) / 1000
-        start.record(stream)
-        ais.delay(duration, stream=stream)
-        end.record(stream)
-        out.append(f"task {i}: submitted {duration * 1000:.0f} ms of work on {stream!r}")
-        await end.synchronize()  # suspends this task only
-        resumed = (time.perf_counter() - wall0) * 1000
-        out.append(f"task {i}: resumed at {resumed:8.2f} ms (wall clock)")
-        spans.append((i, stream, t0.elapsed_time(start), t0.elapsed_time(end), resumed))
 
-    async with anyio.create_task_group() as tg:
-        for i in range(tasks):
-            tg.start_soon(worker, i)
-
-    rows = sorted(spans, key=lambda s: s[0])
-    what = "from the start and end events"
-    if device.type == "virtual":
-        # The simulator knows when each operation really ran on its engine.
-        origin = t0_device
-        ran = {r.stream: r for r in ais.virtual.timeline() if r.device == device.index}
-        rows = [
-            (
-                i,
-                s,
-                (ran[s.stream_id].start - origin) * 1000,
-                (ran[s.stream_id].end - origin) * 1000,
-                w,
-            )
-            for i, s, _, _, w in rows
-        ]
-        what = "as run on the compute engine"
-    horizon = max(end for _, _, _, end, _ in rows) or 1.0
-    # each label's column is as wide as its widest (its numbers right-aligned); the bar takes
-    # what the terminal has left, 10 columns at the least and 50 at the most
-    tasks_w = len(str(len(rows) - 1))
-    ids_w = max(3, *(len(str(s.stream_id)) for _, s, _, _, _ in rows))
-    starts = [f"{start:.2f}" for _, _, start, _, _ in rows]
-    ends = [f"{end:.2f}" for _, _, _, end, _ in rows]
-    starts_w, ends_w = max(7, *map(len, starts)), max(7, *map(len, ends))
-    fixed = len("  task ") + len(" stream ") + len(" |") + len("| ") + len(" .. ") + len(" ms")
-    width = max(10, min(50, _columns() - fixed - tasks_w - ids_w - starts_w - ends_w))
-    out.append("")
-    out.append(f"device timeline on {device}, {what} (0 to {horizon:.1f} ms):")
-    for (i, stream, start, end, _), start_ms, end_ms in zip(rows, starts, ends, strict=True):
-        a = min(width - 1, round(start / horizon * width))  # a bar is one column at the least
-        b = max(a + 1, round(end / horizon * width))
-        bar = " " * a + "#" * (b - a) + " " * (width - b)
-        out.append(
-            f"  task {i:>{tasks_w}} stream {stream.stream_id:>{ids_w}} |{bar}| "
-            f"{start_ms:>{starts_w}} .. {end_ms:>{ends_w}} ms"
+def _demo_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    for flag, path in (("--trace", args.trace), ("--svg", args.svg)):
+        if path is not None:
+            _check_writable(parser, flag, path)
+    device = _device_and_loop(parser, args)
+    if args.prefetch is not None and args.prefetch < args.workers:
+        parser.error(
+            f"--prefetch {args.prefetch} must be >= --workers {args.workers}: each worker "
+            "transforms an item ahead of the consumer"
         )
-    out.append("")
-    out.append(
-        "Each task awaited its own event; the loop stayed free, and each resumed as its work "
-        "completed."
-    )
-    if device.type == "virtual":
-        out.append(
-            "The virtual device's compute engine runs one operation at a time by default "
-            "(aiostream.virtual.reset(compute_slots=N) gives it more), so the streams' work "
-            "queues there in submission order."
-        )
-
-
-def _run(main: object, loop: str) -> None:
-    if loop == "trio":
-        anyio.run(main, backend="trio")  # type: ignore[arg-type]
-    else:
-        anyio.run(main, backend="asyncio", backend_options={"use_uvloop": loop == "uvloop"})  # type: ignore[arg-type]
-
-
-def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> str:
-    def stage(name: str, sec: float) -> str:
-        text = f"{name} {sec * 1000:.2f} ms"
-        if name == "host" and seq.workers > 1:
-            text += f" ({seq.per_batch_s[name] * 1000:.2f} ms per batch with {seq.workers} workers)"
-        return text
-
-    stages = ", ".join(stage(name, sec) for name, sec in seq.stage_s.items())
-    # a busy machine's timings miss the bound by its load, not aiostream's cost: said
-    cpus, busy = suite.load_words(os.cpu_count(), suite.load_average())
-    slowest, per_batch = _demo.bound(seq, pipe)
-    ideal = seq.batches * per_batch
-    ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
-    return "\n".join(
-        [
-            f"pipelined:  {pipe.batches} batches in {pipe.seconds:.3f} s = "
-            f"{pipe.batches_per_s:7.1f} batches/s ({ok[pipe.checksum_ok]})",
-            f"sequential: {seq.batches} batches in {seq.seconds:.3f} s = "
-            f"{seq.batches_per_s:7.1f} batches/s ({ok[seq.checksum_ok]})",
-            f"stages per item (measured in the sequential run): {stages}",
-            f"event loop CPU per batch (pipelined run): {pipe.loop_cpu_s * 1000:.2f} ms",
-            f"bottleneck: {slowest}, {per_batch * 1000:.2f} ms per batch",
-            f"efficiency against the bound: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = "
-            f"{seq.batches} batches x {per_batch * 1000:.2f} ms, over the measured "
-            f"{pipe.seconds:.3f} s)",
-            f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
-            f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
-            f"machine: {cpus}",
-            *([busy] if busy is not None else []),
-        ]
-    )
+    prefetch = _demo_prefetch(args, device)
+    _check_demo_memory(parser, args, prefetch)
+    return _run_demo(args, device, prefetch)
 
 
 def _demo_prefetch(args: argparse.Namespace, device: ais.Device) -> int:
     """The demo loader's prefetch: ``--prefetch``, else the loader's own default."""
     return ais.DataLoader((), prefetch=args.prefetch, workers=args.workers, device=device).prefetch
+
+
+#: the memory the demo's buffers may take where the machine does not say how much it has
+DEMO_MEMORY_UNKNOWN = 4 << 30
+
+
+def _check_demo_memory(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, prefetch: int
+) -> None:
+    """Refuse a demo whose batch-sized buffers would take more than half of this machine's
+    memory (each counted as host memory, where a virtual device keeps its own), or more than
+    ``DEMO_MEMORY_UNKNOWN`` where the machine does not say how much it has."""
+    count = _demo.batch_buffers(prefetch, args.workers)
+    held = count * args.batch_kb * 1024
+    memory = _physical_memory()
+    bound = DEMO_MEMORY_UNKNOWN if memory is None else memory // 2
+    if held > bound:
+        whose = (
+            f"half of this machine's {memory / 2**30:.1f} GiB"
+            if memory is not None
+            else f"{bound / 2**30:.0f} GiB (this machine does not say how much it has)"
+        )
+        parser.error(
+            f"--batch-kb {args.batch_kb} with --prefetch {prefetch} and --workers "
+            f"{args.workers}: the demo would hold up to {count} buffers of {args.batch_kb} KiB "
+            f"({held / 2**30:.1f} GiB), more than {whose}: lower --batch-kb, --prefetch or "
+            "--workers"
+        )
+
+
+def _physical_memory() -> int | None:
+    """Bytes of memory this machine has; None where it does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 #: the name of the demo's pipelined run's task: its track in the trace
@@ -310,14 +328,65 @@ def _out_of_memory(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _failed(command: str, message: str) -> int:
-    """A run that failed after its checks passed: one line on stderr, exit status 1."""
-    print(_fit(f"{_prog()} {command}: error: {message}"), file=sys.stderr)
-    return 1
+def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> str:
+    def stage(name: str, sec: float) -> str:
+        text = f"{name} {sec * 1000:.2f} ms"
+        if name == "host" and seq.workers > 1:
+            text += f" ({seq.per_batch_s[name] * 1000:.2f} ms per batch with {seq.workers} workers)"
+        return text
+
+    stages = ", ".join(stage(name, sec) for name, sec in seq.stage_s.items())
+    # a busy machine's timings miss the bound by its load, not aiostream's cost: said
+    cpus, busy = suite.load_words(os.cpu_count(), suite.load_average())
+    slowest, per_batch = _demo.bound(seq, pipe)
+    ideal = seq.batches * per_batch
+    ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
+    return "\n".join(
+        [
+            f"pipelined:  {pipe.batches} batches in {pipe.seconds:.3f} s = "
+            f"{pipe.batches_per_s:7.1f} batches/s ({ok[pipe.checksum_ok]})",
+            f"sequential: {seq.batches} batches in {seq.seconds:.3f} s = "
+            f"{seq.batches_per_s:7.1f} batches/s ({ok[seq.checksum_ok]})",
+            f"stages per item (measured in the sequential run): {stages}",
+            f"event loop CPU per batch (pipelined run): {pipe.loop_cpu_s * 1000:.2f} ms",
+            f"bottleneck: {slowest}, {per_batch * 1000:.2f} ms per batch",
+            f"efficiency against the bound: {ideal / pipe.seconds:.2f} (ideal {ideal:.3f} s = "
+            f"{seq.batches} batches x {per_batch * 1000:.2f} ms, over the measured "
+            f"{pipe.seconds:.3f} s)",
+            f"speed-up over sequential: {seq.seconds / pipe.seconds:.2f}x",
+            f"buffers: at most {pipe.peak_in_use} of the loader's {pipe.pool_size} slots in use",
+            f"machine: {cpus}",
+            *([busy] if busy is not None else []),
+        ]
+    )
+
+
+# ------------------------------------------------------------------ streams
 
 
 #: the most seconds of device work ``streams`` runs (it runs them in real time)
 STREAMS_MOST_S = 600.0
+
+
+def _streams_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    device = _device_and_loop(parser, args)
+    # task i has (tasks - i) units of work, and a virtual device runs them one after another
+    work_s = args.duration_ms * args.tasks * (args.tasks + 1) / 2 / 1000
+    if work_s > STREAMS_MOST_S:
+        parser.error(
+            f"--tasks {args.tasks} with --duration-ms {args.duration_ms:g}: the device work "
+            f"would take up to {_duration(work_s)} (duration x tasks x (tasks + 1) / 2); at "
+            f"most {STREAMS_MOST_S:.0f} s: lower --tasks or --duration-ms"
+        )
+    out: list[str] = []
+    print(_fit(f"aiostream streams demo on {device}, {args.tasks} tasks, {args.loop} loop"))
+
+    async def run() -> None:
+        await streams_demo(device, args.tasks, args.duration_ms, out)
+
+    _run(run, args.loop)
+    print(_fit("\n".join(out)))
+    return 0
 
 
 def _duration(seconds: float) -> str:
@@ -330,40 +399,23 @@ def _duration(seconds: float) -> str:
     return text
 
 
-def _physical_memory() -> int | None:
-    """Bytes of memory this machine has; None where it does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
+# ------------------------------------------------------------------ bench
 
 
-#: the memory the demo's buffers may take where the machine does not say how much it has
-DEMO_MEMORY_UNKNOWN = 4 << 30
-
-
-def _check_demo_memory(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, prefetch: int
-) -> None:
-    """Refuse a demo whose batch-sized buffers would take more than half of this machine's
-    memory (each counted as host memory, where a virtual device keeps its own), or more than
-    ``DEMO_MEMORY_UNKNOWN`` where the machine does not say how much it has."""
-    count = _demo.batch_buffers(prefetch, args.workers)
-    held = count * args.batch_kb * 1024
-    memory = _physical_memory()
-    bound = DEMO_MEMORY_UNKNOWN if memory is None else memory // 2
-    if held > bound:
-        whose = (
-            f"half of this machine's {memory / 2**30:.1f} GiB"
-            if memory is not None
-            else f"{bound / 2**30:.0f} GiB (this machine does not say how much it has)"
-        )
-        parser.error(
-            f"--batch-kb {args.batch_kb} with --prefetch {prefetch} and --workers "
-            f"{args.workers}: the demo would hold up to {count} buffers of {args.batch_kb} KiB "
-            f"({held / 2**30:.1f} GiB), more than {whose}: lower --batch-kb, --prefetch or "
-            "--workers"
-        )
+def _bench_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    installed = suite.installed_loops()
+    loops = _names(
+        parser, "--loops", ",".join(installed) if args.loops is None else args.loops, LOOPS
+    )
+    for loop in loops:
+        if loop not in installed:
+            parser.error(f"--loops {loop} needs the {loop!r} package: pip install {loop}")
+    sections = _names(parser, "--sections", args.sections, suite.SECTIONS)
+    report = suite.run(loops, sections, args.quick)
+    print(
+        json.dumps(report) if args.json else suite.table(report, max(80, min(100, _demo.columns())))
+    )
+    return 1 if suite.missed(report) else 0
 
 
 def _names(
@@ -377,22 +429,11 @@ def _names(
     return names
 
 
-def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    installed = suite.installed_loops()
-    loops = _names(
-        parser, "--loops", ",".join(installed) if args.loops is None else args.loops, LOOPS
-    )
-    for loop in loops:
-        if loop not in installed:
-            parser.error(f"--loops {loop} needs the {loop!r} package: pip install {loop}")
-    sections = _names(parser, "--sections", args.sections, suite.SECTIONS)
-    report = suite.run(loops, sections, args.quick)
-    print(json.dumps(report) if args.json else suite.table(report, max(80, min(100, _columns()))))
-    return 1 if suite.missed(report) else 0
+# ------------------------------------------------------------------ calibrate
 
 
-def _run_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ._bench import calibrate  # numpy and the testing clock: only for this command
+def _calibrate_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ._bench import calibrate  # numpy and virtual time: only for this command
 
     if not args.device.strip().startswith("cuda"):
         parser.error(
@@ -439,24 +480,197 @@ def _run_calibrate(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 _USE_VIRTUAL = ", or use a virtual device ('virtual:0')"
 
 
-def _check_writable(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
-    """Refuse a file this run could not write, before any work: the path is opened for
-    appending (a file already there keeps its bytes; one made here is removed again)."""
-    if path.endswith(("/", os.sep)) or os.path.isdir(path):
-        parser.error(f"{flag} {path}: names a folder; name a file (in it)")
-    existed = os.path.lexists(path)
-    # not blocking: a FIFO with no reader is refused rather than waited on
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NONBLOCK", 0)
-    try:
-        os.close(os.open(path, flags, 0o666))
-    except OSError as exc:
-        folder = os.path.dirname(path) or os.curdir
-        if not os.path.isdir(folder):
-            parser.error(f"{flag} {path}: {folder} is not a folder this user can write in")
-        parser.error(f"{flag} {path}: cannot write it: {exc.strerror or exc}")
-    if not existed:
-        with contextlib.suppress(OSError):
-            os.remove(path)
+# ------------------------------------------------------------------ the arguments
+# Every command's arguments, declared here and nowhere else.
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser, and each command's own (its ``error()`` names it)."""
+    parser = argparse.ArgumentParser(
+        prog=_prog(),
+        description="aiostream's command line: what this machine has, and demos to run on it.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"aiostream {ais.__version__} (distribution aiostream-cuda)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands = {
+        "info": _info_arguments(sub),
+        "demo": _demo_arguments(sub),
+        "streams": _streams_arguments(sub),
+        "bench": _bench_arguments(sub),
+        "calibrate": _calibrate_arguments(sub),
+    }
+    return parser, commands
+
+
+def _info_arguments(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        "info",
+        help="backends, devices and versions on this machine",
+        description="The backends, devices and versions on this machine.",
+    )
+
+
+def _demo_arguments(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "demo",
+        help="the end-to-end pipeline: host transform, copies, compute, results checked",
+        description=(
+            "The end-to-end data pipeline on one device: a host transform, host-to-device "
+            "copies, compute, device-to-host copies, the results checked against the host; "
+            "then the same work sequentially. Exit status 0 when both runs' results check out, "
+            "1 when they do not or the run fails (out of memory, a file it cannot write), 2 on "
+            "a usage error."
+        ),
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="device, e.g. virtual:0 or cuda:1 (default: $AIOSTREAM_DEVICE, else cuda:0 where "
+        "CUDA works, else virtual:0)",
+    )
+    parser.add_argument(
+        "--batches",
+        type=_positive(int, "--batches", 1_000_000),
+        default=100,
+        help="batches to run (default 100)",
+    )
+    parser.add_argument(
+        "--batch-kb",
+        type=_positive(int, "--batch-kb", 1 << 16),
+        default=1024,
+        help="KiB per batch (default 1024, at most 65536; the buffers of every batch in "
+        "flight must fit in half of this machine's memory)",
+    )
+    parser.add_argument(
+        "--host-ms",
+        type=_positive(float, "--host-ms", 60_000),
+        default=2.0,
+        help="host transform per batch, ms (default 2)",
+    )
+    parser.add_argument(
+        "--compute-ms",
+        type=_positive(float, "--compute-ms", 60_000),
+        default=3.0,
+        help="device compute per batch, ms (default 3)",
+    )
+    parser.add_argument(
+        "--prefetch",
+        type=_positive(int, "--prefetch", 1024),
+        default=None,
+        help="items the loader works on ahead (default: 2 x workers)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive(int, "--workers", 256),
+        default=2,
+        help="host transforms at once (default 2)",
+    )
+    parser.add_argument(
+        "--loop", choices=LOOPS, default="asyncio", help="event loop (default asyncio)"
+    )
+    parser.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
+    parser.add_argument("--svg", metavar="PATH", help="draw the timeline as an SVG picture")
+    return parser
+
+
+def _streams_arguments(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "streams",
+        help="tasks awaiting device work on their own streams",
+        description=(
+            "Tasks that each record work on their own stream and await it; prints when each "
+            "resumes and the device timeline."
+        ),
+    )
+    parser.add_argument(
+        "--device", default=None, help="device, e.g. virtual:0 (default: as for demo)"
+    )
+    parser.add_argument(
+        "--tasks",
+        type=_positive(int, "--tasks", 10_000),
+        default=4,
+        help="tasks (default 4); task i has tasks - i units of work, and the run takes their sum "
+        f"(at most {STREAMS_MOST_S:.0f} s)",
+    )
+    parser.add_argument(
+        "--duration-ms",
+        type=_positive(float, "--duration-ms", 60_000),
+        default=40.0,
+        help="work per task unit, ms (default 40)",
+    )
+    parser.add_argument(
+        "--loop", choices=LOOPS, default="asyncio", help="event loop (default asyncio)"
+    )
+    return parser
+
+
+def _bench_arguments(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "bench",
+        help="what aiostream costs on this machine: one table of ratios, in about two minutes",
+        description=(
+            "Run a short selection of the benchmarks (the waiter's costs, waits at scale up to "
+            "100,000 streams, the data loader, and CUDA waits where a GPU works), each against "
+            "a baseline measured in the same run, and print one table of ratios with the "
+            "machine and versions. All figures are real time. benchmarks/ in the source tree "
+            "has the full scripts. Exit status: 0 when every row with a goal meets it, 1 when "
+            "one misses it (marked MISS in the table), 2 on a usage error."
+        ),
+    )
+    parser.add_argument("--quick", action="store_true", help="smaller sizes: about 20 s")
+    parser.add_argument(
+        "--loops",
+        default=None,
+        help="comma-separated loops (default: every installed one of asyncio, uvloop, trio)",
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(suite.SECTIONS),
+        help=f"comma-separated sections (default: {','.join(suite.SECTIONS)})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    return parser
+
+
+def _calibrate_arguments(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "calibrate",
+        help="measure a CUDA device and write a profile a virtual device can take",
+        description=(
+            "Measure a CUDA device (copies each way from pinned and pageable memory, 4 KiB to "
+            "256 MiB; kernel launch overhead; how many kernels and copies run at once; a "
+            "waiter's wake-up) and write a profile (JSON): aiostream.virtual.reset(profile="
+            "FILE) then makes virtual devices that take their time model from it. Under a "
+            "minute; --quick, seconds. With --check FILE, run one reference workload on the "
+            "device and on virtual devices (the profile's and the default) and print how far "
+            "apart they are; exit status 1 when the profile misses the goal (end to end within "
+            "5%, median start error within 10% of each operation's time). Exit status 2 on "
+            "a usage error, a bad profile, or no CUDA device."
+        ),
+    )
+    parser.add_argument("--device", default="cuda:0", help="the CUDA device (default cuda:0)")
+    parser.add_argument(
+        "--out", metavar="FILE", help="where to write the profile (default: aiostream-<gpu>.json)"
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats: seconds")
+    parser.add_argument(
+        "--check", metavar="FILE", help="compare this profile's virtual device with the device"
+    )
+    return parser
 
 
 def _positive(kind: type, name: str, most: float):  # type: ignore[no-untyped-def]
@@ -481,28 +695,20 @@ def _positive(kind: type, name: str, most: float):  # type: ignore[no-untyped-de
     return parse
 
 
-def _prog() -> str:
-    """How the user ran the CLI: the ``aiostream`` console script, or ``python -m``."""
-    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    return "aiostream" if name in ("aiostream", "aiostream.exe") else "python -m aiostream"
+# ------------------------------------------------------------------ running a command
+# Each command's function takes its own parser (whose error() exits with status 2 and a
+# usage line) and the parsed arguments, checks what argparse cannot before any work, and
+# returns the exit status.
 
 
-def _device(parser: argparse.ArgumentParser, spec: str | None) -> ais.Device:
-    """The device ``--device`` names, else ``$AIOSTREAM_DEVICE``, else the default device; an
-    error names where the spec came from. A virtual device past the simulator's count is made,
-    whichever names it: the CLI's simulator has as many devices as the command asks for."""
-    label = f"--device {spec}: " if spec is not None else ""  # the default's error says why
-    if spec is None and os.environ.get("AIOSTREAM_DEVICE"):
-        spec = os.environ["AIOSTREAM_DEVICE"]
-        label = f"AIOSTREAM_DEVICE={spec}: "
-    try:
-        if spec is not None and spec.strip().startswith("virtual:"):
-            index = spec.strip().partition(":")[2]
-            if index.isascii() and index.isdigit() and int(index) >= ais.device_count("virtual"):
-                ais.virtual.reset(devices=int(index) + 1)
-        return ais.device(spec)
-    except (ValueError, TypeError, ais.AiostreamError) as exc:
-        parser.error(f"{label}{exc}")
+#: each command's function, by its name on the command line
+COMMANDS = {
+    "info": _info_command,
+    "demo": _demo_command,
+    "streams": _streams_command,
+    "bench": _bench_command,
+    "calibrate": _calibrate_command,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -511,207 +717,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if shadowed is not None:  # another project's aiostream/__init__.py: say so, not a traceback
         print(_fit(f"python -m aiostream: {shadowed}"), file=sys.stderr)
         return 1
-    parser = argparse.ArgumentParser(
-        prog=_prog(),
-        description="aiostream's command line: what this machine has, and demos to run on it.",
-    )
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=f"aiostream {ais.__version__} (distribution aiostream-cuda)",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser(
-        "info",
-        help="backends, devices and versions on this machine",
-        description="The backends, devices and versions on this machine.",
-    )
-    p_demo = sub.add_parser(
-        "demo",
-        help="the end-to-end pipeline: host transform, copies, compute, results checked",
-        description=(
-            "The end-to-end data pipeline on one device: a host transform, host-to-device "
-            "copies, compute, device-to-host copies, the results checked against the host; "
-            "then the same work sequentially. Exit status 0 when both runs' results check out, "
-            "1 when they do not or the run fails (out of memory, a file it cannot write), 2 on "
-            "a usage error."
-        ),
-    )
-    p_demo.add_argument(
-        "--device",
-        default=None,
-        help="device, e.g. virtual:0 or cuda:1 (default: $AIOSTREAM_DEVICE, else cuda:0 where "
-        "CUDA works, else virtual:0)",
-    )
-    p_demo.add_argument(
-        "--batches",
-        type=_positive(int, "--batches", 1_000_000),
-        default=100,
-        help="batches to run (default 100)",
-    )
-    p_demo.add_argument(
-        "--batch-kb",
-        type=_positive(int, "--batch-kb", 1 << 16),
-        default=1024,
-        help="KiB per batch (default 1024, at most 65536; the buffers of every batch in "
-        "flight must fit in half of this machine's memory)",
-    )
-    p_demo.add_argument(
-        "--host-ms",
-        type=_positive(float, "--host-ms", 60_000),
-        default=2.0,
-        help="host transform per batch, ms (default 2)",
-    )
-    p_demo.add_argument(
-        "--compute-ms",
-        type=_positive(float, "--compute-ms", 60_000),
-        default=3.0,
-        help="device compute per batch, ms (default 3)",
-    )
-    p_demo.add_argument(
-        "--prefetch",
-        type=_positive(int, "--prefetch", 1024),
-        default=None,
-        help="items the loader works on ahead (default: 2 x workers)",
-    )
-    p_demo.add_argument(
-        "--workers",
-        type=_positive(int, "--workers", 256),
-        default=2,
-        help="host transforms at once (default 2)",
-    )
-    p_demo.add_argument(
-        "--loop", choices=LOOPS, default="asyncio", help="event loop (default asyncio)"
-    )
-    p_demo.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
-    p_demo.add_argument("--svg", metavar="PATH", help="draw the timeline as an SVG picture")
-    p_streams = sub.add_parser(
-        "streams",
-        help="tasks awaiting device work on their own streams",
-        description=(
-            "Tasks that each record work on their own stream and await it; prints when each "
-            "resumes and the device timeline."
-        ),
-    )
-    p_streams.add_argument(
-        "--device", default=None, help="device, e.g. virtual:0 (default: as for demo)"
-    )
-    p_streams.add_argument(
-        "--tasks",
-        type=_positive(int, "--tasks", 10_000),
-        default=4,
-        help="tasks (default 4); task i has tasks - i units of work, and the run takes their sum "
-        f"(at most {STREAMS_MOST_S:.0f} s)",
-    )
-    p_streams.add_argument(
-        "--duration-ms",
-        type=_positive(float, "--duration-ms", 60_000),
-        default=40.0,
-        help="work per task unit, ms (default 40)",
-    )
-    p_streams.add_argument(
-        "--loop", choices=LOOPS, default="asyncio", help="event loop (default asyncio)"
-    )
-    p_bench = sub.add_parser(
-        "bench",
-        help="what aiostream costs on this machine: one table of ratios, in about two minutes",
-        description=(
-            "Run a short selection of the benchmarks (the waiter's costs, waits at scale up to "
-            "100,000 streams, the data loader, and CUDA waits where a GPU works), each against "
-            "a baseline measured in the same run, and print one table of ratios with the "
-            "machine and versions. All figures are real time. benchmarks/ in the source tree "
-            "has the full scripts. Exit status: 0 when every row with a goal meets it, 1 when "
-            "one misses it (marked MISS in the table), 2 on a usage error."
-        ),
-    )
-    p_bench.add_argument("--quick", action="store_true", help="smaller sizes: about 20 s")
-    p_bench.add_argument(
-        "--loops",
-        default=None,
-        help="comma-separated loops (default: every installed one of asyncio, uvloop, trio)",
-    )
-    p_bench.add_argument(
-        "--sections",
-        default=",".join(suite.SECTIONS),
-        help=f"comma-separated sections (default: {','.join(suite.SECTIONS)})",
-    )
-    p_bench.add_argument("--json", action="store_true", help="print one JSON object instead")
-    p_cal = sub.add_parser(
-        "calibrate",
-        help="measure a CUDA device and write a profile a virtual device can take",
-        description=(
-            "Measure a CUDA device (copies each way from pinned and pageable memory, 4 KiB to "
-            "256 MiB; kernel launch overhead; how many kernels and copies run at once; a "
-            "waiter's wake-up) and write a profile (JSON): aiostream.virtual.reset(profile="
-            "FILE) then makes virtual devices that take their time model from it. Under a "
-            "minute; --quick, seconds. With --check FILE, run one reference workload on the "
-            "device and on virtual devices (the profile's and the default) and print how far "
-            "apart they are; exit status 1 when the profile misses the goal (end to end within "
-            "5%, median start error within 10% of each operation's time). Exit status 2 on "
-            "a usage error, a bad profile, or no CUDA device."
-        ),
-    )
-    p_cal.add_argument("--device", default="cuda:0", help="the CUDA device (default cuda:0)")
-    p_cal.add_argument(
-        "--out", metavar="FILE", help="where to write the profile (default: aiostream-<gpu>.json)"
-    )
-    p_cal.add_argument("--quick", action="store_true", help="fewer sizes and repeats: seconds")
-    p_cal.add_argument(
-        "--check", metavar="FILE", help="compare this profile's virtual device with the device"
-    )
+    parser, commands = _parser()
     args = parser.parse_args(argv)
-
-    if args.command == "info":
-        print(_fit(info()))
-        return 0
-    command = {"demo": p_demo, "streams": p_streams, "bench": p_bench, "calibrate": p_cal}[
-        args.command
-    ]
-    try:  # every other command waits: AIOSTREAM_WAIT_STRATEGY, read now rather than at a wait
-        ais.get_wait_strategy()
-    except ValueError as exc:
-        command.error(str(exc))
-    if args.command == "bench":
-        return _run_bench(p_bench, args)
-    if args.command == "calibrate":
-        return _run_calibrate(p_cal, args)
-    for flag in ("trace", "svg"):
-        path = getattr(args, flag, None)
-        if path is not None:
-            _check_writable(command, f"--{flag}", path)
-    device = _device(command, args.device)
-    if args.loop != "asyncio" and _dist_version(args.loop) is None:
-        command.error(
-            f"--loop {args.loop} needs the {args.loop!r} package: pip install {args.loop} "
-            f'(or, from aiostream\'s checkout, python -m pip install ".[{args.loop}]")'
-        )
-    if args.command == "demo":
-        if args.prefetch is not None and args.prefetch < args.workers:
-            p_demo.error(
-                f"--prefetch {args.prefetch} must be >= --workers {args.workers}: each worker "
-                "transforms an item ahead of the consumer"
-            )
-        prefetch = _demo_prefetch(args, device)
-        _check_demo_memory(p_demo, args, prefetch)
-        return _run_demo(args, device, prefetch)
-
-    # task i has (tasks - i) units of work, and a virtual device runs them one after another
-    work_s = args.duration_ms * args.tasks * (args.tasks + 1) / 2 / 1000
-    if work_s > STREAMS_MOST_S:
-        p_streams.error(
-            f"--tasks {args.tasks} with --duration-ms {args.duration_ms:g}: the device work "
-            f"would take up to {_duration(work_s)} (duration x tasks x (tasks + 1) / 2); at "
-            f"most {STREAMS_MOST_S:.0f} s: lower --tasks or --duration-ms"
-        )
-    out: list[str] = []
-    print(_fit(f"aiostream streams demo on {device}, {args.tasks} tasks, {args.loop} loop"))
-
-    async def run() -> None:
-        await streams_demo(device, args.tasks, args.duration_ms, out)
-
-    _run(run, args.loop)
-    print(_fit("\n".join(out)))
-    return 0
+    command = commands[args.command]
+    if args.command != "info":
+        try:  # every other command waits: AIOSTREAM_WAIT_STRATEGY, read now rather than at a wait
+            ais.get_wait_strategy()
+        except ValueError as exc:
+            command.error(str(exc))
+    return COMMANDS[args.command](command, args)
 
 
 if __name__ == "__main__":

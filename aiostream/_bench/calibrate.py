@@ -27,7 +27,7 @@ import aiostream as ais
 
 from .._backends import get as _get_backend
 from .._backends.virtual.profile import COPY_KINDS, FIGURES, DeviceProfile, Figure
-from ..testing import run_in_virtual_time
+from .._virtual_time import run_in_virtual_time
 from .suite import Progress
 
 __all__ = [

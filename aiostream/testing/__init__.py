@@ -12,7 +12,7 @@ The pytest plugin (fixtures ``virtual_device``, ``virtual_time``, ``aiostream_de
 :mod:`aiostream.testing.plugin`, registered through the ``pytest11`` entry point.
 """
 
-from ._virtual_time import VirtualTime, format_timeline, run_in_virtual_time
+from .._virtual_time import VirtualTime, format_timeline, run_in_virtual_time
 
 __all__ = ["VirtualTime", "format_timeline", "run_in_virtual_time"]
 

@@ -44,8 +44,8 @@ import pytest
 from .. import _backends, _clash, _hooks
 from .._backends.virtual import Isolation, VirtualBackend, VirtualOptions
 from .._objects import DeviceObject
+from .._virtual_time import Unsupported, VirtualTime, format_timeline, running
 from ..device import Device
-from ._virtual_time import Unsupported, VirtualTime, format_timeline, running
 
 __all__ = ["aiostream_device", "virtual_device", "virtual_time"]
 

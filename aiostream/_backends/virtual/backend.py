@@ -1,6 +1,7 @@
 """The virtual backend's face: the :class:`Backend` protocol, the :class:`Timeline` capability
-and the simulator's controls, over the simulation (``simulation.py``) and its memory
-(``memory.py``)."""
+and the simulator's controls (faults, stalls), over the simulation (``simulation.py``), its
+memory (``memory.py``) and its IPC (``sharing.py``). Work submitted to a capturing stream
+becomes a node of the capture's graph instead (``graphs.py``)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from typing import ClassVar
 from ..._errors import NotReadyError
 from ..base import Backend, Graphs, Timeline
 from . import graphs, inspect
-from .ipc import IpcTable
+from .clock import seconds_to_ns
 from .memory import POISON, Memories
 from .model import (
     DONE,
     PRIORITY_RANGE,
     Event,
     EventState,
+    Fault,
     Item,
     Memory,
+    Op,
     OpRecord,
     Race,
     Stream,
@@ -29,9 +32,10 @@ from .model import (
 from .options import VirtualOptions
 from .sharing import Sharing
 from .simulation import Simulation, Target
-from .work import Work
 
 __all__ = ["POISON", "Isolation", "Target", "VirtualBackend"]
+
+_DLPACK_CPU = 1  # DLPack's kDLCPU
 
 
 class Isolation:
@@ -57,7 +61,7 @@ class Isolation:
         self.races += backend.races()
 
 
-class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Timeline, Graphs):
+class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline, Graphs):
     """The simulated device runtime behind ``virtual:N`` devices."""
 
     kind: ClassVar[str] = "virtual"
@@ -73,7 +77,7 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
         self._live_streams: set[Stream] = set()
         self._live_events: set[Event] = set()
         self._event_ids = itertools.count(1)
-        self._ipc = IpcTable()
+        self._sharing = Sharing(sim, self._memory)
         self.isolation: Isolation | None = None  # set by the pytest plugin's fixture
 
     def device_count(self) -> int:
@@ -236,16 +240,62 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
             return (b.end - a.end) / 1e6
 
     def event_ipc_handle(self, event: Event) -> bytes:
-        with self._sim.lock:
-            self._sim.check_open()
-            return self._ipc.handle(event)
+        return self._sharing.event_ipc_handle(event)
 
     def event_from_ipc_handle(self, index: int, data: bytes) -> Event:
         with self._sim.lock:
-            self._sim.check_open()
-            event = Event(self._sim.devices[index], self._ipc.open(index, data), True)
+            event = self._sharing.event_from_ipc_handle(index, data)
             self._live_events.add(event)
             return event
+
+    # ------------------------------------------------------------------ device work
+
+    def delay(self, stream: Stream, seconds: float) -> None:
+        self.submit(stream, seconds_to_ns(seconds, "seconds"), "compute", None, None, "delay")
+
+    def submit(
+        self,
+        stream: Stream,
+        duration_ns: int,
+        engine: str,
+        fn: Callable[[], object] | None,
+        error: str | None,
+        name: str,
+    ) -> None:
+        sim = self._sim
+        with sim.lock:
+            sim.check_device(stream.device)
+            if stream.capture is not None:  # a node, submitted at each launch
+                stream.capture.add(stream, Op(duration_ns, engine, fn, error, name))
+                return
+            sim.submit_locked(stream, duration_ns, engine, fn, error, name)
+
+    def inject(
+        self,
+        index: int,
+        stream: Stream | None,
+        engine: str | None,
+        count: int,
+        *,
+        message: str | None = None,
+        factor: float | None = None,
+    ) -> None:
+        """Make the next ``count`` operations on ``stream``/``engine`` fail or run slower."""
+        with self._sim.lock:
+            device = self._sim.devices[index]
+            self._sim.check_device(device)
+            device.faults.append(Fault(stream, engine, count, message, factor))
+
+    def stall(self, index: int, engine: str, stalled: bool) -> None:
+        """Hold (or release) one stall of the engine: it starts no operation while any is
+        held; running ones go on."""
+        sim = self._sim
+        with sim.lock:
+            sim.check_open()
+            sim.now_locked()
+            sim.sched.set_stalled(sim.devices[index].engines[engine], stalled)
+            sim.now_locked()
+        sim.listeners()
 
     # ------------------------------------------------------------------ memory and copies
 
@@ -276,6 +326,74 @@ class VirtualBackend(Sharing, Work, Backend[Stream, Event, Memory, Target], Time
 
     def device_ptr(self, mem: Memory) -> int:
         raise AttributeError("virtual device memory has no device address")
+
+    def copy(self, stream: Stream, dst: Memory, src: Memory, nbytes: int, kind: str) -> None:
+        memory = self._memory
+        with self._sim.lock:
+            self._sim.check_device(stream.device)
+            if stream.capture is not None:  # a node, submitted at each launch
+                stream.capture.add(stream, memory.copy_op(dst, src, nbytes, kind))
+                return
+        memory.copy(stream, dst, src, nbytes, kind)
+
+    # ------------------------------------------------------------------ sharing memory
+
+    def dlpack_device(self, index: int) -> tuple[int, int]:
+        # The simulated device memory is host memory, exported as such: NumPy and CPU PyTorch
+        # read device buffers in tests (reading one while a copy into it is in flight is a
+        # race, recorded as for a host view).
+        return (_DLPACK_CPU, 0)
+
+    def memory_export(self, mem: Memory) -> int:
+        return self._memory.export(mem)
+
+    def memory_wait(self, mem: Memory, stream: Stream) -> None:
+        self._memory.wait_for_writers(mem, stream)
+
+    def device_alloc_interprocess(self, index: int, nbytes: int, stream: Stream) -> Memory:
+        return self._memory.device_alloc(index, nbytes)
+
+    def memory_ipc_handle(self, mem: Memory) -> bytes:
+        return self._sharing.ipc_handle(mem)
+
+    def memory_from_ipc_handle(
+        self, index: int, data: bytes, event: bytes, nbytes: int, stream: Stream
+    ) -> Memory:
+        return self._sharing.ipc_open(index, data, event, nbytes, stream)
+
+    # ------------------------------------------------------------------ graphs
+
+    def capture_begin(self, stream: Stream, mode: str) -> None:
+        with self._sim.lock:
+            self._sim.check_device(stream.device)
+            graphs.check_capturable(stream)
+            graphs.Capture(stream, mode)
+
+    def capture_end(self, stream: Stream) -> graphs.Graph:
+        with self._sim.lock:
+            self._sim.check_open()
+            return graphs.end(stream)
+
+    def stream_capturing(self, stream: Stream) -> bool:
+        return stream.capture is not None
+
+    def graph_nodes(self, graph: graphs.Graph) -> int:
+        return len(graph.nodes)
+
+    def graph_launch(self, stream: Stream, graph: graphs.Graph) -> None:
+        sim = self._sim
+        with sim.lock:
+            sim.check_device(stream.device)
+            graphs.check_launch(graph, stream)  # a destroyed graph's included, as CUDA's
+            sim.now_locked()
+            graph.launch(stream, sim.sched)
+            sim.submitted_locked()
+
+    def graph_destroy(self, graph: graphs.Graph) -> None:
+        """The nodes submitted by launches run on without the graph; a launch after this is
+        refused, as the driver refuses a destroyed executable graph."""
+        with self._sim.lock:
+            graph.destroyed = True
 
     # ------------------------------------------------------------------ waiting
 

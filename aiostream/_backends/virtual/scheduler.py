@@ -50,92 +50,7 @@ TIMELINE_LIMIT = 100_000
 _Entry = tuple[int, int, int, int, str, str, int, int, "str | None"]
 
 
-class _Starts:
-    """How engines start what is ready: a part of :class:`Scheduler`, whose state it uses."""
-
-    running: list[tuple[int, int, int, int, int, Item]]
-    _dirty: list[Engine]
-
-    def _reopen(self, engine: Engine, t: int) -> None:
-        """Decide again the starts made on ``engine`` at instant ``t``, with what is ready now.
-
-        While the best operation waiting for the engine goes before the worst one started at
-        ``t``, they trade places: the result is the best ``slots`` of both, as if everything
-        had been there when the instant's first decision was made. A stalled engine keeps
-        what it started.
-        """
-        if engine.provisional_t != t or engine.stalled:
-            return
-        started, ready = engine.provisional, engine.ready
-        while started and ready:
-            worst = started[0][-1]
-            if worst.state != RUNNING:  # aborted since
-                heapq.heappop(started)
-                continue
-            if ready[0] >= worst.key():
-                break
-            best = heapq.heappop(ready)[-1]
-            heapq.heappop(started)
-            worst.state = PENDING
-            worst.start = worst.end = -1
-            # equivalent mutant (unmarked): += 2: any increase makes the item's old completion
-            # entries stale
-            worst.token += 1  # its completion entry is stale now
-            engine.busy -= 1
-            heapq.heappush(ready, worst.key())
-            self._start(best, engine, t)
-
-    def set_stalled(self, engine: Engine, stalled: bool) -> None:
-        """Hold one more stall on ``engine`` (or release one): it starts no operation while
-        any is held; running ones go on."""
-        engine.stalled += 1 if stalled else -1
-        assert engine.stalled >= 0, "a stall released twice"
-        self._mark(engine)
-
-    def _mark(self, engine: Engine) -> None:
-        if not engine.dirty:
-            engine.dirty = True
-            self._dirty.append(engine)
-
-    def _dispatch(self, t: int) -> None:
-        """Start, at ``t``, what the engines marked dirty can start."""
-        dirty, self._dirty = self._dirty, []
-        for engine in dirty:
-            engine.dirty = False
-            self._start_ready(engine, t)
-
-    def _start_ready(self, engine: Engine, t: int) -> None:
-        """Fill the free slots of ``engine`` from its ready queue, best first."""
-        if engine.stalled:
-            return
-        ready = engine.ready
-        while ready and engine.busy < engine.slots:
-            item = heapq.heappop(ready)[-1]
-            if item.state == PENDING:  # else aborted while it waited
-                self._start(item, engine, t)
-
-    def _start(self, item: Item, engine: Engine, t: int) -> None:
-        engine.busy += 1
-        item.state = RUNNING
-        start = t
-        if engine.launch or engine.gap:  # a profile's launch overhead, with the slot held
-            start += max(engine.gap, item.submit + engine.launch - t)
-        item.start = start
-        item.end = end = start + item.duration
-        item.token += 1
-        heapq.heappush(
-            self.running, (end, item.device.index, item.stream.id, item.seq, item.token, item)
-        )
-        if end > t:  # provisional while the clock stays at t (see _reopen)
-            if engine.provisional_t != t:
-                engine.provisional_t = t
-                engine.provisional = []
-            heapq.heappush(engine.provisional, _reversed_key(item))
-        if item.on_start is not None:
-            item.on_start()
-
-
-class Scheduler(_Starts):
+class Scheduler:
     """Moves the items of a set of devices through their states, in time order."""
 
     def __init__(self, devices: list[Device], t: int) -> None:
@@ -305,6 +220,86 @@ class Scheduler(_Starts):
         """Make the next item on ``stream`` wait for ``item`` (an event's record)."""
         if item is not None and item.state != DONE:
             stream.waits.append(item)
+
+    # ------------------------------------------------------------------ starts
+
+    def _reopen(self, engine: Engine, t: int) -> None:
+        """Decide again the starts made on ``engine`` at instant ``t``, with what is ready now.
+
+        While the best operation waiting for the engine goes before the worst one started at
+        ``t``, they trade places: the result is the best ``slots`` of both, as if everything
+        had been there when the instant's first decision was made. A stalled engine keeps
+        what it started.
+        """
+        if engine.provisional_t != t or engine.stalled:
+            return
+        started, ready = engine.provisional, engine.ready
+        while started and ready:
+            worst = started[0][-1]
+            if worst.state != RUNNING:  # aborted since
+                heapq.heappop(started)
+                continue
+            if ready[0] >= worst.key():
+                break
+            best = heapq.heappop(ready)[-1]
+            heapq.heappop(started)
+            worst.state = PENDING
+            worst.start = worst.end = -1
+            # equivalent mutant (unmarked): += 2: any increase makes the item's old completion
+            # entries stale
+            worst.token += 1  # its completion entry is stale now
+            engine.busy -= 1
+            heapq.heappush(ready, worst.key())
+            self._start(best, engine, t)
+
+    def set_stalled(self, engine: Engine, stalled: bool) -> None:
+        """Hold one more stall on ``engine`` (or release one): it starts no operation while
+        any is held; running ones go on."""
+        engine.stalled += 1 if stalled else -1
+        assert engine.stalled >= 0, "a stall released twice"
+        self._mark(engine)
+
+    def _mark(self, engine: Engine) -> None:
+        if not engine.dirty:
+            engine.dirty = True
+            self._dirty.append(engine)
+
+    def _dispatch(self, t: int) -> None:
+        """Start, at ``t``, what the engines marked dirty can start."""
+        dirty, self._dirty = self._dirty, []
+        for engine in dirty:
+            engine.dirty = False
+            self._start_ready(engine, t)
+
+    def _start_ready(self, engine: Engine, t: int) -> None:
+        """Fill the free slots of ``engine`` from its ready queue, best first."""
+        if engine.stalled:
+            return
+        ready = engine.ready
+        while ready and engine.busy < engine.slots:
+            item = heapq.heappop(ready)[-1]
+            if item.state == PENDING:  # else aborted while it waited
+                self._start(item, engine, t)
+
+    def _start(self, item: Item, engine: Engine, t: int) -> None:
+        engine.busy += 1
+        item.state = RUNNING
+        start = t
+        if engine.launch or engine.gap:  # a profile's launch overhead, with the slot held
+            start += max(engine.gap, item.submit + engine.launch - t)
+        item.start = start
+        item.end = end = start + item.duration
+        item.token += 1
+        heapq.heappush(
+            self.running, (end, item.device.index, item.stream.id, item.seq, item.token, item)
+        )
+        if end > t:  # provisional while the clock stays at t (see _reopen)
+            if engine.provisional_t != t:
+                engine.provisional_t = t
+                engine.provisional = []
+            heapq.heappush(engine.provisional, _reversed_key(item))
+        if item.on_start is not None:
+            item.on_start()
 
     # ------------------------------------------------------------------ the core
 

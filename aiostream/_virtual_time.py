@@ -1,6 +1,10 @@
 """Virtual time: a fake clock shared by the event loop's timers and the virtual device, for
 tests (through the pytest plugin, :mod:`aiostream.testing.plugin`) and for simulations and
 benchmarks outside pytest (:func:`run_in_virtual_time`). Needs no pytest.
+
+It sits below what uses it: :mod:`aiostream.testing` re-exports its public names, the plugin
+binds it to a test, and ``_bench.calibrate`` runs a virtual device on it; none of the library
+imports :mod:`aiostream.testing` (``lint-imports`` says so).
 """
 
 from __future__ import annotations
@@ -13,9 +17,8 @@ from typing import Any, TypeVar
 import anyio
 import sniffio
 
-from .. import _backends
-from .._backends.virtual import OpRecord, VirtualBackend, VirtualOptions
-from . import _fake_time
+from . import _backends, _fake_time
+from ._backends.virtual import OpRecord, VirtualBackend, VirtualOptions
 
 _TRIO_CLOCK_HINT = (
     "virtual_time on trio needs trio's MockClock; the plugin gives anyio's runner one, but this "

@@ -83,7 +83,7 @@ class _Poller:
     handles called back, and watches them all for the watchdog."""
 
     def __init__(self) -> None:
-        self.hooks = _waiting.loop_hooks()
+        self.hooks = _waiting.loop_calls()
         self._thread = threading.get_ident()
         self._live: dict[_Wait, None] = {}  # every pending wait, oldest first
         self._polled: list[_Wait] = []  # the waits asked on each sweep, and cancelled ones kept

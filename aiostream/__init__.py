@@ -21,6 +21,7 @@ try:  # the core: devices, streams, events and waits
         CompletionError,
         CudaError,
         DeviceError,
+        GraphUpdateError,
         NotReadyError,
         StaleHandleError,
     )
@@ -109,6 +110,7 @@ __all__ = [
     "Event",
     "ExternalStream",
     "Graph",
+    "GraphUpdateError",
     "HostBuffer",
     "LoaderStats",
     "NotReadyError",

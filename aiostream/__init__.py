@@ -21,13 +21,22 @@ try:  # the core: devices, streams, events and waits
         CompletionError,
         CudaError,
         DeviceError,
+        GraphUpdateError,
         NotReadyError,
         StaleHandleError,
     )
     from ._waiting import get_wait_strategy, set_wait_strategy
     from .device import Device, device, device_count, is_available
     from .event import Event
-    from .stream import ExternalStream, Stream, current_stream, default_stream, delay, use_stream
+    from .stream import (
+        ExternalStream,
+        Stream,
+        current_stream,
+        default_stream,
+        delay,
+        is_current_stream_capturing,
+        use_stream,
+    )
 except ImportError as _error:  # another distribution's files in this folder?
     from ._clash import explain as _explain
 
@@ -101,6 +110,7 @@ __all__ = [
     "Event",
     "ExternalStream",
     "Graph",
+    "GraphUpdateError",
     "HostBuffer",
     "LoaderStats",
     "NotReadyError",
@@ -122,6 +132,7 @@ __all__ = [
     "from_dlpack",
     "get_wait_strategy",
     "is_available",
+    "is_current_stream_capturing",
     "pending_waits",
     "profile",
     "record_function",

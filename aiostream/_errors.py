@@ -11,6 +11,7 @@ __all__ = [
     "CompletionError",
     "CudaError",
     "DeviceError",
+    "GraphUpdateError",
     "NotReadyError",
     "StaleHandleError",
 ]
@@ -116,6 +117,44 @@ class CaptureError(AiostreamError):
     backend: a test on a virtual device fails where a GPU would."""
 
 
+class GraphUpdateError(CaptureError):
+    """``Graph.update`` refused a capture whose work differs from the graph's in what an
+    executable graph cannot take in place (CUDA's ``CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE``):
+    another topology (another number of operations, or other dependencies between them), an
+    operation of another kind, or parameters the driver cannot change. The graph is left as it
+    was, and still replays its own work. The same error, word for word, on every backend.
+
+    Attributes:
+        reason: what differs: ``"topology"``, ``"node type"``, ``"parameters"`` or
+            ``"unsupported"``.
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+#: what each reason of a refused update says (``GraphUpdateError.reason``)
+UPDATE_REASONS = {
+    "topology": "its topology differs (another number of operations, or other dependencies "
+    "between them)",
+    "node type": "an operation is of another kind (a kernel where a copy was, or the reverse)",
+    "parameters": "an operation's parameters changed in a way an executable graph cannot take "
+    "(a copy's direction, or its memory's device)",
+    "unsupported": "the driver cannot update the graph in place from it",
+}
+
+
+def update_refused(graph: str, source: str, reason: str) -> GraphUpdateError:
+    return GraphUpdateError(
+        f"graph {graph!r} cannot be updated from graph {source!r}: {UPDATE_REASONS[reason]}. "
+        f"Graph {graph!r} is unchanged and still replays its own work; to run the new work, "
+        f"replay graph {source!r} itself (or capture it into a new Graph): an update takes a "
+        "capture of the same operations, of the same kinds, with the same dependencies",
+        reason=reason,
+    )
+
+
 # ---------------------------------------------------------------------- stream capture
 # The messages of what a capture refuses, shared by the backends so that they say the same.
 
@@ -208,6 +247,7 @@ def pageable_copy(stream: str) -> CaptureError:
 for _error in (
     AiostreamError,
     CaptureError,
+    GraphUpdateError,
     DeviceError,
     CudaError,
     BackendUnavailableError,

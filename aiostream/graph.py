@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import warnings
 import weakref
 from collections import deque
 from typing import Any
 
 from . import _backends, _captures, _objects
 from ._backends.base import Graphs
-from ._errors import AiostreamError, CaptureError
+from ._errors import AiostreamError, CaptureError, StaleHandleError, update_refused
 from ._regions import record_function
 from .device import Device
 from .device import device as _resolve_device
@@ -66,9 +68,13 @@ class Graph:
         >>> anyio.run(main)
         1
 
+    ``g.update(other)`` makes the replays run another capture's work of the same topology, in
+    place; ``g.debug_dump(path)`` describes the graph in DOT, and ``raw_graph`` /
+    ``raw_exec`` hand out its handles for other libraries.
+
     Note:
-        Wraps ``cuStreamBeginCapture``, ``cuStreamEndCapture``, ``cuGraphInstantiate`` and
-        ``cuGraphLaunch`` on CUDA.
+        Wraps ``cuStreamBeginCapture``, ``cuStreamEndCapture``, ``cuGraphInstantiate``,
+        ``cuGraphLaunch``, ``cuGraphExecUpdate`` and ``cuGraphDebugDotPrint`` on CUDA.
     """
 
     __slots__ = (
@@ -77,6 +83,7 @@ class Graph:
         "_device",
         "_finalizer",
         "_handle",
+        "_kept",
         "_last",
         "_lock",
         "_name",
@@ -99,6 +106,9 @@ class Graph:
         self._backend: Any = backend
         self._name = name
         self._handle: Any = None
+        #: what the graph's copies use, kept alive while it can run (its capture's, and those
+        #: of the captures it was updated from)
+        self._kept: list[object] = []
         self._nodes = 0
         self._replays = 0
         self._state = "new"  # capturing, ready, failed, closed
@@ -238,10 +248,136 @@ class Graph:
         kept = begun.kept
         with self._lock:
             self._handle = graph
+            self._kept = kept
             self._nodes = backend.graph_nodes(graph)
             self._state = "ready"
             self._finalizer = weakref.finalize(self, _retire, backend, graph, kept, self._last)
             self._finalizer.atexit = False  # the backend's close at exit releases what it must
+        if not self._nodes:
+            warnings.warn(
+                f"the capture of graph {self._name!r} recorded no work, so its replays do "
+                "nothing: was the work submitted to another stream than the capturing one (the "
+                "with block's, current inside it), or to another device, instead of to it?",
+                UserWarning,
+                stacklevel=3,  # the with statement's line
+            )
+
+    # ------------------------------------------------------------------ interop
+
+    @property
+    def raw_graph(self) -> int:
+        """The graph whose work the replays run, as an int, for other libraries: on CUDA the
+        ``CUgraph`` (torch's ``raw_cuda_graph()``), its capture's or, once updated, the
+        capture's it was updated from; on a virtual device an opaque id (no driver handle),
+        distinct between captures. Valid until the graph is closed: aiostream destroys it.
+
+        Raises:
+            AiostreamError: the graph was never captured, its capture failed, or it was
+                closed (``CaptureError`` while its capture is under way).
+        """
+        return self._handles()[0]
+
+    @property
+    def raw_exec(self) -> int:
+        """The executable graph that replays launch, as an int: on CUDA the ``CUgraphExec``
+        (torch's ``raw_cuda_graph_exec()``), the same after an update; on a virtual device an
+        opaque id, distinct between graphs. Valid until the graph is closed. A launch made
+        with it elsewhere is not ordered after the allocation of the device buffers the graph
+        uses, as a replay is: await a replay (or the buffers' work) before it.
+
+        Raises:
+            AiostreamError: as :attr:`raw_graph`.
+        """
+        return self._handles()[1]
+
+    def _handles(self) -> tuple[int, int]:
+        with self._lock:  # not closed meanwhile
+            if self._state != "ready":
+                raise self._not_ready("handles")
+            handles: tuple[int, int] = self._backend.graph_handles(self._handle)
+            return handles
+
+    def debug_dump(self, path: str | os.PathLike[str], *, verbose: bool = False) -> None:
+        """Write a description of the graph's work to ``path`` in Graphviz's DOT language (as
+        ``torch.cuda.CUDAGraph.debug_dump``): a ``digraph`` with one node per operation
+        (labelled with its index and kind: ``KERNEL``, ``MEMCPY``...) and an edge per
+        dependency (``dot -Tsvg`` draws it). ``verbose``: each node's parameters too.
+
+        Raises:
+            AiostreamError: as :attr:`raw_graph`.
+            OSError: the file cannot be written.
+
+        Note:
+            Wraps ``cuGraphDebugDotPrint`` on CUDA; a virtual device writes its own nodes in
+            the same shape.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or an os.PathLike, got {path!r}")
+        path = os.fspath(path)
+        if not isinstance(path, str):
+            raise TypeError(f"path must name a file with a str, got {path!r}")
+        if type(verbose) is not bool:
+            raise TypeError(f"verbose must be a bool, got {verbose!r}")
+        with self._lock:  # not closed meanwhile
+            if self._state != "ready":
+                raise self._not_ready("dump")
+            with open(path, "w", encoding="utf-8"):  # writable: OSError here, on every backend
+                pass
+            self._backend.graph_dump(self._handle, path, verbose)
+
+    # ------------------------------------------------------------------ update
+
+    def update(self, other: Graph) -> None:
+        """Make this graph's replays run ``other``'s work from now on, in place: the
+        executable graph takes the parameters of ``other``'s operations (their buffers, a
+        kernel's duration), where ``other`` was captured with the same topology (as
+        ``cuGraphExecUpdate``; cuda.core's and CUDA.jl's ``update``). Cheaper than a new
+        graph's instantiation on a GPU; replays enqueued before run as they were. ``other``
+        stays usable (close it when done with it); this graph keeps the buffers ``other``'s
+        copies use alive as its own, until it is closed.
+
+        Raises:
+            GraphUpdateError: ``other``'s work differs in topology (the number of operations
+                or their dependencies), in an operation's kind, or in parameters the driver
+                cannot change in place; this graph is left as it was and still replays its
+                own work (replay ``other`` instead, or capture the new work into a new Graph).
+            AiostreamError: either graph was never captured, its capture failed, or it was
+                closed (``CaptureError`` while its capture is under way).
+            ValueError: ``other`` is on another device, or is this graph.
+            StaleHandleError: the graphs belong to two instances of a virtual backend (it
+                was reset between their captures).
+
+        Note:
+            Wraps ``cuGraphExecUpdate`` on CUDA.
+        """
+        if not isinstance(other, Graph):
+            raise TypeError(f"other must be an aiostream.Graph, got {other!r}")
+        if other is self:
+            raise ValueError(f"graph {self._name!r} cannot be updated from itself")
+        if other._device != self._device:
+            raise ValueError(
+                f"graph {self._name!r} is on {self._device} and cannot be updated from graph "
+                f"{other._name!r}, captured on {other._device}: update it from a capture of "
+                "its own device"
+            )
+        first, second = self._lock, other._lock
+        if id(first) > id(second):  # one order: no deadlock between two updating each other
+            first, second = second, first
+        with first, second:  # neither closed, replayed or updated meanwhile
+            if self._state != "ready":
+                raise self._not_ready("update")
+            if other._state != "ready":
+                raise other._not_ready("update")
+            if other._backend is not self._backend:
+                raise StaleHandleError(
+                    f"graphs {self._name!r} and {other._name!r} come from two instances of "
+                    "one backend: it was replaced between their captures (for the virtual "
+                    "backend, aiostream.virtual.reset() ran); capture them again after it"
+                )
+            reason = self._backend.graph_update(self._handle, other._handle)
+            if reason is not None:
+                raise update_refused(self._name, other._name, reason)
+            self._kept.extend(other._kept)  # the copies now launched use them
 
     # ------------------------------------------------------------------ replay
 
@@ -295,7 +431,9 @@ class Graph:
         trackers.append(stream.record_event())
         return event
 
-    def _not_ready(self) -> AiostreamError:
+    def _not_ready(self, action: str = "replay") -> AiostreamError:
+        """Why the graph, not ready, refuses ``action`` (a key of ``_ACTIONS``)."""
+        doing, verb, done = _ACTIONS[action]
         name = repr(self._name)
         if self._state == "new":
             return AiostreamError(
@@ -304,15 +442,14 @@ class Graph:
             )
         if self._state == "capturing":
             return CaptureError(
-                f"graph {name} is being captured: leave its capture's with block before "
-                "replaying it"
+                f"graph {name} is being captured: leave its capture's with block before {doing}"
             )
         if self._state == "failed":
             return AiostreamError(
                 f"the capture of graph {name} failed (its error was raised then), so there is "
-                "nothing to replay: make a new Graph and capture again"
+                f"nothing to {verb}: make a new Graph and capture again"
             )
-        return AiostreamError(f"graph {name} was closed: it can no longer be replayed")
+        return AiostreamError(f"graph {name} was closed: it can no longer be {done}")
 
     # ------------------------------------------------------------------ close
 
@@ -421,6 +558,13 @@ def _done(event: Event) -> bool:
         return True
 
 
+#: what a graph not ready says it cannot do, by action: (doing it, to do it, done)
+_ACTIONS = {
+    "replay": ("replaying it", "replay", "replayed"),
+    "handles": ("asking for its handles", "hand out", "asked for its handles"),
+    "dump": ("describing it", "describe", "described"),
+    "update": ("updating it or another from it", "update", "updated or update another"),
+}
 #: what retired graphs keep alive until their last replays complete
 _held: dict[int, list[object]] = {}
 #: how many replay trackers a graph keeps on a stream before it forgets those complete

@@ -19,7 +19,15 @@ if TYPE_CHECKING:
     from ._backends.base import AnyBackend, WaitTarget
     from .event import Event
 
-__all__ = ["ExternalStream", "Stream", "current_stream", "default_stream", "delay", "use_stream"]
+__all__ = [
+    "ExternalStream",
+    "Stream",
+    "current_stream",
+    "default_stream",
+    "delay",
+    "is_current_stream_capturing",
+    "use_stream",
+]
 
 
 class Stream(_objects.Awaitable):
@@ -118,6 +126,17 @@ class Stream(_objects.Awaitable):
             Wraps ``cuStreamQuery`` on CUDA.
         """
         return self._backend.stream_query(self._handle)
+
+    def is_capturing(self) -> bool:
+        """Return whether the stream is part of a graph capture under way: the stream of a
+        ``Graph.capture()`` block, a stream that joined it (a fork), or, for a stream whose
+        handle was handed out or made elsewhere, another library's capture (PyTorch's
+        ``torch.cuda.graph``). Never blocks, and never breaks a capture.
+
+        Note:
+            Asks ``cuStreamIsCapturing`` on CUDA where aiostream cannot tell alone.
+        """
+        return _objects.capturing(self)
 
     def _capture(self, wake: bool) -> WaitTarget:
         target: WaitTarget = self._backend.stream_capture(self._handle, wake)
@@ -287,6 +306,14 @@ def current_stream(device: Device | str | None = None) -> Stream:
     if stream is not None and _objects.backend(stream) is _backends.get(dev.type):
         return stream
     return default_stream(dev)
+
+
+def is_current_stream_capturing(device: Device | str | None = None) -> bool:
+    """Return whether the current stream (see :func:`current_stream`: inside a graph's capture
+    block with no device, the capturing stream) is part of a graph capture under way, as
+    ``torch.cuda.is_current_stream_capturing()``: work submitted to it now would be recorded
+    into a graph, not run."""
+    return current_stream(device).is_capturing()
 
 
 def stream_or_current(stream: Stream | None, device: Device | str | None = None) -> Stream:

@@ -258,6 +258,22 @@ class Graphs(Protocol):
     def graph_destroy(self, graph: Any) -> None:
         """Release the graph; launches in flight complete. Never raises."""
 
+    def graph_handles(self, graph: Any) -> tuple[int, int]:
+        """The graph's handles, as ints, for other libraries: the graph its work was taken from
+        and the executable graph (CUDA's ``CUgraph`` and ``CUgraphExec``; the simulator's
+        opaque ids, distinct between graphs, stable until an update)."""
+
+    def graph_dump(self, graph: Any, path: str, verbose: bool) -> None:
+        """Write a DOT description of the graph's work to ``path``: a ``digraph`` with one
+        node per operation and an edge per dependency (``cuGraphDebugDotPrint`` on CUDA;
+        ``verbose``: each node's parameters too)."""
+
+    def graph_update(self, graph: Any, source: Any) -> str | None:
+        """Make ``graph``'s launches run ``source``'s work from now on, in place, where the two
+        have the same topology and node kinds (``cuGraphExecUpdate``); launches enqueued before
+        run as they were. None once updated; else why not (``GraphUpdateError.reason``), the
+        graph left as it was."""
+
 
 class TimelineRecord(Protocol):
     """One completed device operation, as a :class:`Timeline` backend reports it."""

@@ -17,6 +17,8 @@ ERRORS = [
     ais.BackendUnavailableError,
     ais.NotReadyError,
     ais.StaleHandleError,
+    ais.CaptureError,
+    ais.GraphUpdateError,
 ]
 
 
@@ -46,6 +48,7 @@ def test_errors_pickle_by_their_public_name() -> None:
         ais.BackendUnavailableError("cuda", "no driver"),
         ais.NotReadyError("not yet"),
         ais.StaleHandleError("gone"),
+        ais.GraphUpdateError("another topology", reason="topology"),
     ],
     ids=lambda e: type(e).__name__,
 )

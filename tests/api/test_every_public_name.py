@@ -133,6 +133,7 @@ EXCLUDED: dict[str, str] = {
 DOCUMENTED_ALSO: dict[str, tuple[type[BaseException], ...]] = {
     "aiostream.Profiler.export_chrome_trace": (OSError,),  # "the file cannot be written"
     "aiostream.Profiler.export_svg": (OSError,),
+    "aiostream.Graph.debug_dump": (OSError,),
     "aiostream.virtual.assert_no_races": (AssertionError,),  # its whole point
     # CUDA devices only: elsewhere hasattr() is False, as interop libraries read the protocol
     "aiostream.DeviceBuffer.__cuda_array_interface__": (AttributeError,),
@@ -208,6 +209,7 @@ LIVE_VALUES: dict[str, Fresh] = {
     "arrays": Fresh("[two float32 arrays]", _arrays),
     "async arrays": Fresh("<async iterable of two float32 arrays>", _async_arrays),
     "records": Fresh("[OpRecord(...)]", lambda: [_record()]),
+    "graph": Fresh("<captured Graph>", _captured_graph),
     "stale stream": Fresh("<Stream from before a reset>", _stale(_busy_stream)),
     "stale event": Fresh("<Event from before a reset>", _stale(_timed_event)),
     "stale buffer": Fresh(
@@ -268,6 +270,7 @@ OVERRIDES: dict[tuple[str, str], tuple[st.SearchStrategy[Any], bool]] = {
     ("aiostream.ExternalStream", "device"): (NOT_CUDA, True),
     ("aiostream.Profiler.export_chrome_trace", "path"): (PATH, False),
     ("aiostream.Profiler.export_svg", "path"): (PATH, False),
+    ("aiostream.Graph.debug_dump", "path"): (PATH, False),
     ("aiostream.DataLoader", "source"): (SOURCE, True),
 }
 
@@ -333,6 +336,7 @@ FACTORIES: dict[type, dict[str, Callable[[], Any]]] = {
         "": lambda: ais.CompletionError("asking raised", kind="fuzzed", subject="a handle")
     },
     ais.CaptureError: {"": lambda: ais.CaptureError("a capture refused it")},
+    ais.GraphUpdateError: {"": lambda: ais.GraphUpdateError("refused", reason="topology")},
     ais.BackendUnavailableError: {"": lambda: ais.BackendUnavailableError("cuda", "no driver")},
     ais.Batch: {"": _batch},
     ais.CudaError: {

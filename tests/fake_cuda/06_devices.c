@@ -100,6 +100,8 @@ static const char *error_name(CUresult r) {
     case CAPTURE_IMPLICIT: return "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT";
     case CAPTURED_EVENT: return "CUDA_ERROR_CAPTURED_EVENT";
     case CAPTURE_WRONG_THREAD: return "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD";
+    case OPERATING_SYSTEM: return "CUDA_ERROR_OPERATING_SYSTEM";
+    case GRAPH_EXEC_UPDATE_FAILURE: return "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE";
     default: return NULL;
     }
 }
@@ -134,6 +136,11 @@ static CUresult cuGetErrorString(CUresult r, const char **out) {
                                 "capturing stream"; return OK;
     case CAPTURE_WRONG_THREAD: *out = "attempt to terminate a thread-local capture sequence from "
                                       "another thread"; return OK;
+    case OPERATING_SYSTEM: *out = "OS call failed or operation not supported on this OS";
+        return OK;
+    case GRAPH_EXEC_UPDATE_FAILURE: *out = "the graph update was not performed because it "
+                                           "included changes which violated constraints "
+                                           "specific to instantiated graph update"; return OK;
     default: *out = error_name(r); return *out ? OK : INVALID_VALUE;
     }
 }

@@ -1,4 +1,4 @@
-/* The stand-in CUDA driver, part 11 of 13: capture and graphs.
+/* The stand-in CUDA driver, part 11 of 13: capture and graphs (their update and DOT too).
  * One translation unit with fake_cuda.c, which includes it (its types and state are
  * there and in the parts before it); never compiled alone. */
 
@@ -441,4 +441,169 @@ static CUresult cuGraphGetNodes(void *hg, void **nodes, size_t *count) {
     }
     *count = got;
     LEAVE(OK);
+}
+
+/* ------------------------------------------------------------------ update and description */
+
+/* CUgraphNodeType's name of a node of ``kind``, as cuGraphDebugDotPrint writes it. */
+static const char *node_type_name(int kind) {
+    switch (kind) {
+    case OP_KERNEL:
+    case OP_TOUCH: return "KERNEL";
+    case OP_COPY: return "MEMCPY";
+    case OP_HOSTFN: return "HOST";
+    case OP_WRITE:
+    case OP_WAITVAL: return "BATCH_MEM_OP";
+    case OP_ALLOC: return "MEM_ALLOC";
+    case OP_FREE: return "MEM_FREE";
+    default: return "WAIT_EVENT";  /* OP_WAIT: an external event wait */
+    }
+}
+
+/* CUgraphExecUpdateResult */
+enum { UPDATE_SUCCESS = 0, UPDATE_ERROR = 1, UPDATE_TOPOLOGY_CHANGED = 2,
+       UPDATE_NODE_TYPE_CHANGED = 3, UPDATE_PARAMETERS_CHANGED = 5, UPDATE_NOT_SUPPORTED = 6 };
+
+typedef struct { int result; void *errorNode; void *errorFromNode; } UpdateResultInfo;
+
+static int host_side(const Block *b) { return b == NULL ? -1 : b->host; }
+
+/* Why node ``mine`` of an executable graph cannot take the parameters of ``theirs``, its pair
+ * in the graph given (UPDATE_SUCCESS if it can), checked after the topology. */
+static int node_update(const Node *mine, const Node *theirs) {
+    if (strcmp(node_type_name(mine->kind), node_type_name(theirs->kind)) != 0) {
+        return UPDATE_NODE_TYPE_CHANGED;
+    }
+    switch (theirs->kind) {
+    case OP_ALLOC:
+    case OP_FREE:
+        /* the reference lists no rule for memory nodes; the least forgiving reading: "something
+         * about a node is unsupported, like the node's type" */
+        return UPDATE_NOT_SUPPORTED;
+    case OP_COPY:
+        /* "Changing either the source or destination memory type ... is not supported", and
+         * "the CUDA device(s) to which the operand(s) was allocated/mapped cannot change" */
+        if (host_side(mine->bsrc) != host_side(theirs->bsrc) ||
+            host_side(mine->bdst) != host_side(theirs->bdst)) {
+            return UPDATE_PARAMETERS_CHANGED;
+        }
+        if ((mine->bsrc && theirs->bsrc && mine->bsrc->h.ctx != theirs->bsrc->h.ctx) ||
+            (mine->bdst && theirs->bdst && mine->bdst->h.ctx != theirs->bdst->h.ctx)) {
+            return UPDATE_PARAMETERS_CHANGED;
+        }
+        return UPDATE_SUCCESS;
+    case OP_WRITE:
+    case OP_WAITVAL:  /* a write cannot become a wait: the least forgiving reading */
+        return mine->kind == theirs->kind && mine->width == theirs->width
+                   ? UPDATE_SUCCESS : UPDATE_PARAMETERS_CHANGED;
+    default:
+        return UPDATE_SUCCESS;
+    }
+}
+
+/* Updates the executable graph ``hx`` in place with the node parameters of ``hg``, a graph of
+ * the same topology (cuGraphExecUpdate_v2; cuda-python 13's cuGraphExecUpdate). Nodes are
+ * paired in capture order, their dependencies in edge order. Checked in turn, each failure
+ * setting ``info`` as documented and answering CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE with the
+ * executable graph unchanged: the count of nodes (TOPOLOGY_CHANGED, errorNode NULL), each
+ * node's count of dependencies (TOPOLOGY_CHANGED, errorNode the node of ``hg``) and each
+ * dependency (errorFromNode the dependency of ``hg``), then each node's type
+ * (NODE_TYPE_CHANGED) and parameters (PARAMETERS_CHANGED, NOT_SUPPORTED). Launches already
+ * enqueued run as they were: a launch takes its nodes' parameters when it is made. */
+static CUresult cuGraphExecUpdate_v2(void *hx, void *hg, UpdateResultInfo *info) {
+    ENTER();
+    CUresult r;
+    Exec *x = (Exec *)lookup(hx, KIND_EXEC, "cuGraphExecUpdate", &r);
+    if (x == NULL) LEAVE(r);
+    Graph *g = (Graph *)lookup(hg, KIND_GRAPH, "cuGraphExecUpdate", &r);
+    if (g == NULL) LEAVE(r);
+    /* the executable graph is of a context: that context must be current */
+    if ((r = need_context("cuGraphExecUpdate", &x->h)) != OK) LEAVE(r);
+    if (info == NULL) LEAVE(INVALID_VALUE);
+    info->result = UPDATE_SUCCESS;
+    info->errorNode = info->errorFromNode = NULL;
+    if (g->capture && g->capture->status != CAP_ENDED) {
+        violation("cuGraphExecUpdate from a graph still being captured into");
+        info->result = UPDATE_ERROR;
+        LEAVE(INVALID_VALUE);
+    }
+    if (g->h.ctx != x->h.ctx) {  /* "the owning context of the function cannot change" */
+        info->result = UPDATE_ERROR;
+        LEAVE(GRAPH_EXEC_UPDATE_FAILURE);
+    }
+    if (g->nnodes != x->nnodes) {
+        info->result = UPDATE_TOPOLOGY_CHANGED;
+        LEAVE(GRAPH_EXEC_UPDATE_FAILURE);
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        Node *mine = x->nodes[i], *theirs = g->nodes[i];
+        if (mine->ndeps != theirs->ndeps) {
+            info->result = UPDATE_TOPOLOGY_CHANGED;
+            info->errorNode = theirs;
+            LEAVE(GRAPH_EXEC_UPDATE_FAILURE);
+        }
+        for (int d = 0; d < theirs->ndeps; d++) {
+            if (mine->deps[d]->index != theirs->deps[d]->index) {
+                info->result = UPDATE_TOPOLOGY_CHANGED;
+                info->errorNode = theirs;
+                info->errorFromNode = theirs->deps[d];
+                LEAVE(GRAPH_EXEC_UPDATE_FAILURE);
+            }
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        int result = node_update(x->nodes[i], g->nodes[i]);
+        if (result != UPDATE_SUCCESS) {
+            info->result = result;
+            info->errorNode = g->nodes[i];
+            LEAVE(GRAPH_EXEC_UPDATE_FAILURE);
+        }
+    }
+    if (g->nnodes) memcpy(x->nodes, g->nodes, (size_t)g->nnodes * sizeof *x->nodes);
+    LEAVE(OK);
+}
+
+enum { DOT_FLAGS_VERBOSE = 1, DOT_FLAGS_ALL = (1 << 16) - 1 };  /* CUgraphDebugDot_flags */
+
+/* Writes a DOT description of ``hg`` to ``path``: a digraph with a cluster for the graph, a
+ * node per graph node (its index and type, a copy's direction; VERBOSE: its duration and
+ * handle too) and an edge per dependency. A graph is no context's object: no context is
+ * needed. A file that cannot be written: CUDA_ERROR_OPERATING_SYSTEM. */
+static CUresult cuGraphDebugDotPrint(void *hg, const char *path, unsigned flags) {
+    ENTER();
+    CUresult r;
+    Graph *g = (Graph *)lookup(hg, KIND_GRAPH, "cuGraphDebugDotPrint", &r);
+    if (g == NULL) LEAVE(r);
+    if (path == NULL) LEAVE(INVALID_VALUE);
+    if (flags & ~(unsigned)DOT_FLAGS_ALL) {
+        violation("cuGraphDebugDotPrint with flags %#x: no CUgraphDebugDot_flags", flags);
+        LEAVE(INVALID_VALUE);
+    }
+    FILE *f = fopen(path, "w");
+    if (f == NULL) LEAVE(OPERATING_SYSTEM);
+    void *id = g;
+    fprintf(f, "digraph dot {\nsubgraph cluster_%p {\n", id);
+    fprintf(f, "label=\"graph_%p\" graph[style=\"dashed\"];\n", id);
+    for (int i = 0; i < g->nnodes; i++) {
+        Node *node = g->nodes[i];
+        fprintf(f, "\"graph_%p_node_%d\"[style=\"solid\" shape=\"rectangle\" ", id, i);
+        fprintf(f, "label=\"%d\\n%s", i, node_type_name(node->kind));
+        if (node->kind == OP_COPY) {
+            fprintf(f, "\\n%cto%c", host_side(node->bsrc) == 1 ? 'H' : 'D',
+                    host_side(node->bdst) == 1 ? 'H' : 'D');
+        }
+        if (flags & DOT_FLAGS_VERBOSE) {
+            fprintf(f, "\\nduration %llu ns\\nnode %p", (unsigned long long)node->ns,
+                    (void *)node);
+        }
+        fprintf(f, "\"];\n");
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        for (int d = 0; d < g->nodes[i]->ndeps; d++) {
+            fprintf(f, "\"graph_%p_node_%d\" -> \"graph_%p_node_%d\";\n", id,
+                    g->nodes[i]->deps[d]->index, id, i);
+        }
+    }
+    fprintf(f, "}\n}\n");
+    LEAVE(fclose(f) == 0 ? OK : OPERATING_SYSTEM);
 }

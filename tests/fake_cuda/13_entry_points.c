@@ -76,6 +76,8 @@ static const EntryPoint entries[] = {
     {"cuGraphExecDestroy", 10000, (void *)cuGraphExecDestroy},
     {"cuGraphDestroy", 10000, (void *)cuGraphDestroy},
     {"cuGraphGetNodes", 10000, (void *)cuGraphGetNodes},
+    {"cuGraphExecUpdate", 12000, (void *)cuGraphExecUpdate_v2},
+    {"cuGraphDebugDotPrint", 11030, (void *)cuGraphDebugDotPrint},
     {"cuGetProcAddress", 12000, (void *)cuGetProcAddress_v2},
 };
 

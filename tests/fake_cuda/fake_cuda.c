@@ -66,10 +66,11 @@
  * - Stream capture (cuStreamBeginCapture_v2, cuStreamEndCapture, cuStreamIsCapturing,
  *   cuStreamGetCaptureInfo _v2 and _v3, cuThreadExchangeStreamCaptureMode) and graphs
  *   (cuGraphInstantiateWithFlags, which cuda-python 13's cuGraphInstantiate is, cuGraphLaunch,
- *   cuGraphExecDestroy, cuGraphDestroy, cuGraphGetNodes), as the reference and the programming
- *   guide's "CUDA Graphs" describe them; 05_capture.c says how, and where
- *   the documentation leaves a case open this driver takes the least forgiving reading, said
- *   at that spot. Work submitted to a capturing stream (kernels, async copies between pinned
+ *   cuGraphExecDestroy, cuGraphDestroy, cuGraphGetNodes, cuGraphExecUpdate_v2, which
+ *   cuda-python 13's cuGraphExecUpdate is, and cuGraphDebugDotPrint: 11_graphs.c), as the
+ *   reference and the programming guide's "CUDA Graphs" describe them; 05_capture.c says
+ *   how, and where the documentation leaves a case open this driver takes the least forgiving
+ *   reading, said at that spot. Work submitted to a capturing stream (kernels, async copies between pinned
  *   or device memory, host functions, stream memory writes and waits, cuMemAllocAsync and
  *   cuMemFreeAsync, an external event wait) does not run: it is a node of the capture's graph,
  *   which runs at each cuGraphLaunch as operations of the launch stream, each due after its
@@ -184,6 +185,7 @@ enum {
     ILLEGAL_STATE = 401, CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901,
     CAPTURE_MERGE = 902, CAPTURE_UNMATCHED = 903, CAPTURE_UNJOINED = 904, CAPTURE_ISOLATION = 905,
     CAPTURE_IMPLICIT = 906, CAPTURED_EVENT = 907, CAPTURE_WRONG_THREAD = 908,
+    OPERATING_SYSTEM = 304, GRAPH_EXEC_UPDATE_FAILURE = 910,
 };
 enum { EV_BLOCKING = 1, EV_DISABLE_TIMING = 2, EV_INTERPROCESS = 4 };
 enum { HOST_PORTABLE = 1, HOST_DEVICEMAP = 2 };

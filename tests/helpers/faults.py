@@ -85,8 +85,10 @@ VALUES: dict[str, int] = {
     "cuIpcOpenEventHandle": 1,
     "cuIpcOpenMemHandle": 1,
     # graphs and capture
+    "cuGraphDebugDotPrint": 0,
     "cuGraphDestroy": 0,
     "cuGraphExecDestroy": 0,
+    "cuGraphExecUpdate": 1,
     "cuGraphInstantiate": 1,
     "cuGraphLaunch": 0,
     "cuStreamBeginCapture": 0,

@@ -329,7 +329,8 @@ class CudaBackend(
         with self._devices.lock:
             dev.flush()  # the events released by the program go now
             streams = sum(1 for kind in dev.internal.values() if kind == "stream")
-            events = len(dev.internal) - streams + (dev.watcher.health.event is not None)
+            graphs = sum(1 for kind in dev.internal.values() if kind in ("graph", "cugraph"))
+            events = len(dev.internal) - streams - graphs + (dev.watcher.health.event is not None)
         watched, slots, chunks = watcher_stats(dev.watcher)
         return {
             "streams": streams,

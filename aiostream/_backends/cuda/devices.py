@@ -179,7 +179,9 @@ class Device:
         #: internal events free to record: frees' and allocations' orderings (at most
         #: ``MARKER_POOL``; more are destroyed when given back)
         self.markers: list[Any] = []
-        self.internal: dict[Any, str] = {}  # every marker and stream alive, for close
+        #: every marker ("event"), stream, executable graph ("graph") and the graph it runs the
+        #: work of ("cugraph") alive, for close
+        self.internal: dict[Any, str] = {}
         self.free_stream: Any = None  # frees ordered after several streams' work
         #: markers recorded on streams as they were destroyed, until they complete: work
         #: still pending on a stream gone, which close must see
@@ -197,7 +199,8 @@ class Device:
                 marker = self.drv.check(
                     self.drv.cu.cuEventCreate(MARKER_FLAGS), self.index, "cuEventCreate"
                 )
-            # equivalent under mutation: internal kinds are only compared with "stream"
+            # equivalent under mutation: internal kinds are only compared with "stream" and
+            # the graphs' kinds
             self.internal[marker] = "event"  # pragma: no mutate
             return marker
 
@@ -410,6 +413,8 @@ class Device:
                         drv.released(
                             cu.cuGraphExecDestroy(handle), self.index, "cuGraphExecDestroy"
                         )
+                    elif what == "cugraph":  # the graph an executable graph was made from
+                        drv.released(cu.cuGraphDestroy(handle), self.index, "cuGraphDestroy")
                     else:
                         drv.released(cu.cuEventDestroy(handle), self.index, "cuEventDestroy")
                 # a GPU's driver waits for a module's kernels still running before it unloads

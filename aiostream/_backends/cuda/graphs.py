@@ -14,10 +14,13 @@ stream, and memory whose users include a capturing stream is freed once the capt
 
 from __future__ import annotations
 
+import ctypes
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..._errors import (
+    AiostreamError,
     CaptureError,
     already_capturing,
     captured_event,
@@ -41,6 +44,7 @@ __all__ = [
     "Capturing",
     "Graph",
     "GraphMethods",
+    "Source",
     "describe_event",
     "describe_stream",
 ]
@@ -48,6 +52,18 @@ __all__ = [
 _MODES = {"global": 0, "thread_local": 1, "relaxed": 2}  # CUstreamCaptureMode
 _INVALIDATED = 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
 _UNJOINED = 904  # CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+_UPDATE_FAILURE = 910  # CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+_OPERATING_SYSTEM = 304  # CUDA_ERROR_OPERATING_SYSTEM: cuGraphDebugDotPrint's file
+_DOT_VERBOSE = 1  # CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE
+#: CUgraphExecUpdateResult, as GraphUpdateError.reason says it (others: "unsupported")
+_UPDATE_REASONS = {
+    2: "topology",  # TOPOLOGY_CHANGED
+    3: "node type",  # NODE_TYPE_CHANGED
+    4: "parameters",  # FUNCTION_CHANGED
+    5: "parameters",  # PARAMETERS_CHANGED
+    7: "parameters",  # UNSUPPORTED_FUNCTION_CHANGE
+    8: "parameters",  # ATTRIBUTES_CHANGED
+}
 
 #: what an event recorded in another library's capture is captured in (aiostream knows no more)
 FOREIGN = object()
@@ -127,13 +143,29 @@ class Capture:
         return [m for m in self.members[1:] if m.ops > max(seen.get(m.key, -1), self.base[m.key])]
 
 
+class Source:
+    """A graph (``CUgraph``) an executable graph was made from or updated from, kept for its
+    description (``cuGraphDebugDotPrint``) and its handle, and as the source of updates; shared
+    by the executable graphs that run its work, destroyed when the last lets it go."""
+
+    __slots__ = ("ptr", "users")
+
+    def __init__(self, ptr: Any) -> None:
+        self.ptr = ptr
+        self.users = 1
+
+
 class Graph:
-    """An executable graph (``CUgraphExec``) and what it holds."""
+    """An executable graph (``CUgraphExec``), the graph whose work it runs, and what it
+    holds."""
 
-    __slots__ = ("allocs", "exec", "index", "nodes")
+    __slots__ = ("allocs", "exec", "index", "nodes", "source")
 
-    def __init__(self, exe: Any, index: int, nodes: int, allocs: list[Memory]) -> None:
+    def __init__(
+        self, exe: Any, source: Source, index: int, nodes: int, allocs: list[Memory]
+    ) -> None:
         self.exec = exe
+        self.source = source
         self.index = index
         self.nodes = nodes
         self.allocs = allocs
@@ -225,10 +257,12 @@ class Capturing:
                     exe = self.drv.check(
                         cu.cuGraphInstantiate(graph, 0), stream.index, "cuGraphInstantiate"
                     )
-            finally:
-                dev.release(cu.cuGraphDestroy, graph)  # the executable graph keeps its nodes
+            except BaseException:
+                dev.release(cu.cuGraphDestroy, graph)
+                raise
             dev.internal[exe] = "graph"
-        return Graph(exe, stream.index, int(count), capture.allocs)
+            dev.internal[graph] = "cugraph"  # kept: described, handed out, updated from
+        return Graph(exe, Source(graph), stream.index, int(count), capture.allocs)
 
     def launch(self, stream: Stream, graph: Graph, capturing: bool) -> None:
         if stream.index != graph.index:
@@ -254,7 +288,8 @@ class Capturing:
         stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
 
     def destroy(self, graph: Graph) -> None:
-        """Release the executable graph (launches in flight complete); never raises."""
+        """Release the executable graph (launches in flight complete), and its source if
+        no other runs its work; never raises."""
         dev = self.devices.by_index.get(graph.index)
         if dev is None:
             return
@@ -262,6 +297,70 @@ class Capturing:
             if dev.internal.pop(graph.exec, None) is None:
                 return  # released already (at close)
             dev.release(self.drv.cu.cuGraphExecDestroy, graph.exec)
+            self._let_go(dev, graph.source)
+
+    def _let_go(self, dev: Device, source: Source) -> None:
+        """One executable graph less runs ``source``'s work: destroyed after the last (lock
+        held)."""
+        source.users -= 1
+        if source.users == 0 and dev.internal.pop(source.ptr, None) is not None:
+            dev.release(self.drv.cu.cuGraphDestroy, source.ptr)  # no context needed
+
+    def _open(self, graph: Graph) -> Device:
+        """The device of ``graph``, refusing a graph released at the backend's close."""
+        dev = self.devices[graph.index]
+        if graph.exec not in dev.internal:
+            raise AiostreamError(
+                f"the graph on cuda:{graph.index} was released when the CUDA backend closed"
+            )
+        return dev
+
+    def handles(self, graph: Graph) -> tuple[int, int]:
+        dev = self.devices[graph.index]
+        with dev.lock:
+            self._open(graph)
+            return int(graph.source.ptr), int(graph.exec)
+
+    def dump(self, graph: Graph, path: str, verbose: bool) -> None:
+        dev = self.devices[graph.index]
+        cu = self.drv.cu
+        with dev.lock:
+            self._open(graph)
+            with dev.pushed:
+                result = cu.cuGraphDebugDotPrint(
+                    graph.source.ptr, os.fsencode(path), _DOT_VERBOSE if verbose else 0
+                )
+            if int(result[0]) == _OPERATING_SYSTEM:  # the file could not be written
+                raise OSError(f"cuGraphDebugDotPrint could not write {path!r}")
+            self.drv.check(result, graph.index, "cuGraphDebugDotPrint")
+
+    def update(self, graph: Graph, source: Graph) -> str | None:
+        """``cuGraphExecUpdate``: ``graph``'s executable graph takes ``source``'s parameters;
+        it shares ``source``'s graph from then on, and orders its launches after the
+        allocations of ``source``'s memory too. Else why not, the graph as it was."""
+        if source.index != graph.index:
+            raise ValueError(
+                f"a graph captured on cuda:{graph.index} cannot be updated from one captured "
+                f"on cuda:{source.index}"
+            )
+        cu = self.drv.cu
+        dev = self.devices[graph.index]
+        with dev.lock:
+            self._open(graph)
+            self._open(source)
+            with dev.pushed:
+                err, _ = cu.cuGraphExecUpdate(graph.exec, source.source.ptr)
+                result = _why_not(cu, graph, source) if int(err) == _UPDATE_FAILURE else 0
+            if result:
+                return _UPDATE_REASONS.get(result, "unsupported")
+            if int(err) != _UPDATE_FAILURE:  # else updated when asked why not: it could be
+                self.drv.check((err, None), graph.index, "cuGraphExecUpdate")
+            if source.source is not graph.source:
+                source.source.users += 1
+                self._let_go(dev, graph.source)
+                graph.source = source.source
+            graph.allocs = [*graph.allocs, *(m for m in source.allocs if m not in graph.allocs)]
+        return None
 
     @staticmethod
     def check_wait(stream: Stream, event: Event) -> None:
@@ -281,6 +380,35 @@ class Capturing:
                 raise merged_wait(describe_stream(stream))
         if isinstance(captured, Capture):
             captured.waits(stream, event)
+
+
+class _UpdateResultInfo(ctypes.Structure):
+    """``CUgraphExecUpdateResultInfo``."""
+
+    _fields_ = (
+        ("result", ctypes.c_int),
+        ("errorNode", ctypes.c_void_p),
+        ("errorFromNode", ctypes.c_void_p),
+    )
+
+
+_UpdateFunction = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(_UpdateResultInfo)
+)
+
+
+def _why_not(cu: Any, graph: Graph, source: Graph) -> int:
+    """Why ``cuGraphExecUpdate`` refused to update ``graph`` from ``source``: its
+    ``CUgraphExecUpdateResult`` (context pushed). cuda-python hands out no result info with a
+    failure, so the driver's own entry point (``cuGetProcAddress``'s, for CUDA 12.0:
+    ``cuGraphExecUpdate_v2``) is asked again, with a struct of ours; a refused update changes
+    nothing, so it answers the same. 0 if it updated the graph this time."""
+    err, pfn, _ = cu.cuGetProcAddress(b"cuGraphExecUpdate", 12000, 0)
+    if int(err) != SUCCESS or not pfn:
+        return 1  # CU_GRAPH_EXEC_UPDATE_ERROR: the driver's generic reason
+    info = _UpdateResultInfo()
+    code = _UpdateFunction(int(pfn))(int(graph.exec), int(source.source.ptr), ctypes.byref(info))
+    return 0 if code == SUCCESS else info.result or 1
 
 
 class GraphMethods:
@@ -307,3 +435,12 @@ class GraphMethods:
 
     def graph_destroy(self, graph: Graph) -> None:
         self._graphs.destroy(graph)
+
+    def graph_handles(self, graph: Graph) -> tuple[int, int]:
+        return self._graphs.handles(graph)
+
+    def graph_dump(self, graph: Graph, path: str, verbose: bool) -> None:
+        self._graphs.dump(graph, path, verbose)
+
+    def graph_update(self, graph: Graph, source: Graph) -> str | None:
+        return self._graphs.update(graph, source)

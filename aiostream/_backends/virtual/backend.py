@@ -395,6 +395,26 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline, Graphs):
         with self._sim.lock:
             graph.destroyed = True
 
+    def graph_handles(self, graph: graphs.Graph) -> tuple[int, int]:
+        """Opaque ids: the capture whose nodes the graph launches, and the graph's own."""
+        with self._sim.lock:
+            self._sim.check_open()
+            return graph.source_id, graph.exec_id
+
+    def graph_dump(self, graph: graphs.Graph, path: str, verbose: bool) -> None:
+        with self._sim.lock:
+            self._sim.check_open()
+            text = graphs.dot(graph, verbose)
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(text)
+
+    def graph_update(self, graph: graphs.Graph, source: graphs.Graph) -> str | None:
+        sim = self._sim
+        with sim.lock:
+            sim.check_device(graph.device)  # a failed device's error, sticky as CUDA's
+            graphs.check_updatable(graph, source)
+            return graphs.update(graph, source)
+
     # ------------------------------------------------------------------ waiting
 
     def wake_hint(self, index: int) -> float | None:

@@ -18,6 +18,11 @@ node becomes a scheduler item only when it is ready (``Scheduler.launch``): a la
 the host what one submission does, whatever the graph's size.
 The scheduler then runs them as any work, so a replay's timeline is exact and the same on
 every replay, run and loop, and faults injected into its engines fail it as any work.
+
+A graph is updated in place (``update``, CUDA's ``cuGraphExecUpdate``) from another of the
+same topology: as many nodes, each of the same kind (a kernel, or a copy in the same
+direction) with the same dependencies, in capture order; its later launches then submit the
+other's operations. ``dot`` describes a graph as ``cuGraphDebugDotPrint`` does a CUDA graph.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from ..._errors import (
 from .model import Event, Item, Op, Stream
 from .scheduler import Scheduler, Shape
 
-__all__ = ["Capture", "Graph", "Point", "end"]
+__all__ = ["Capture", "Graph", "Point", "dot", "end", "update"]
 
 #: A point of a capture: the nodes (indices) that work after it depends on.
 Point = tuple[int, ...]
@@ -48,6 +53,7 @@ Point = tuple[int, ...]
 #: the operation it submits at each launch.
 Node = tuple[int, Point, Op]
 
+#: ids of captures and of graphs (one count: no graph's id is a capture's)
 _ids = itertools.count(1)
 
 
@@ -135,15 +141,21 @@ class Graph:
         "capture_id",
         "destroyed",
         "device",
+        "exec_id",
         "ids",
         "last",
         "nodes",
         "priorities",
         "shape",
+        "source_id",
     )
 
     def __init__(self, capture: Capture) -> None:
         self.capture_id = capture.id
+        #: the capture whose nodes it launches (another's once updated), and its own id as an
+        #: executable graph: the opaque ids ``graph_handles`` hands out
+        self.source_id = capture.id
+        self.exec_id = next(_ids)
         self.device = capture.origin.device
         self.nodes = capture.nodes
         self.shape = Shape(capture.nodes)
@@ -166,6 +178,63 @@ class Graph:
         replays += [Stream(device, i, p) for i, p in members]
         sched.wait_event(stream, self.last)
         self.last = sched.launch(stream, self.shape, replays)
+
+
+def _kind(op: Op) -> str:
+    """A node's kind, as CUDA's DOT names it: a copy (``Memories.copy_op``'s, which alone
+    has ``attach``), or a kernel."""
+    return "MEMCPY" if op.attach is not None else "KERNEL"
+
+
+def update(graph: Graph, source: Graph) -> str | None:
+    """Make ``graph``'s later launches submit ``source``'s operations (lock held), where the
+    two have the same topology, node kinds and copy directions, checked in that order, as
+    ``cuGraphExecUpdate`` checks them; else why not, ``graph`` left as it was. Launches made
+    before keep their own nodes (a launch holds its shape)."""
+    if len(graph.nodes) != len(source.nodes):
+        return "topology"
+    pairs = list(zip(graph.nodes, source.nodes, strict=True))
+    if any(mine[1] != theirs[1] for mine, theirs in pairs):
+        return "topology"
+    if any(_kind(mine[2]) != _kind(theirs[2]) for mine, theirs in pairs):
+        return "node type"
+    for (_, _, mine), (_, _, theirs) in pairs:
+        if mine.engine != theirs.engine or (mine.attach is not None and mine.name != theirs.name):
+            return "parameters"
+    graph.nodes = source.nodes
+    graph.shape = source.shape
+    graph.ids = source.ids
+    graph.priorities = source.priorities
+    graph.source_id = source.source_id
+    return None
+
+
+def dot(graph: Graph, verbose: bool) -> str:
+    """The graph as DOT (lock held): one node per operation, labelled with its index, kind
+    and name (``verbose``: its engine, duration and captured stream too), and an edge from
+    each node to each that depends on it."""
+    name = f"graph_{graph.source_id}"
+    lines = [
+        "digraph dot {",
+        f"subgraph cluster_{graph.source_id} {{",
+        f'label="{name}" graph[style="dashed"];',
+    ]
+    for i, (member, _, op) in enumerate(graph.nodes):
+        label = f"{i}\\n{_kind(op)}\\n{_quoted(op.name)}"
+        if verbose:
+            label += (
+                f"\\nengine {op.engine}\\nduration {op.duration} ns"
+                f"\\ncaptured stream {graph.ids[member]}"
+            )
+        lines.append(f'"{name}_node_{i}"[style="solid" shape="rectangle" label="{label}"];')
+    for i, (_, deps, _) in enumerate(graph.nodes):
+        lines += [f'"{name}_node_{d}" -> "{name}_node_{i}";' for d in deps]
+    lines += ["}", "}", ""]
+    return "\n".join(lines)
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def check_wait(stream: Stream, event: Event) -> None:
@@ -204,6 +273,21 @@ def end(stream: Stream) -> Graph:
     if capture is None or capture.origin is not stream:
         raise not_capturing(describe_stream(stream))
     return capture.end()
+
+
+def check_updatable(graph: Graph, source: Graph) -> None:
+    """Raise if ``graph`` may not be updated from ``source`` (lock held)."""
+    for g in (graph, source):
+        if g.destroyed:  # the driver's INVALID_VALUE for a destroyed graph
+            raise AiostreamError(
+                f"graph {g.capture_id} on virtual:{g.device.index} was destroyed: it cannot "
+                "be updated, nor update another"
+            )
+    if source.device is not graph.device:
+        raise ValueError(
+            f"a graph captured on virtual:{graph.device.index} cannot be updated from one "
+            f"captured on virtual:{source.device.index}"
+        )
 
 
 def check_launch(graph: Graph, stream: Stream) -> None:

@@ -9,12 +9,10 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.cuda import program
-from tests.helpers.stand_in import needs_stand_in
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
 
-@needs_stand_in
 def test_a_baselines_context_around_the_first_use_leaves_aiostreams_alone() -> None:
     result = program(
         """
@@ -26,12 +24,15 @@ def test_a_baselines_context_around_the_first_use_leaves_aiostreams_alone() -> N
                 s = ais.Stream("cuda:0")
                 from tests.helpers.stand_in import FAKE  # (its hooks, loaded only now)
 
+                def refs():  # the stand-in counts a context's references; a GPU's driver not
+                    return FAKE.fake_cuda_context_refs(0) if FAKE is not None else None
+
                 e = ais.Event("cuda:0")
                 ais.delay(0.001, stream=s)
                 e.record(s)
                 await e.synchronize()
-                assert FAKE.fake_cuda_context_refs(0) == 2
-            assert FAKE.fake_cuda_context_refs(0) == 1  # aiostream's
+                assert refs() in (2, None)
+            assert refs() in (1, None)  # aiostream's
             for _ in range(3):
                 ais.delay(0.001, stream=s)
                 e.record(s)

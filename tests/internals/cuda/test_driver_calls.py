@@ -17,7 +17,6 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.cuda import DEV, held
-from tests.helpers.stand_in import EVENTS, FAKE, needs_stand_in
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -105,7 +104,6 @@ def test_only_calls_a_capture_prohibits_exchange_the_capture_mode() -> None:
     assert calls["cuThreadExchangeStreamCaptureMode"] == 4, calls
 
 
-@needs_stand_in
 def test_released_events_are_destroyed_with_the_next_push() -> None:
     """An event the program releases is destroyed when the device's context is next pushed
     (any operation of the device, on any thread), or once 32 wait; ``held()`` settles them.
@@ -115,16 +113,16 @@ def test_released_events_are_destroyed_with_the_next_push() -> None:
     s.synchronize_blocking()
     gc.collect()
     held()  # what earlier tests released goes now
-    before = FAKE.fake_cuda_live(EVENTS)
-    del events
-    gc.collect()
-    assert FAKE.fake_cuda_live(EVENTS) == before  # not yet
-    ais.delay(0.0001, stream=s)
-    assert FAKE.fake_cuda_live(EVENTS) == before - 4  # the last, kept as the stream's last record
-    events = [s.record_event() for _ in range(40)]
-    after = FAKE.fake_cuda_live(EVENTS)
-    del events
-    gc.collect()
-    assert FAKE.fake_cuda_live(EVENTS) == after - 32  # 32 waited: destroyed at once
-    held()
-    assert FAKE.fake_cuda_live(EVENTS) == after - 39
+    with counted() as calls:
+        del events
+        gc.collect()
+        assert calls["cuEventDestroy"] == 0  # not yet
+        ais.delay(0.0001, stream=s)
+        assert calls["cuEventDestroy"] == 4  # the last, kept as the stream's last record
+        events = [s.record_event() for _ in range(40)]
+        del events
+        gc.collect()
+        # the fifth once the stream records again; of the 40, 32 waited: destroyed at once
+        assert calls["cuEventDestroy"] == 4 + 1 + 32
+        held()
+        assert calls["cuEventDestroy"] == 4 + 1 + 39  # the last kept as the stream's record

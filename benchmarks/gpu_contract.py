@@ -141,16 +141,14 @@ kept = [ais.HostBuffer(64, device="cuda:0"), ais.Event("cuda:0")]
 with ais.use_stream(s):
     dev = ais.DeviceBuffer(64, "cuda:0")
 dropped = [ais.Stream("cuda:0"), ais.HostBuffer(64, device="cuda:0")]
-if stand_in():  # a kernel of aiostream's made to fail
-    ctypes.CDLL("libcuda.so.1").fake_cuda_fail_next_launch(719)
-    ais.delay(0.01, stream=s)
-else:  # the trap kernel: a GPU, or the stand-in without its hooks, faults on it
-    ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
-    cu.cuCtxPushCurrent(ctx)
-    module = cu.cuModuleLoadData(PTX)[1]
-    fn = cu.cuModuleGetFunction(module, b"aiostream_trap")[1]
-    cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, cu.CUstream(s.stream_id), None, 0)
-    cu.cuCtxPopCurrent()
+# the trap kernel, launched through the driver API: a GPU faults on it, and so does the
+# stand-in, with or without its hooks
+ctx = cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
+cu.cuCtxPushCurrent(ctx)
+module = cu.cuModuleLoadData(PTX)[1]
+fn = cu.cuModuleGetFunction(module, b"aiostream_trap")[1]
+cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, cu.CUstream(s.stream_id), None, 0)
+cu.cuCtxPopCurrent()
 try:
     s.synchronize_blocking()
 except ais.CudaError as exc:

@@ -21,7 +21,15 @@ import anyio
 import pytest
 
 import aiostream as ais
-from tests.helpers.cuda import DEV, N, a_failed_call_is_raised_where_it_was_made, live, new_backend
+from tests.helpers.cuda import (
+    DEV,
+    TRAP,
+    N,
+    a_failed_call_is_raised_where_it_was_made,
+    live,
+    new_backend,
+    program,
+)
 from tests.helpers.faults import calls, failing, succeeded
 from tests.helpers.process import run_python
 from tests.helpers.protocol import ANNOUNCED, backend_of, handle_of
@@ -306,8 +314,9 @@ async def test_a_wait_that_cannot_make_the_health_event_raises_the_driver_s_erro
     anyio_backend: object, own_backend: Any
 ) -> None:
     """A device's health is asked of an event of the watcher's, made on the first check: if
-    the driver cannot make it, the wait that checks raises that error with its call, and the
-    next check makes it."""
+    the driver cannot make it, the wait that checks raises that error with its call (kept as
+    the check's answer for a millisecond, as a query's is), and the next check after that
+    makes it."""
     s = ais.Stream(DEV)
     ais.delay(0.05, stream=s)
     assert own_backend.held(0)["events"] == 0  # no event of its own yet
@@ -315,9 +324,50 @@ async def test_a_wait_that_cannot_make_the_health_event_raises_the_driver_s_erro
         await s.synchronize(strategy="poll")
     assert str(info.value) == "cuEventCreate failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
     assert own_backend.held(0)["events"] == 0
+    await anyio.sleep(0.002)  # past the millisecond the failed check's answer is kept
     with anyio.fail_after(5):
         await s.synchronize(strategy="poll")
     assert own_backend.held(0)["events"] == 1 and s.query()  # the health event, made now
+
+
+TRAP_TOLD = """
+import faulthandler, time
+import aiostream as ais
+from aiostream._backends.cuda.watcher import Watcher
+
+faulthandler.dump_traceback_later(20, exit=True)  # a hang: every thread's stack, exit 1
+s = ais.Stream("cuda:0")
+word = launch_trap(s, held=True)
+watch, looks = Watcher.watch, []
+
+def watched(self, target, callback):
+    looks.append(target)
+    if len(looks) == 1:  # the trap runs after the wait's mark, before the watcher's first look
+        release(word)
+    watch(self, target, callback)
+
+Watcher.watch = watched
+start = time.monotonic()
+try:
+    s.synchronize_blocking()
+    print("completed", flush=True)
+except ais.CudaError as exc:
+    print("told", exc.name, len(looks), f"{time.monotonic() - start:.3f}", flush=True)
+"""
+
+
+def test_a_wait_on_a_stream_whose_kernel_trapped_is_told_once() -> None:
+    """A kernel of another library's traps on an aiostream stream (a real fault: sticky, every
+    later call fails, the mark after it never lands), seen by no call of aiostream's before
+    the wait's mark is on the stream: the watcher's first health check, where the device's
+    health event is still to be made, meets the fault in that event's creation, and keeps it
+    as its answer. The wait it tells raises it, at once: watched once, never told again and
+    again (the check the wait makes within the millisecond once found the device fine)."""
+    proc = program(TRAP + TRAP_TOLD)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    told = proc.stdout.split()
+    assert told[:3] == ["told", "CUDA_ERROR_LAUNCH_FAILED", "1"], proc.stdout
+    assert float(told[3]) < 5, proc.stdout
 
 
 @pytest.mark.parametrize("lookup", ["not found", "no cuGetProcAddress"])

@@ -127,6 +127,57 @@ def program(code: str, *args: str, timeout: float = 60, **env: str) -> Any:
     return run_python("-c", textwrap.dedent(code), *args, timeout=timeout, **env)
 
 
+#: a program's part (before its own code) with a kernel that executes ``trap;``, launched on
+#: an aiostream stream through the driver API, as another library's kernel is: it fails on
+#: the device (``CUDA_ERROR_LAUNCH_FAILED``, sticky: every later call of the context returns
+#: it), on a GPU as on the stand-in, which runs it as a GPU does. ``launch_trap(s)`` launches it
+#: on ``s``; ``launch_trap(s, held=True)`` behind a stream memory wait for a word of pinned
+#: memory, which it returns: ``release(word)`` lets the trap run and returns once the fault is
+#: seen (``cuCtxSynchronize`` says so).
+TRAP = r"""
+import ctypes
+from cuda.bindings import driver as cu
+
+PTX = b'''
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry aiostream_trap() { trap; }
+''' + b"\0"
+
+def _context():
+    return cu.cuDevicePrimaryCtxRetain(cu.cuDeviceGet(0)[1])[1]
+
+def launch_trap(stream, held=False):
+    cu.cuCtxPushCurrent(_context())
+    word = None
+    handle = cu.CUstream(stream.__cuda_stream__()[1])
+    if held:
+        err, word = cu.cuMemHostAlloc(4, 0x1 | 0x2)  # PORTABLE | DEVICEMAP
+        assert err == cu.CUresult.CUDA_SUCCESS, err
+        ctypes.c_uint32.from_address(int(word)).value = 0
+        err, address = cu.cuMemHostGetDevicePointer(word, 0)
+        assert err == cu.CUresult.CUDA_SUCCESS, err
+        waited = cu.cuStreamWaitValue32(handle, address, 1, 0)  # CU_STREAM_WAIT_VALUE_GEQ
+        assert waited == (cu.CUresult.CUDA_SUCCESS,), waited
+    err, module = cu.cuModuleLoadData(PTX)
+    assert err == cu.CUresult.CUDA_SUCCESS, err
+    err, fn = cu.cuModuleGetFunction(module, b"aiostream_trap")
+    assert err == cu.CUresult.CUDA_SUCCESS, err
+    launched = cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, handle, None, 0)
+    assert launched == (cu.CUresult.CUDA_SUCCESS,), launched
+    cu.cuCtxPopCurrent()
+    return word
+
+def release(word):
+    ctypes.c_uint32.from_address(int(word)).value = 1
+    cu.cuCtxPushCurrent(_context())
+    (err,) = cu.cuCtxSynchronize()
+    cu.cuCtxPopCurrent()
+    assert err == cu.CUresult.CUDA_ERROR_LAUNCH_FAILED, err
+"""
+
+
 def new_backend() -> AnyBackend:
     """A new CUDA backend, not installed: it opens its devices on first use."""
     from aiostream._backends.cuda import CudaBackend

@@ -428,7 +428,8 @@ class Flags:
 
 class Health:
     """Whether a device failed: an event never recorded, queried (after a fault every call
-    says so) at most once a millisecond, its answer kept that long (backend's lock held)."""
+    says so, its creation too) at most once a millisecond, its answer kept that long
+    (backend's lock held)."""
 
     def __init__(self, dev: Any) -> None:
         self.dev = dev
@@ -437,17 +438,25 @@ class Health:
         self.checked_at = float("-inf")  # when the driver was last asked (never)
 
     def check(self) -> None:
-        """Raise the device's error if it failed."""
+        """Raise the device's error if it failed. Its answer is kept, whichever call gave it:
+        after a fault the event's creation fails too (every call returns the sticky error),
+        and a check within the millisecond must not say the device is fine (the watcher tells
+        a wait of the fault, whose own check then raises it, or the wait is watched again
+        and told the same, forever)."""
         now = time.monotonic()
         if now - self.checked_at >= 1e-3:
-            self.checked_at = now
             drv, index = self.dev.drv, self.dev.index
             with self.dev.pushed:
+                call = "cuEventQuery"
                 if self.event is None:
-                    created = drv.cu.cuEventCreate(EVENT_DISABLE_TIMING)
-                    self.event = drv.check(created, index, "cuEventCreate")
-                (err,) = drv.cu.cuEventQuery(self.event)
-            self.failed = drv.failure(err, index, "cuEventQuery")
+                    call = "cuEventCreate"
+                    err, event = drv.cu.cuEventCreate(EVENT_DISABLE_TIMING)
+                    if err == SUCCESS:
+                        self.event, call = event, "cuEventQuery"
+                if self.event is not None:
+                    (err,) = drv.cu.cuEventQuery(self.event)
+            self.failed = drv.failure(err, index, call)
+            self.checked_at = now  # an answer, kept (a push that raised gave none)
         if self.failed is not None:
             raise self.failed
 

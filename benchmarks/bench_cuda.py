@@ -27,8 +27,8 @@ run, on this device:
    streams, events, completion-flag slots; at the peak and after), CPU per wait and wake
    lateness (median, p99), each beside tasks sleeping on the loop's own timer until the same
    moments, the same third giving up (CPU: the whole burst's over the waits begun; goal: at
-   most 2x the tasks'). Goal: at most 2 threads of aiostream's per device (it has 1: the watcher), nothing
-   held after.
+   most 2x the tasks'). Goal: at most 2 threads of aiostream's per device (it has 1: the
+   watcher), nothing held after.
 4. How completion is learned: the CPU of one look at n pending waits, by a sweep of the
    completion flags (what the watcher does) and by ``cuEventQuery`` of each (the other way to
    learn without a host function).

@@ -113,7 +113,8 @@ def lateness_run(loop: str, n: int, method: Callable[[Handle], Awaitable[None]])
     async def main() -> dict[str, Any]:
         # Every wait begins first, then the handles get their moments: the window measures
         # steady completions, not a poller that backed off while 10,000 tasks started (the
-        # first completion after an idle stretch is at most CAP_S late: see RESULTS.md)
+        # first completion after an idle stretch is at most CAP_S late, IDLE_CAP_S after a
+        # second of it: see RESULTS.md)
         handles = [Handle(INF) for _ in range(n)]
         late: list[float] = []
         began = 0

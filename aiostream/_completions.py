@@ -215,6 +215,7 @@ class _Poller:
             error = exc
         if ask is not None and self._settle(_position(asks, ask), error):
             self._last = now
+        ask = error = None  # the error's traceback holds this frame: no cycle kept
         if len(self._polled) == self._orphans:  # only cancelled waits' handles: no hurry
             return IDLE_CAP_S if self._polled else None
         since = now - self._last

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import warnings
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -22,8 +23,10 @@ ray = pytest.importorskip("ray", reason='the Ray example needs pip install -e ".
 def cluster() -> Iterator[None]:
     # Ray's workers import the actor's module by name, and inherit the environment of the
     # processes ray.init() starts: they get the checkout and examples/.
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
         mp.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "examples")]))
+        # JAX, where an earlier test imported it, warns at each fork that ray.init() makes
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield

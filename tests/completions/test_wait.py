@@ -173,6 +173,72 @@ async def test_asking_a_handle_that_raises_is_a_completion_error_with_the_cause(
         await ais.wait(AtOnce())
 
 
+async def test_each_handle_is_asked_once_per_sweep_so_a_consumed_yes_is_never_lost() -> None:
+    """An answer may be consumed (a notification popped): the yes of one handle is acted on
+    although another, asked after it in the same sweep, raises; and each is asked once."""
+    ready = threading.Event()
+
+    class Once(Handle):
+        def done(self) -> bool:  # yes once, when ready; then no again
+            super().done()
+            if ready.is_set() and not self.finished:
+                self.finished = True
+                return True
+            return False
+
+    class Breaks(Handle):
+        def done(self) -> bool:
+            super().done()
+            if ready.is_set():
+                raise OSError("the status call broke")
+            return False
+
+    once, breaks, later = Once(), Breaks(), Handle()
+    results: dict[str, object] = {}
+
+    async def one(name: str, h: Handle) -> None:
+        try:
+            await ais.wait(h)
+            results[name] = "done"
+        except ais.CompletionError as exc:
+            results[name] = exc.__cause__
+
+    with deadline(10, "a consumed yes beside a broken handle"):
+        async with anyio.create_task_group() as tg:
+            for name, h in (("once", once), ("breaks", breaks), ("later", later)):
+                tg.start_soon(one, name, h)
+            await until(lambda: later.asked >= 2, "a sweep of the three handles")
+            ready.set()
+            await until(lambda: len(results) == 2, "the yes and the error")
+            assert results["once"] == "done"
+            assert isinstance(results["breaks"], OSError)
+            asked = later.asked
+            later.finish()
+    assert once.asked == breaks.asked  # once each per sweep, in the same sweeps
+    assert later.asked >= asked
+
+
+IDLE_AFTER_S, IDLE_CAP_S = 1.0, 0.1  # docs/completions.md: every 100 ms once idle a second
+
+
+@pytest.mark.slow  # 1.8 s: the idle pace begins after a second with nothing completed
+async def test_the_poller_slows_to_its_idle_pace_but_keeps_asking() -> None:
+    """Nothing completed or begun for a second: the handles are asked every 100 ms, no faster
+    (1,000 pending handles cost little), and still asked (asking drives some libraries'
+    progress): a completion is seen within that pace."""
+    h = Handle()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ais.wait, h)
+        await anyio.sleep(IDLE_AFTER_S + 0.2)
+        asked = h.asked
+        await anyio.sleep(0.5)
+        asked = h.asked - asked
+        assert 1 <= asked <= 0.5 / IDLE_CAP_S + 2
+        h.finish()
+        finished = anyio.current_time()
+    assert anyio.current_time() - finished < 1.0  # within the pace (wide: a busy machine)
+
+
 class AtOnce(Handle):
     def done(self) -> bool:
         raise OSError("at once")

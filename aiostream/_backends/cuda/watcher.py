@@ -55,17 +55,9 @@ import numpy as np
 
 from ..._errors import AiostreamError, CudaError, DeviceError
 from .driver import NOT_SUPPORTED, SUCCESS, Driver
+from .wakes import driver_launch_host_func, semaphores
 
-__all__ = [
-    "CLOSED",
-    "LaunchHostFunc",
-    "Mark",
-    "Semaphores",
-    "Target",
-    "Watcher",
-    "semaphores",
-    "watcher_stats",
-]
+__all__ = ["CLOSED", "Mark", "Target", "Watcher", "watcher_stats"]
 
 logger = logging.getLogger("aiostream")
 
@@ -81,8 +73,6 @@ FEW = 32  #: a sweep after a host function reads the watched marks alone up to t
 DRAIN_S = 0.25  #: with nothing watched, how often slots of cancelled waits are looked at
 EVENT_DISABLE_TIMING = 0x2
 
-LaunchHostFunc = Callable[[int, int, int], int]
-
 #: what every use of the backend, and every wait pending then, says once it closed (at exit,
 #: after the program's atexit handlers registered later than aiostream's first use)
 CLOSED = (
@@ -90,90 +80,6 @@ CLOSED = (
     "buffers can no longer be used; finish GPU work before the exit (an atexit handler "
     "registered before aiostream's first use runs after it closed)"
 )
-
-
-# ---------------------------------------------------------------------- C host functions
-
-
-class Semaphores:
-    """libc's POSIX semaphores through ctypes: ``sem_post`` is the host function."""
-
-    SIZE = 64  # bytes for one sem_t (32 on glibc x86-64 and aarch64), with room to spare
-
-    def __init__(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.libc = libc
-        for name in ("sem_init", "sem_post", "sem_wait", "sem_timedwait", "sem_trywait"):
-            getattr(libc, name).restype = ctypes.c_int
-        libc.malloc.restype = ctypes.c_void_p
-        libc.malloc.argtypes = [ctypes.c_size_t]
-        # equivalent mutant (unmarked): 0 -> 1: a libc function's address is never null, so the or
-        # never runs
-        self.post_address: int = ctypes.cast(libc.sem_post, ctypes.c_void_p).value or 0
-
-    def new(self) -> int:
-        """A semaphore at 0, in memory that is never freed (a late host function may post
-        it while the interpreter exits)."""
-        sem = self.libc.malloc(self.SIZE)
-        # equivalent mutant (unmarked): pshared 0 -> 1 (a process-shared semaphore works the same
-        # within one process), and pshared or value -> None (ctypes passes None as 0)
-        if not sem or self.libc.sem_init(ctypes.c_void_p(sem), 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "sem_init failed")
-        return int(sem)
-
-    def post(self, sem: int) -> None:
-        self.libc.sem_post(ctypes.c_void_p(sem))
-
-    def wait(self, sem: int, timeout: float | None) -> bool:
-        """Wait (GIL released) until posted, or ``timeout`` seconds: whether it was posted."""
-        handle = ctypes.c_void_p(sem)
-        if timeout is None:
-            posted = self.libc.sem_wait(handle) == 0
-        else:
-            deadline = time.time() + timeout
-            ts = (ctypes.c_long * 2)(int(deadline), int((deadline % 1) * 1e9))
-            posted = self.libc.sem_timedwait(handle, ts) == 0
-        if posted:  # one wake for every post so far: the sweep after it sees all they announce
-            while self.libc.sem_trywait(handle) == 0:
-                pass
-        return bool(posted)
-
-
-def _load_semaphores() -> Semaphores | None:
-    try:
-        return Semaphores()
-    except (OSError, AttributeError):  # no POSIX libc (Windows): the watcher polls
-        return None
-
-
-semaphores = _load_semaphores()
-
-_LAUNCH_HOST_FUNC = ctypes.CFUNCTYPE(
-    ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
-)
-
-
-def driver_launch_host_func(cu: Any) -> LaunchHostFunc | None:
-    """The driver's own ``cuLaunchHostFunc``, called through ctypes; None where there is no
-    POSIX libc for ``sem_post``.
-
-    Not cuda-python's ``driver.cuLaunchHostFunc``: that one launches a wrapper of its own,
-    which takes the GIL (``PyGILState_Ensure``) on the driver's thread before it calls the
-    function given, even a C function: a deadlock with any thread that holds the GIL while it
-    calls the driver, and a crash when a host function runs after the interpreter finalized.
-    """
-    if semaphores is None:
-        return None
-    try:
-        # equivalent mutant (unmarked): flags 0 -> None (the bindings take None as 0), 10000 ->
-        # 10001 (the function has one version, of CUDA 10.0)
-        err, address, _ = cu.cuGetProcAddress(b"cuLaunchHostFunc", 10000, 0)
-    except (RuntimeError, ValueError, TypeError):  # a driver without cuGetProcAddress
-        return None
-    if err != SUCCESS or not address:
-        return None
-    launch: LaunchHostFunc = _LAUNCH_HOST_FUNC(int(address))
-    return launch
 
 
 # ---------------------------------------------------------------------- marks and waits
@@ -505,7 +411,8 @@ class Watcher:
         self.lock: threading.RLock = dev.lock
         self.flags = Flags(dev)
         self.memops = True  # the device writes values (cuStreamWriteValue32); else markers
-        self.launch = driver_launch_host_func(dev.drv.cu)
+        # nothing to post where libc has no semaphores: no host function either
+        self.launch = driver_launch_host_func(dev.drv.cu) if semaphores is not None else None
         self.watched: dict[Target, None] = {}
         self.polled = 0  # watched waits that no host function will announce
         self.ahead = 0  # watched waits on a mark announced ahead of it (see mark())

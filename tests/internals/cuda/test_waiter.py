@@ -73,12 +73,14 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     s.record_event()  # the device is open: its watcher is there to spy on
     launched = launches(monkeypatch)
     took = []
+    waited = 0  # the awaits that found the work pending (a loaded machine may come late)
     if FAKE is not None:
         FAKE.fake_cuda_host_fn_return_delay(round(0.008e9))
     try:
         for _ in range(5):
             start = time.monotonic()  # before the work: 1 ms at least, however late we run
             ais.delay(0.001, stream=s)
+            waited += not s.query()
             with anyio.fail_after(5):
                 await s.synchronize(strategy=strategy)
             took.append(time.monotonic() - start)
@@ -86,7 +88,8 @@ async def test_a_handed_out_streams_wait_ends_soon_after_its_host_function(
     finally:
         if FAKE is not None:
             FAKE.fake_cuda_host_fn_return_delay(0)
-    assert len(launched) == 5  # each wait was announced by its host function
+    assert waited >= 3, "the machine is too busy for this test's 1 ms kernels"
+    assert len(launched) == waited  # each wait was announced by its host function
     took.sort()
     # Not before the kernel's 1 ms; and mostly well before the health check's 50 ms. A wait
     # may end before the 8 ms return: once the host function has begun (its post seen), the

@@ -3,8 +3,8 @@ the times it sleeps, when a new wait posts it, sweeps made off its thread, waits
 ahead of their mark, slots left draining while it sleeps, and words that say nothing.
 
 These read or tune the watcher's insides (``aiostream._backends.cuda.watcher``: ``HEALTH_S``,
-``DRAIN_S``, its ``Semaphores``, ``_timeout``, ``_sweep``), so they live here; what users see of
-waits is tested in ``tests/cuda/``.
+``DRAIN_S``, ``_timeout``, ``_sweep``; its ``Semaphores``, in ``cuda.wakes``), so they live
+here; what users see of waits is tested in ``tests/cuda/``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_the_watcher_sleeps_on_a_semaphore_that_sem_post_wakes() -> None:
     """The host function that announces a wait is libc's ``sem_post``, handed to the driver
     by its address; the watcher's thread sleeps in ``sem_timedwait`` until it is posted, and
     one wake takes every post made so far (the sweep after it sees all they announce)."""
-    from aiostream._backends.cuda.watcher import Semaphores
+    from aiostream._backends.cuda.wakes import Semaphores
 
     sems = Semaphores()
     libc = ctypes.CDLL(None)
@@ -59,16 +59,16 @@ def test_a_semaphore_that_cannot_be_made_says_why() -> None:
     is none, the OSError carries the C library's errno."""
     import errno
 
-    from aiostream._backends.cuda import watcher
+    from aiostream._backends.cuda import wakes
 
-    if watcher.semaphores is None:
+    if wakes.semaphores is None:
         pytest.skip("no POSIX semaphores here: the watcher polls")
-    sems = watcher.Semaphores()
+    sems = wakes.Semaphores()
     sems.SIZE = (1 << 62) + 64  # more than any machine has (64 bytes, if cut to 32 bits)
     with pytest.raises(OSError) as info:
         sems.new()
     assert info.value.errno == errno.ENOMEM and info.value.strerror == "sem_init failed"
-    sems.SIZE = watcher.Semaphores.SIZE
+    sems.SIZE = wakes.Semaphores.SIZE
     sem = sems.new()
     assert not sems.wait(sem, 0.001)  # not posted: the timeout ends it
     sems.post(sem)

@@ -1,5 +1,6 @@
-"""The CUDA backend's face: the :class:`Backend` protocol over the driver, the devices, the
-waits and the memory (the modules beside this one)."""
+"""The CUDA backend's face: the :class:`Backend` protocol over the driver and the devices, and
+the parts it owns: the waits, the memory, the sharing and the graphs (the modules beside this
+one)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from .driver import (
     Driver,
     load_driver,
 )
-from .graphs import Capturing, GraphMethods
+from .graphs import Capturing, Graph
 from .handles import Event, Memory, Stream
 from .memory import Memories
 from .sharing import Sharing
@@ -32,9 +33,7 @@ __all__ = ["CudaBackend"]
 _DLPACK_CUDA = 2  # DLPack's kDLCUDA
 
 
-class CudaBackend(
-    GraphMethods, Backend[Stream, Event, Memory, Target], Interop[Stream, Event], Graphs
-):
+class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event], Graphs):
     """The CUDA driver behind ``cuda:N`` devices."""
 
     kind: ClassVar[str] = "cuda"
@@ -48,7 +47,9 @@ class CudaBackend(
         self._waits = Waits(drv, self._devices)
         self._memory = Memories(drv, self._devices)
         self._sharing = Sharing(drv, self._devices, self._memory)
-        self._graphs = Capturing(drv, self._devices, self._memory.release, self._dropped)
+        self._graphs = Capturing(
+            drv, self._devices, self._waits, self._memory.release, self._dropped
+        )
         atexit.register(self.close)
         _hooks.enable_nvtx()  # record_function's ranges reach Nsight Systems too
 
@@ -294,6 +295,35 @@ class CudaBackend(
         self, index: int, data: bytes, event: bytes, nbytes: int, stream: Stream
     ) -> Memory:
         return self._sharing.ipc_open(index, data, event, nbytes, stream)
+
+    # ------------------------------------------------------------------ graphs
+
+    def capture_begin(self, stream: Stream, mode: str) -> None:
+        self._graphs.begin(stream, mode)
+
+    def capture_end(self, stream: Stream) -> Graph:
+        return self._graphs.end(stream)
+
+    def stream_capturing(self, stream: Stream) -> bool:
+        return self._graphs.capturing(stream)
+
+    def graph_nodes(self, graph: Graph) -> int:
+        return graph.nodes
+
+    def graph_launch(self, stream: Stream, graph: Graph) -> None:
+        self._graphs.launch(stream, graph)
+
+    def graph_destroy(self, graph: Graph) -> None:
+        self._graphs.destroy(graph)
+
+    def graph_handles(self, graph: Graph) -> tuple[int, int]:
+        return self._graphs.handles(graph)
+
+    def graph_dump(self, graph: Graph, path: str, verbose: bool) -> None:
+        self._graphs.dump(graph, path, verbose)
+
+    def graph_update(self, graph: Graph, source: Graph) -> str | None:
+        return self._graphs.update(graph, source)
 
     # ------------------------------------------------------------------ waiting
 

@@ -3,7 +3,7 @@
 aiostream checks, before the driver is asked, what the driver would refuse by breaking the
 capture (so that the capture survives the refusal, and the words are those of the virtual
 device): a capture of the legacy stream or of a stream capturing already, a wait that crosses
-the capture's boundary (:meth:`Graphs.check_wait`), awaiting or querying what is captured
+the capture's boundary (:meth:`Capturing.check_wait`), awaiting or querying what is captured
 (``waits.py``). Streams that wait for an event recorded in an aiostream capture join it, as
 the driver makes them (a fork); the driver says at the end whether they were joined back.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..._errors import (
     AiostreamError,
@@ -33,21 +33,10 @@ from ..._errors import (
 )
 from .devices import Device, Devices
 from .driver import SUCCESS, Driver
-from .handles import Event, Memory, Stream, StreamKey
+from .handles import FOREIGN, Event, Memory, Stream, StreamKey, describe_event, describe_stream
+from .waits import Waits
 
-if TYPE_CHECKING:
-    from .waits import Waits
-
-__all__ = [
-    "FOREIGN",
-    "Capture",
-    "Capturing",
-    "Graph",
-    "GraphMethods",
-    "Source",
-    "describe_event",
-    "describe_stream",
-]
+__all__ = ["Capture", "Capturing", "Graph", "Source"]
 
 _MODES = {"global": 0, "thread_local": 1, "relaxed": 2}  # CUstreamCaptureMode
 _INVALIDATED = 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
@@ -64,17 +53,6 @@ _UPDATE_REASONS = {
     7: "parameters",  # UNSUPPORTED_FUNCTION_CHANGE
     8: "parameters",  # ATTRIBUTES_CHANGED
 }
-
-#: what an event recorded in another library's capture is captured in (aiostream knows no more)
-FOREIGN = object()
-
-
-def describe_stream(stream: Stream) -> str:
-    return f"stream {stream.id} on cuda:{stream.index}"
-
-
-def describe_event(event: Event) -> str:
-    return f"event {event.id} on cuda:{event.index}"
 
 
 class Capture:
@@ -173,25 +151,33 @@ class Graph:
 
 class Capturing:
     """Captures begun, ended and checked, and graphs launched and released, on every device
-    of one backend."""
+    of one backend (the waits say whether another library captures a stream aiostream handed
+    out)."""
 
     def __init__(
         self,
         drv: Driver,
         devices: Devices,
+        waits: Waits,
         free: Callable[[Device, Memory], None],
         destroy: Callable[[Stream], None],
     ) -> None:
         self.drv = drv
         self.devices = devices
+        self.waits = waits
         self.free = free  # frees memory (Memories.release's rule), once no capture holds it
         self.destroy_stream = destroy  # destroys a stream dropped while it captured
 
-    def begin(self, stream: Stream, mode: str, capturing: bool) -> None:
-        """Begin a capture on ``stream`` (``capturing``: another library captures it)."""
+    def capturing(self, stream: Stream) -> bool:
+        """Whether ``stream`` is part of a capture, aiostream's or another library's."""
+        return self.waits.capture_of(stream) is not None
+
+    def begin(self, stream: Stream, mode: str) -> None:
+        """Begin a capture on ``stream``."""
+        capturing = self.capturing(stream)  # the driver may be asked, before any refusal
         if stream.id == 0:
             raise default_stream_capture(f"cuda:{stream.index}")
-        if stream.capture is not None or capturing:
+        if capturing:
             raise already_capturing(describe_stream(stream))
         dev = self.devices[stream.index]
         cu = self.drv.cu
@@ -264,13 +250,14 @@ class Capturing:
             dev.internal[graph] = "cugraph"  # kept: described, handed out, updated from
         return Graph(exe, Source(graph), stream.index, int(count), capture.allocs)
 
-    def launch(self, stream: Stream, graph: Graph, capturing: bool) -> None:
+    def launch(self, stream: Stream, graph: Graph) -> None:
+        capturing = self.capturing(stream)
         if stream.index != graph.index:
             raise ValueError(
                 f"a graph captured on cuda:{graph.index} cannot be replayed on "
                 f"{describe_stream(stream)}: replay it on a stream of its own device"
             )
-        if stream.capture is not None or capturing:
+        if capturing:
             raise replay_on_capturing(describe_stream(stream))
         dev = self.devices[stream.index]
         cu = self.drv.cu
@@ -409,38 +396,3 @@ def _why_not(cu: Any, graph: Graph, source: Graph) -> int:
     info = _UpdateResultInfo()
     code = _UpdateFunction(int(pfn))(int(graph.exec), int(source.source.ptr), ctypes.byref(info))
     return 0 if code == SUCCESS else info.result or 1
-
-
-class GraphMethods:
-    """The graphs part of :class:`.backend.CudaBackend` (a mixin over its captures and its
-    waits, which say whether another library captures a stream aiostream handed out)."""
-
-    _graphs: Capturing
-    _waits: Waits
-
-    def capture_begin(self, stream: Stream, mode: str) -> None:
-        self._graphs.begin(stream, mode, self._waits.capture_of(stream) is not None)
-
-    def capture_end(self, stream: Stream) -> Graph:
-        return self._graphs.end(stream)
-
-    def stream_capturing(self, stream: Stream) -> bool:
-        return self._waits.capture_of(stream) is not None
-
-    def graph_nodes(self, graph: Graph) -> int:
-        return graph.nodes
-
-    def graph_launch(self, stream: Stream, graph: Graph) -> None:
-        self._graphs.launch(stream, graph, self._waits.capture_of(stream) is not None)
-
-    def graph_destroy(self, graph: Graph) -> None:
-        self._graphs.destroy(graph)
-
-    def graph_handles(self, graph: Graph) -> tuple[int, int]:
-        return self._graphs.handles(graph)
-
-    def graph_dump(self, graph: Graph, path: str, verbose: bool) -> None:
-        self._graphs.dump(graph, path, verbose)
-
-    def graph_update(self, graph: Graph, source: Graph) -> str | None:
-        return self._graphs.update(graph, source)

@@ -1,5 +1,6 @@
 """The handles the CUDA backend gives out: streams, events and memory, each with its device's
-index and whether the backend owns (and so destroys) it."""
+index and whether the backend owns (and so destroys) it; how errors name them, and what an
+event recorded in another library's capture is captured in (``FOREIGN``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Event", "Memory", "Stream", "StreamKey"]
+__all__ = ["FOREIGN", "Event", "Memory", "Stream", "StreamKey", "describe_event", "describe_stream"]
 
 #: A stream's identity across devices: (device index, stream id). Ids alone collide: the
 #: legacy default stream of every device is id 0.
 StreamKey = tuple[int, int]
+
+#: what an event recorded in another library's capture is captured in (aiostream knows no more)
+FOREIGN = object()
 
 
 class Stream:
@@ -116,7 +120,7 @@ class Event:
         #: released by the program, but kept by the backend as its stream's last record
         #: (``Stream.recorded``), until the stream records again or goes
         self.kept = False
-        #: the capture its last record went into (graphs.Capture, or graphs.FOREIGN for another
+        #: the capture its last record went into (graphs.Capture, or FOREIGN for another
         #: library's on a stream whose handle was handed out): a point of a graph, which
         #: never completes as work; None if it was recorded outside any capture
         self.captured: Any = None
@@ -132,6 +136,14 @@ class Event:
     @property
     def id(self) -> int:
         return int(self.ptr)
+
+
+def describe_stream(stream: Stream) -> str:
+    return f"stream {stream.id} on cuda:{stream.index}"
+
+
+def describe_event(event: Event) -> str:
+    return f"event {event.id} on cuda:{event.index}"
 
 
 class Memory:

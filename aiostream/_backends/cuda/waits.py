@@ -31,8 +31,7 @@ from __future__ import annotations
 from ..._errors import AiostreamError, NotReadyError, captured_event, capturing_stream
 from .devices import Devices
 from .driver import NOT_READY, SUCCESS, Driver
-from .graphs import FOREIGN, describe_event, describe_stream
-from .handles import Event, Stream
+from .handles import FOREIGN, Event, Stream, describe_event, describe_stream
 from .watcher import CLOSED, Mark, Target
 
 __all__ = ["Target", "Waits"]
@@ -53,7 +52,7 @@ class Waits:
 
     def capture_of(self, stream: Stream) -> object:
         """The capture ``stream`` is part of: aiostream's (``graphs.Capture``), another
-        library's (``graphs.FOREIGN``: the driver is asked, only for a stream whose handle is
+        library's (``FOREIGN``: the driver is asked, only for a stream whose handle is
         out, since no one else can capture a private one), or None."""
         if stream.capture is not None:
             return stream.capture

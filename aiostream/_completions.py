@@ -10,8 +10,8 @@ since the last one, up to ``CAP_S``. ``MIN_S`` is 1 ms: asyncio's and trio's tim
 up to it anyway, and a sweep of 1,000 handles costs about 0.1 ms.
 
 Waits keep the GPU waits' contract: they are listed by ``pending_waits()`` (the handle's
-kind as the device), watched by the watchdog and told to the listeners (metrics, spans) and
-the observer (the profiler); cancelling one removes it at once, and leaves the work alone
+kind as the device), watched by the watchdog and told to the listeners (the profiler,
+metrics, spans); cancelling one removes it at once, and leaves the work alone
 unless the adapter says how to cancel it (``on_cancel``); a polled handle whose wait was
 cancelled is kept, and asked at the slowest pace, until its work is done.
 """
@@ -428,8 +428,6 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
             if adapter.result is not None:
                 adapter.result(handle)
             return
-    obs = _hooks.observer
-    start = _hooks.now(obs) if obs is not None else 0.0
     task = _waiting.task_name()
     poller = _poller()
     strategy = "poll" if adapter.call_back is None else "callback"
@@ -464,8 +462,6 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
         raise
     finally:
         _diagnostics.unregister(record)
-        if obs is not None:
-            _hooks.on_await(obs, task, subject, kind, start)
         if told is not None:
             ended = raised if raised is not None else entry.error
             _hooks.wait_ended(told, ended, _waiting.outcome(ended))

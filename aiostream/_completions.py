@@ -14,8 +14,8 @@ drives some libraries' progress (NIXL's). Each handle is asked once per sweep, n
 (an answer may be consumed: a notification); deadlines are the waiting tasks' own timers.
 
 Waits keep the GPU waits' contract: they are listed by ``pending_waits()`` (the handle's
-kind as the device), watched by the watchdog and told to the listeners (metrics, spans) and
-the observer (the profiler); cancelling one removes it at once, and leaves the work alone
+kind as the device), watched by the watchdog and told to the listeners (the profiler,
+metrics, spans); cancelling one removes it at once, and leaves the work alone
 unless the adapter says how to cancel it (``on_cancel``); a polled handle whose wait was
 cancelled is kept, and asked at the slowest pace, until its work is done.
 """
@@ -455,8 +455,6 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
             if adapter.result is not None:
                 adapter.result(handle)
             return
-    obs = _hooks.observer
-    start = _hooks.now(obs) if obs is not None else 0.0
     task = _waiting.task_name()
     poller = _poller()
     strategy = "poll" if adapter.call_back is None else "callback"
@@ -491,8 +489,6 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
         raise
     finally:
         _diagnostics.unregister(record)
-        if obs is not None:
-            _hooks.on_await(obs, task, subject, kind, start)
         if told is not None:
             ended = raised if raised is not None else entry.error
             _hooks.wait_ended(told, ended, _waiting.outcome(ended))

@@ -1,37 +1,35 @@
-"""The instrumentation slots, at the ground floor of the package: the modules that wait, copy
-and launch call them; an observer (the profiler), NVTX and telemetry listeners (OpenTelemetry,
-Prometheus) plug into them. This module imports nothing from the package, so every layer may
-call it.
+"""The instrumentation seam, at the ground floor of the package: the modules that wait, submit,
+copy and mark regions call it, and listeners plug into it, each a :class:`Listener` (the
+profiler, OpenTelemetry tracing, Prometheus metrics). NVTX has a slot of its own, which the
+CUDA backend fills. This module imports nothing from the package, so every layer may call it.
 
-While nothing is plugged in, a call costs one global check. An observer's or listener's own
-error is logged on the ``aiostream`` logger (a listener's once per hook) and never replaces the
+While nothing listens, a call costs one global check (``listeners``). A listener's own error
+is logged on the ``aiostream`` logger, once per listener and hook, and never replaces the
 user's exception or result: instrumentation must not change what a program does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
-from typing import Any, Protocol
+import threading
+import weakref
+from typing import Any
 
 __all__ = [
     "Listener",
-    "Observer",
     "add_listener",
     "copied",
-    "device_range",
     "enable_nvtx",
-    "nvtx_failed",
     "failed",
-    "install",
+    "held",
     "listeners",
     "loader_batch",
-    "now",
-    "on_await",
-    "region",
+    "nvtx_failed",
+    "region_began",
+    "region_ended",
     "remove_listener",
-    "uninstall",
+    "submit_began",
+    "submit_ended",
     "wait_began",
     "wait_ended",
 ]
@@ -39,223 +37,197 @@ __all__ = [
 _log = logging.getLogger("aiostream")
 
 
-class Observer(Protocol):
-    """What is told about awaits and device work (``aiostream.observe.profiler.Profiler`` is one).
+class Listener:
+    """Told what aiostream does while it is plugged in (:func:`add_listener`).
 
-    Streams are passed as they are (``aiostream.Stream``); this module does not know their type.
+    Every hook is a no-op here: a listener overrides those it needs, and only those are called.
+    The hooks' names are private, so that they stay off the public face of the objects that
+    listen (``aiostream.Profiler``, ``aiostream.tracing.Tracing``,
+    ``aiostream.metrics.PrometheusMetrics``). Streams and events are passed as they are; this
+    module does not know their types. What a ``..._began`` hook returns (its token) is handed
+    to the matching ``..._ended`` hook, every time, even once the listener is unplugged.
     """
 
-    def now(self) -> float: ...
+    def _wait_began(self, subject: str, device: str, strategy: str) -> Any:
+        """A task began to wait on ``subject`` (called in the waiting task; ``strategy`` is
+        ``complete`` where the work had completed: the wait is one checkpoint)."""
 
-    def on_await(self, task: str, subject: str, device: str, start: float, end: float) -> None:
-        """An await on ``subject`` by ``task`` ran from ``start`` to ``end``."""
-
-    def native_timeline(self, stream: Any) -> bool:
-        """Whether ``stream``'s backend shows its work itself (no timing events needed)."""
-
-    def add_host(
-        self, name: str, task: str, start: float, end: float, args: dict[str, Any]
-    ) -> None:
-        """A host range ``name`` of ``task`` (``record_function``) ran from ``start`` to
-        ``end``."""
-
-    def mark(self, stream: Any) -> Any:
-        """Something recorded on ``stream`` now, that times a range's end points."""
-
-    def add_device_range(
-        self,
-        name: str,
-        stream: Any,
-        start: Any,
-        end: Any,
-        args: dict[str, Any],
-        *,
-        op: bool = False,
-    ) -> None:
-        """Work submitted to ``stream`` between the marks ``start`` and ``end``."""
-
-
-#: The installed observer, or None: the fast paths check only this.
-observer: Observer | None = None
-#: The ``nvtx`` module once a CUDA backend is in use and the package is installed, or None.
-nvtx: Any = None
-
-_NOTHING = contextlib.nullcontext()
-
-
-def install(obs: Observer) -> None:
-    """Plug ``obs`` in (one at a time; the caller checks)."""
-    global observer
-    observer = obs
-
-
-def uninstall(obs: Observer) -> None:
-    """Unplug ``obs`` if it is the one plugged in."""
-    global observer
-    if observer is obs:
-        observer = None
-
-
-class Listener(Protocol):
-    """Told of waits, copies and loader batches as they happen (``aiostream.tracing`` and
-    ``aiostream.metrics`` are listeners). Any number may listen."""
-
-    def wait_began(self, subject: str, device: str, strategy: str) -> object:
-        """A task began to wait on ``subject``; what it returns comes back to ``wait_ended``."""
-
-    def wait_ended(self, token: object, error: BaseException | None, outcome: str) -> None:
+    def _wait_ended(self, token: Any, error: BaseException | None, outcome: str) -> None:
         """That wait ended with ``error`` (None: it completed); ``outcome`` says how:
         ``completed``, ``failed`` (a ``DeviceError``), ``cancelled`` or ``error``."""
 
-    def copied(self, device: str, kind: str, nbytes: int) -> None:
+    def _submit_began(self, name: str, stream: Any) -> Any:
+        """The op ``name`` is being submitted to ``stream``, now: what is recorded on the
+        stream here comes right before it (called in the submitting thread, never while the
+        stream captures a graph)."""
+
+    def _submit_ended(self, token: Any) -> None:
+        """That op was submitted (or refused): what is recorded on the stream here comes right
+        after it."""
+
+    def _region_began(self, name: str, stream: Any, args: dict[str, Any]) -> Any:
+        """A ``record_function`` region ``name`` was entered (``stream``: the stream whose
+        work it brackets, or None; ``args``: its extra values)."""
+
+    def _region_ended(self, token: Any) -> None:
+        """That region was left."""
+
+    def _copied(self, device: str, kind: str, nbytes: int) -> None:
         """A copy of ``nbytes`` was submitted (``kind``: ``h2d``, ``d2h`` or ``d2d``)."""
 
-    def loader_batch(self, device: str, waited: float) -> None:
+    def _loader_batch(self, device: str, waited: float) -> None:
         """A data loader handed a batch out, after its consumer waited ``waited`` seconds."""
 
-    def region(
-        self, name: str, stream: Any, start: Any, end: Any, host: tuple[float, float]
-    ) -> None:
-        """A ``record_function`` region on ``stream``, between timing events ``start`` and
-        ``end`` (None where the stream has no timing: host times only), over ``host``
-        (monotonic seconds)."""
-
-
-#: The listeners plugged in: a tuple, replaced whole, so a reader never sees one half-added.
-listeners: tuple[Listener, ...] = ()
-_failed_once: set[tuple[int, str]] = set()
-
-
-def add_listener(listener: Listener) -> None:
-    global listeners
-    if listener not in listeners:
-        listeners = (*listeners, listener)
-
-
-def remove_listener(listener: Listener) -> None:
-    global listeners
-    listeners = tuple(x for x in listeners if x is not listener)
-    _failed_once.difference_update({k for k in _failed_once if k[0] == id(listener)})
-
-
-class Listening:
-    """A public object that listens until it is closed (``aiostream.tracing.Tracing``,
-    ``aiostream.metrics.PrometheusMetrics``): its hooks are its private methods
-    (``_wait_began``, ``_wait_ended``, ``_copied``, ``_loader_batch``, ``_region``), plugged
-    in through an adapter so that they stay off its public face."""
-
-    closed = True
-
-    def _listen(self) -> None:
-        self.closed = False
-        self._adapter = _Adapter(self)
-        add_listener(self._adapter)
-
-    def close(self) -> None:
-        """Stop listening (a second close does nothing)."""
-        if self.closed:
-            return
-        self.closed = True
-        remove_listener(self._adapter)
-        self._stopped()
-
-    def _stopped(self) -> None:
-        """What a subclass lets go of once closed."""
-
     def _holds(self) -> list[Any]:
-        """The device objects (streams, events) a subclass keeps for itself while it listens:
-        no leak of the program's (the pytest plugin leaves them out of its listing)."""
+        """The device objects (streams, events) this listener keeps for itself while it
+        listens: no leak of the program's (the pytest plugin leaves them out of its listing)."""
         return []
 
     def _failed(self, what: str) -> None:
-        """Log, once, that this listener failed in ``what``."""
-        _listener_failed(self._adapter, what)
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        kind = type(self)
-        return f"<{kind.__module__}.{kind.__qualname__} {'closed' if self.closed else 'on'}>"
+        """Log, once for this listener, that it failed in ``what`` (call it from an
+        ``except`` block)."""
+        failed(self, what)
 
 
-class _Adapter:
-    def __init__(self, owner: Any) -> None:
-        self.owner = owner
-        self.wait_began = owner._wait_began  # noqa: SLF001 - the owner's hooks
-        self.wait_ended = owner._wait_ended  # noqa: SLF001 - the owner's hooks
-        self.copied = owner._copied  # noqa: SLF001 - the owner's hooks
-        self.loader_batch = owner._loader_batch  # noqa: SLF001 - the owner's hooks
-        self.region = owner._region  # noqa: SLF001 - the owner's hooks
+#: The listeners plugged in: a tuple, replaced whole, so a reader never sees one half-added.
+#: The fast paths check only this.
+listeners: tuple[Listener, ...] = ()
+#: The ``nvtx`` module once a CUDA backend is in use and the package is installed, or None.
+nvtx: Any = None
 
-    def __repr__(self) -> str:
-        return repr(self.owner)
+#: each kind of call, and the hooks of it that a listener may override
+_KINDS = {
+    "wait": ("_wait_began", "_wait_ended"),
+    "submit": ("_submit_began", "_submit_ended"),
+    "region": ("_region_began", "_region_ended"),
+    "copied": ("_copied",),
+    "loader_batch": ("_loader_batch",),
+}
+#: per kind of call, the listeners that override one of its hooks: the others are not called
+_told: dict[str, tuple[Listener, ...]] = dict.fromkeys(_KINDS, ())
+_plugging = threading.Lock()
+#: what each listener failed in, said once
+_said: weakref.WeakKeyDictionary[Listener, set[str]] = weakref.WeakKeyDictionary()
+_nvtx_said: set[tuple[int, str]] = set()  # (id of the nvtx module, what it failed in)
+
+
+def _overrides(listener: Listener, hooks: tuple[str, ...]) -> bool:
+    """Whether ``listener`` has its own version of one of ``hooks`` (its class's, or its own)."""
+    for hook in hooks:
+        mine = getattr(listener, hook)
+        if getattr(mine, "__func__", None) is not getattr(Listener, hook):
+            return True
+    return False
+
+
+def _plug(plugged: tuple[Listener, ...]) -> None:
+    global listeners, _told
+    _told = {
+        kind: tuple(x for x in plugged if _overrides(x, hooks)) for kind, hooks in _KINDS.items()
+    }
+    listeners = plugged
+
+
+def add_listener(listener: Listener) -> None:
+    """Plug ``listener`` in (once: a second add does nothing)."""
+    with _plugging:
+        if listener not in listeners:
+            _plug((*listeners, listener))
+
+
+def remove_listener(listener: Listener) -> None:
+    """Unplug ``listener``; the tokens it handed out are still handed back to it."""
+    with _plugging:
+        _plug(tuple(x for x in listeners if x is not listener))
 
 
 def held() -> list[Any]:
     """The device objects that the listeners plugged in keep for themselves (see
-    :meth:`Listening._holds`)."""
+    :meth:`Listener._holds`)."""
     objects: list[Any] = []
     for listener in listeners:
-        owner = getattr(listener, "owner", None)
-        if isinstance(owner, Listening):
-            objects += owner._holds()  # noqa: SLF001 - the owner's own
+        try:
+            objects += listener._holds()  # noqa: SLF001 - the hook this module defines
+        except Exception:
+            failed(listener, "holds()")
     return objects
 
 
-def _listener_failed(listener: object, what: str) -> None:
-    key = (id(listener), what)
-    if key in _failed_once:
+def failed(listener: Listener, what: str) -> None:
+    """Log, once per ``listener`` and ``what``, that it raised in ``what`` (call it from an
+    ``except`` block): the program goes on."""
+    said = _said.setdefault(listener, set())
+    if what in said:
         return
-    _failed_once.add(key)
+    said.add(what)
     _log.exception(
         "aiostream: the listener %r failed in %s (said once); the program goes on", listener, what
     )
 
 
-def wait_began(subject: str, device: str, strategy: str) -> list[tuple[Listener, object]]:
-    """Tell every listener a wait began; the tokens to hand to :func:`wait_ended`."""
+def _began(kind: str, hook: str, *args: Any) -> list[tuple[Listener, Any]]:
+    """Call ``hook`` of each listener of ``kind``: the tokens, for :func:`_ended`."""
     tokens = []
-    for listener in listeners:
+    for listener in _told[kind]:
         try:
-            tokens.append((listener, listener.wait_began(subject, device, strategy)))
+            tokens.append((listener, getattr(listener, hook)(*args)))
         except Exception:
-            _listener_failed(listener, "wait_began()")
+            failed(listener, f"{hook[1:]}()")
     return tokens
 
 
-def wait_ended(
-    tokens: list[tuple[Listener, object]], error: BaseException | None, outcome: str
-) -> None:
+def _ended(hook: str, tokens: list[tuple[Listener, Any]], *args: Any) -> None:
     for listener, token in tokens:
         try:
-            listener.wait_ended(token, error, outcome)
+            getattr(listener, hook)(token, *args)
         except Exception:
-            _listener_failed(listener, "wait_ended()")
+            failed(listener, f"{hook[1:]}()")
 
 
-def _tell(hook: str, *args: Any) -> None:
-    """Call ``hook`` of every listener with ``args``; each one's error is logged once."""
-    for listener in listeners:
-        try:
-            getattr(listener, hook)(*args)
-        except Exception:
-            _listener_failed(listener, f"{hook}()")
+def wait_began(subject: str, device: str, strategy: str) -> list[tuple[Listener, Any]]:
+    """Tell the listeners a wait began, in the waiting task; the tokens for
+    :func:`wait_ended` (empty: nobody was told)."""
+    return _began("wait", "_wait_began", subject, device, strategy)
+
+
+def wait_ended(
+    tokens: list[tuple[Listener, Any]], error: BaseException | None, outcome: str
+) -> None:
+    _ended("_wait_ended", tokens, error, outcome)
+
+
+def submit_began(name: str, stream: Any) -> list[tuple[Listener, Any]]:
+    """Tell the listeners that the op ``name`` is being submitted to ``stream``: call it right
+    before the submission, and :func:`submit_ended` right after, in the same thread."""
+    return _began("submit", "_submit_began", name, stream)
+
+
+def submit_ended(tokens: list[tuple[Listener, Any]]) -> None:
+    _ended("_submit_ended", tokens)
+
+
+def region_began(name: str, stream: Any, args: dict[str, Any]) -> list[tuple[Listener, Any]]:
+    return _began("region", "_region_began", name, stream, args)
+
+
+def region_ended(tokens: list[tuple[Listener, Any]]) -> None:
+    _ended("_region_ended", tokens)
 
 
 def copied(device: str, kind: str, nbytes: int) -> None:
-    _tell("copied", device, kind, nbytes)
+    for listener in _told["copied"]:
+        try:
+            listener._copied(device, kind, nbytes)  # noqa: SLF001 - the hook this module defines
+        except Exception:
+            failed(listener, "copied()")
 
 
 def loader_batch(device: str, waited: float) -> None:
-    _tell("loader_batch", device, waited)
-
-
-def region(name: str, stream: Any, start: Any, end: Any, host: tuple[float, float]) -> None:
-    _tell("region", name, stream, start, end, host)
+    for listener in _told["loader_batch"]:
+        try:
+            listener._loader_batch(device, waited)  # noqa: SLF001 - the hook this module defines
+        except Exception:
+            failed(listener, "loader_batch()")
 
 
 def enable_nvtx() -> None:
@@ -273,61 +245,7 @@ def nvtx_failed(what: str) -> None:
     """Log, once per ``what``, that the ``nvtx`` package raised (call it from an ``except``
     block): instrumentation never changes what a program does."""
     key = (id(nvtx), what)
-    if key in _failed_once:
+    if key in _nvtx_said:
         return
-    _failed_once.add(key)
+    _nvtx_said.add(key)
     _log.exception("aiostream: nvtx failed in %s (said once); the program goes on", what)
-
-
-def failed(obs: object, what: str) -> None:
-    """Log that ``obs`` raised in ``what`` (call it from an ``except`` block)."""
-    _log.exception("aiostream: the observer %r failed in %s; the program goes on", obs, what)
-
-
-def now(obs: Observer) -> float:
-    """``obs.now()``, or 0.0 if it failed (logged)."""
-    try:
-        return obs.now()
-    except Exception:
-        failed(obs, "now()")
-        return 0.0
-
-
-def on_await(obs: Observer, task: str, subject: str, device: str, start: float) -> None:
-    """Tell ``obs`` that an await which began at ``start`` ends now; its error is logged."""
-    try:
-        obs.on_await(task, subject, device, start, obs.now())
-    except Exception:
-        failed(obs, "on_await()")
-
-
-def device_range(name: str, stream: Any) -> contextlib.AbstractContextManager[Any]:
-    """Bracket work submitted to ``stream`` with the observer's marks, for backends whose own
-    timeline does not already show it. Free while nothing is plugged in."""
-    obs = observer
-    if obs is None:
-        return _NOTHING
-    try:
-        if obs.native_timeline(stream):
-            return _NOTHING
-    except Exception:
-        failed(obs, "native_timeline()")
-        return _NOTHING
-    return _range(obs, name, stream)
-
-
-@contextlib.contextmanager
-def _range(obs: Observer, name: str, stream: Any) -> Iterator[None]:
-    try:
-        start = obs.mark(stream)
-    except Exception:
-        failed(obs, "mark()")
-        yield
-        return
-    try:
-        yield
-    finally:
-        try:
-            obs.add_device_range(name, stream, start, obs.mark(stream), {}, op=True)
-        except Exception:
-            failed(obs, "add_device_range()")

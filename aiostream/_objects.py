@@ -141,7 +141,7 @@ class Awaitable(DeviceObject):
         if strategy is not None:
             _waiting.check_strategy(strategy)
         if self._ready():
-            if _hooks.observer is None and not _hooks.listeners:
+            if not _hooks.listeners:
                 await _waiting.checkpoint()
             else:
                 await _waiting.observed(self._subject(), str(self._device))
@@ -152,7 +152,7 @@ class Awaitable(DeviceObject):
         entry = _waiting.begin(
             self._backend, self._device.index, target, self, self._origin, strategy, _described
         )
-        if entry is None:  # an observer or listeners: told of the wait
+        if entry is None:  # listeners: told of the wait
             await _waiting.wait(
                 self._backend, self._device.index, target, self, self._origin, strategy, _described
             )
@@ -208,18 +208,22 @@ def backend(obj: DeviceObject) -> AnyBackend:
 
 def submit(stream: DeviceObject, what: str, fn: Callable[..., None], *args: Any) -> None:
     """Submit work to ``stream``: ``fn(stream's handle, *args)``, noting where it was submitted
-    (debug mode), bracketed by the observer's marks as ``what``."""
+    (debug mode), the listeners told as ``what`` right before and right after (the profiler's
+    marks bracket it on the stream, in submission order)."""
     if _diagnostics.debug:
         note_submission(stream)
-    if _hooks.observer is None:  # the common case: no context manager at all
+    if not _hooks.listeners:  # the common case
         fn(stream._handle, *args)  # noqa: SLF001
         return
     device = stream._device  # noqa: SLF001
     if _captures.under_way((device.type, device.index)) and capturing(stream):
         fn(stream._handle, *args)  # noqa: SLF001 - a node of a graph: nothing to time now
         return
-    with _hooks.device_range(what, stream):
+    told = _hooks.submit_began(what, stream)
+    try:
         fn(stream._handle, *args)  # noqa: SLF001
+    finally:
+        _hooks.submit_ended(told)
 
 
 def when_done(obj: Awaitable, callback: Callable[[], None]) -> None:

@@ -1,7 +1,7 @@
-"""``record_function``: a named range of a program, told to the instrumentation plugged into
-``_hooks`` (a profile's host span and device range, the listeners' regions, NVTX). It sits in
+"""``record_function``: a named range of a program, told to the listeners plugged into
+``_hooks`` (a profile's host span and device range, tracing's spans) and to NVTX. It sits in
 the core, beside the streams it brackets, so that what the core runs (a graph's capture and
-replays) can name its ranges without importing the observers that listen.
+replays) can name its ranges without importing the listeners.
 """
 
 from __future__ import annotations
@@ -9,54 +9,16 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from . import _hooks, _objects, _waiting
-from .event import Event
+from . import _hooks
 from .stream import Stream
 
 __all__ = ["NVTX_DOMAIN", "record_function"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _task_name() -> str:
-    try:
-        return _waiting.task_name()
-    except RuntimeError:  # no event loop in this thread (sniffio's error is a RuntimeError)
-        return threading.current_thread().name
-
-
-def _told(stream: Stream | None) -> tuple[float, Event | None]:
-    """A region's start for the listeners: the host's time and, on a stream not capturing a
-    graph, a timing event recorded there (None if it cannot be: host times only)."""
-    t0 = time.monotonic()  # before the record: the device reaches it no sooner
-    start = None
-    if stream is not None and not _objects.capturing(stream):
-        try:
-            start = Event(stream.device, enable_timing=True)
-            start.record(stream)
-        except Exception:  # noqa: BLE001 - the region's device times are lost, not the program
-            _hooks.failed("record_function", "a listener's timing event")
-            start = None
-    return t0, start
-
-
-def _tell(name: str, stream: Stream | None, told: tuple[float, Event | None]) -> None:
-    t0, start = told
-    end = None
-    if start is not None and stream is not None:
-        try:
-            end = Event(stream.device, enable_timing=True)
-            end.record(stream)
-        except Exception:  # noqa: BLE001
-            _hooks.failed("record_function", "a listener's timing event")
-            start = end = None
-    _hooks.region(name, stream, start, end, (t0, time.monotonic()))
 
 
 #: the NVTX domain of record_function's ranges (Nsight Systems groups them under it)
@@ -66,14 +28,12 @@ NVTX_DOMAIN = "aiostream"
 class _Entry:
     """One entry into a record_function: what its exit ends (each task's its own)."""
 
-    __slots__ = ("ev", "range", "ranged", "start", "told")
+    __slots__ = ("range", "ranged", "told")
 
     def __init__(self) -> None:
-        self.told: tuple[float, Event | None] | None = None
+        self.told: list[tuple[_hooks.Listener, Any]] = []  # the listeners' tokens
         self.range: Any = None
         self.ranged = False  # an NVTX range was started (its id may be anything)
-        self.start: float | None = None  # None: no profiler span for this entry
-        self.ev: Any = None
 
 
 #: per context (a task, a thread), the entries of each record_function not yet left there,
@@ -88,8 +48,9 @@ class record_function:  # named as torch.profiler.record_function
     """A named range: ``with``, ``async with``, or a decorator of sync and async functions.
 
     While a profiler is active it records a host span tagged with the task's name and, with
-    ``stream=``, a device range bracketing the work submitted to that stream inside it. With
-    no profiler it costs about what ``contextlib.nullcontext()`` does. On CUDA, where the
+    ``stream=``, a device range bracketing the work submitted to that stream inside it
+    (``aiostream.tracing`` makes spans of it likewise). With nothing listening it costs about
+    what ``contextlib.nullcontext()`` does. On CUDA, where the
     ``nvtx`` package is installed (the ``nvtx`` extra), it is also an NVTX range in the
     ``aiostream`` domain, so Nsight Systems shows it: a start/end range, not a push/pop one,
     since tasks on one loop thread enter and leave their ranges interleaved across awaits
@@ -116,26 +77,17 @@ class record_function:  # named as torch.profiler.record_function
         self._open: list[_Entry] = []
 
     def __enter__(self) -> record_function:
-        if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
-            return self  # the cost with no profiler: this check, and the one in __exit__
+        if not _hooks.listeners and _hooks.nvtx is None:
+            return self  # the cost with nothing listening: this check, and the one in __exit__
         entry = _Entry()
-        if _hooks.listeners:
-            entry.told = _told(self.stream)
-        prof = _hooks.observer
+        if _hooks.listeners:  # each listener's failure is logged, never the user's
+            entry.told = _hooks.region_began(self.name, self.stream, self.args)
         if _hooks.nvtx is not None:
             try:
                 entry.range = _hooks.nvtx.start_range(message=self.name, domain=NVTX_DOMAIN)
                 entry.ranged = True
             except Exception:  # NVTX's failure never becomes the user's
                 _hooks.nvtx_failed("start_range")
-        if prof is not None:
-            try:
-                entry.start = prof.now()
-                if self.stream is not None:
-                    entry.ev = prof.mark(self.stream)
-            except Exception:  # the profiler's failure never becomes the user's
-                _hooks.failed(prof, "record_function")
-                entry.start = None  # no range for this one
         entries = _entries.get()
         _entries.set({**entries, self: (*entries.get(self, ()), entry)})
         self._open.append(entry)
@@ -171,28 +123,17 @@ class record_function:  # named as torch.profiler.record_function
         tb: TracebackType | None,
     ) -> None:
         if not self._open:
-            return  # the cost with no profiler: nothing was entered with one
+            return  # the cost with nothing listening: nothing was entered with a listener
         entry = self._left()
         if entry is None:
             return
-        if entry.told is not None:
-            _tell(self.name, self.stream, entry.told)
-        prof = _hooks.observer
         if _hooks.nvtx is not None and entry.ranged:  # not if NVTX began inside
             try:
                 _hooks.nvtx.end_range(entry.range)
             except Exception:  # nor replaces the user's exception or result
                 _hooks.nvtx_failed("end_range")
-        start = entry.start  # None when the profile began inside the range
-        if start is None or prof is None:
-            return
-        try:
-            prof.add_host(self.name, _task_name(), start, prof.now(), self.args)
-            if self.stream is not None:
-                end = prof.mark(self.stream)
-                prof.add_device_range(self.name, self.stream, entry.ev, end, self.args)
-        except Exception:  # the profiler's failure never replaces the user's exception or result
-            _hooks.failed(prof, "record_function")
+        if entry.told:  # the listeners told at the entry (none if they began inside)
+            _hooks.region_ended(entry.told)
 
     async def __aenter__(self) -> record_function:
         return self.__enter__()
@@ -213,7 +154,7 @@ class record_function:  # named as torch.profiler.record_function
 
             @functools.wraps(fn)
             async def async_wrapper(*a: Any, **k: Any) -> Any:
-                if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
+                if not _hooks.listeners and _hooks.nvtx is None:
                     return await fn(*a, **k)
                 with record_function(name, stream=stream, **args):
                     return await fn(*a, **k)
@@ -222,7 +163,7 @@ class record_function:  # named as torch.profiler.record_function
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **k: Any) -> Any:
-            if _hooks.observer is None and _hooks.nvtx is None and not _hooks.listeners:
+            if not _hooks.listeners and _hooks.nvtx is None:
                 return fn(*a, **k)
             with record_function(name, stream=stream, **args):
                 return fn(*a, **k)

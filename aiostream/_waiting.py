@@ -105,22 +105,18 @@ def outcome(error: BaseException | None) -> str:
 
 
 async def observed(subject: str, device: str) -> None:
-    """The fast path's checkpoint, reported to the observer as a zero-wait await and to the
-    listeners as a wait (with the strategy ``"complete"``: the work had completed)."""
-    obs = _hooks.observer
-    told = _hooks.wait_began(subject, device, "complete") if _hooks.listeners else None
-    # equivalent mutant (unmarked): 0.0 -> 1.0: start is read only when there is an observer
-    start = _hooks.now(obs) if obs is not None else 0.0
+    """The fast path's checkpoint, told to the listeners as a wait with the strategy
+    ``"complete"`` (the work had completed)."""
+    if not _hooks.listeners:
+        await checkpoint()
+        return
+    told = _hooks.wait_began(subject, device, "complete")
     try:
         await checkpoint()
     except BaseException as exc:
-        if told is not None:
-            _hooks.wait_ended(told, exc, outcome(exc))
+        _hooks.wait_ended(told, exc, outcome(exc))
         raise
-    if obs is not None:
-        _hooks.on_await(obs, task_name(), subject, device, start)
-    if told is not None:
-        _hooks.wait_ended(told, None, "completed")
+    _hooks.wait_ended(told, None, "completed")
 
 
 def _begun(
@@ -164,11 +160,8 @@ async def wait(
     :func:`get_wait_strategy`. Cancelling the call removes the wait at once; the device work
     goes on.
     """
-    if describe is not None:  # worded now: the observer and listeners are told the words
+    if describe is not None:  # worded now: the listeners are told the words
         subject, describe = describe(subject), None
-    obs = _hooks.observer
-    # equivalent mutant (unmarked): 0.0 -> 1.0: start is read only when there is an observer
-    start = _hooks.now(obs) if obs is not None else 0.0
     entry = _begun(backend, index, target, subject, describe, recorded, strategy)
     waiter = entry.waiter
     told = (
@@ -189,9 +182,8 @@ async def wait(
     finally:
         target.release()
         _diagnostics.unregister(entry)
-        if obs is not None:  # its own failure is logged, never raised over the wait's outcome
-            _hooks.on_await(obs, entry.task, entry.subject, entry.device, start)
-        if told is not None:  # likewise; the outcome: what propagates, else the wait's error
+        if told is not None:  # a listener's failure is logged, never raised over the outcome;
+            # the outcome: what propagates, else the wait's error
             ended = raised if raised is not None else entry.error
             _hooks.wait_ended(told, ended, outcome(ended))
         told = raised = ended = None  # the frame held by a kept error must not hold these
@@ -216,8 +208,8 @@ def begin(
     frame (a pending wait is then one coroutine frame smaller): the wait begun, on which the
     caller awaits :func:`parked`, then calls :func:`end` in a ``finally`` (and
     :func:`cancelled` if the await raised), then raises :func:`failure` if there is one.
-    None while an observer or listeners are plugged in: the caller awaits :func:`wait`."""
-    if _hooks.observer is not None or _hooks.listeners:
+    None while listeners are plugged in: the caller awaits :func:`wait`."""
+    if _hooks.listeners:
         return None
     entry = _begun(backend, index, target, subject, describe, recorded, strategy)
     waiter = entry.waiter

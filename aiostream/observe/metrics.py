@@ -40,8 +40,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .. import _backends, _check, _diagnostics, _hooks, _waiting
+from .. import _backends, _check, _diagnostics, _waiting
 from .._errors import AiostreamError
+from ._listening import Listening
 
 __all__ = ["PrometheusMetrics"]
 
@@ -62,7 +63,7 @@ def _client() -> Any:
     return prometheus_client
 
 
-class PrometheusMetrics(_hooks.Listening):
+class PrometheusMetrics(Listening):
     """aiostream's metrics on a Prometheus registry (see the module's text for each).
 
     Args:
@@ -180,9 +181,6 @@ class PrometheusMetrics(_hooks.Listening):
     def _loader_batch(self, device: str, waited: float) -> None:
         self._add("loader_batches", (device,), 1)
         self._add("loader_stall_seconds", (device,), waited)
-
-    def _region(self, name: str, stream: Any, start: Any, end: Any, host: Any) -> None:
-        pass  # regions are traced, not counted
 
 
 class _Collector:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from .. import _backends, _hooks, _objects
+from .. import _backends, _hooks, _objects, _waiting
 from .._backends.base import AnyBackend, Timeline
 from .._errors import AiostreamError
 from ..device import Device
@@ -71,18 +71,31 @@ def _check_stream(stream: object) -> None:
         raise TypeError(f"stream must be an aiostream.Stream, got {stream!r}")
 
 
-class Profiler:
+def _task_name() -> str:
+    """The current task's name, or the thread's outside an event loop."""
+    try:
+        return _waiting.task_name()
+    except RuntimeError:  # no event loop in this thread (sniffio's error is a RuntimeError)
+        return threading.current_thread().name
+
+
+#: one profile active at a time: entering checks and plugs in under this lock
+_entering = threading.Lock()
+
+
+class Profiler(_hooks.Listener):
     """Collects spans while active; see :func:`profile`.
 
     It runs once, as ``with aiostream.profile() as prof:``. Its results (:attr:`spans`,
     :meth:`summary`, :meth:`to_svg`, the exports) are read inside the block or after it; before
     it they raise ``AiostreamError``, and ``str()`` says that it has not run.
 
-    :meth:`now`, :meth:`on_await`, :meth:`mark`, :meth:`native_timeline`, :meth:`add_host` and
-    :meth:`add_device_range` are the observer hooks that aiostream's instrumentation calls while
-    the profile is active (``record_function``, awaits, device work). They check their arguments
+    While the profile is active it listens to aiostream's instrumentation (awaits,
+    ``record_function``, device work), and records what it is told through :meth:`now`,
+    :meth:`on_await`, :meth:`mark`, :meth:`native_timeline`, :meth:`add_host` and
+    :meth:`add_device_range`, which a program may call too. They check their arguments
     (``TypeError``, ``ValueError``), so that a wrong value fails at the call, never later in the
-    results.
+    results; where one raises while listening, the failure is logged and the program goes on.
     """
 
     def __init__(self, device: Device | str | None = None) -> None:
@@ -114,12 +127,15 @@ class Profiler:
         return self._clock()
 
     def __enter__(self) -> Profiler:
-        if _hooks.observer is not None:
-            raise AiostreamError("a profiler is already active; profiles do not nest")
-        if self.start is not None:
-            raise AiostreamError("a profiler runs once; make a new one with aiostream.profile()")
-        self.start = self.now()
-        _hooks.install(self)
+        with _entering:
+            if any(isinstance(x, Profiler) for x in _hooks.listeners):
+                raise AiostreamError("a profiler is already active; profiles do not nest")
+            if self.start is not None:
+                raise AiostreamError(
+                    "a profiler runs once; make a new one with aiostream.profile()"
+                )
+            self.start = self.now()
+            _hooks.add_listener(self)
         return self
 
     def __exit__(
@@ -133,7 +149,7 @@ class Profiler:
         if self.end is not None:
             raise AiostreamError("this profile has already ended; a Profiler runs once")
         self.end = self.now()
-        _hooks.uninstall(self)
+        _hooks.remove_listener(self)
         self._collect_device()
 
     def _check_ran(self) -> float:
@@ -223,6 +239,64 @@ class Profiler:
             raise TypeError(f"op must be True or False, got {op!r}")
         with self._lock:
             self._ranges.append((name, stream, start, end, args, op))
+
+    # ------------------------------------------------------------------ the listener
+
+    def _wait_began(self, subject: str, device: str, strategy: str) -> Any:
+        try:
+            start = self.now()
+        except Exception:  # the await's span starts at 0: logged, not raised
+            self._failed("now()")
+            start = 0.0
+        return _task_name(), subject, device, start
+
+    def _wait_ended(self, token: Any, error: BaseException | None, outcome: str) -> None:
+        task, subject, device, start = token
+        try:
+            self.on_await(task, subject, device, start, self.now())
+        except Exception:
+            self._failed("on_await()")
+
+    def _submit_began(self, name: str, stream: Stream) -> Any:
+        """The mark right before an op: on streams whose backend shows its work itself, none."""
+        try:
+            if self.native_timeline(stream):
+                return None
+        except Exception:
+            self._failed("native_timeline()")
+            return None
+        try:
+            return name, stream, self.mark(stream)
+        except Exception:
+            self._failed("mark()")
+            return None
+
+    def _submit_ended(self, token: Any) -> None:
+        if token is None:
+            return
+        name, stream, start = token
+        try:
+            self.add_device_range(name, stream, start, self.mark(stream), {}, op=True)
+        except Exception:
+            self._failed("add_device_range()")
+
+    def _region_began(self, name: str, stream: Stream | None, args: dict[str, Any]) -> Any:
+        try:
+            return name, stream, args, self.now(), (None if stream is None else self.mark(stream))
+        except Exception:  # no span for this region
+            self._failed("record_function")
+            return None
+
+    def _region_ended(self, token: Any) -> None:
+        if token is None or self.end is not None:  # failed, or the profile ended inside it
+            return
+        name, stream, args, start, mark = token
+        try:
+            self.add_host(name, _task_name(), start, self.now(), args)
+            if stream is not None:
+                self.add_device_range(name, stream, mark, self.mark(stream), args)
+        except Exception:
+            self._failed("record_function")
 
     def _collect_device(self) -> None:
         assert self.start is not None and self.end is not None

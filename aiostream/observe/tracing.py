@@ -38,11 +38,12 @@ import threading
 import time
 from typing import Any
 
-from .. import _hooks, _objects
+from .. import _objects
 from .._errors import AiostreamError
 from ..device import Device
 from ..event import Event
 from ..stream import Stream
+from ._listening import Listening
 
 __all__ = ["Tracing", "instrument"]
 
@@ -82,7 +83,7 @@ class _Anchor:
         return self.host + self.event.elapsed_time(event) / 1e3
 
 
-class Tracing(_hooks.Listening):
+class Tracing(Listening):
     """The OpenTelemetry listener that :func:`instrument` plugs in; see the module's text."""
 
     def __init__(self, tracer_provider: Any = None) -> None:
@@ -149,32 +150,50 @@ class Tracing(_hooks.Listening):
                 span.set_status(status(code.ERROR, f"{kind}: {error}"))
         span.end()
 
-    def _copied(self, device: str, kind: str, nbytes: int) -> None:
-        pass  # counted by metrics, not traced: a span per copy would cost more than the copy
+    def _region_began(self, name: str, stream: Stream | None, args: dict[str, Any]) -> object:
+        """The host's time and, on a stream not capturing a graph, a timing event recorded
+        there (None if it cannot be: host times only)."""
+        t0 = time.monotonic()  # before the record: the device reaches it no sooner
+        start = None
+        if stream is not None and not _objects.capturing(stream):
+            try:
+                start = Event(stream.device, enable_timing=True)
+                start.record(stream)
+            except Exception:  # noqa: BLE001 - the region's device times are lost, not the program
+                self._failed("a region's timing event")
+                start = None
+        return name, stream, t0, start
 
-    def _loader_batch(self, device: str, waited: float) -> None:
-        pass
-
-    def _region(
-        self,
-        name: str,
-        stream: Stream | None,
-        start: Event | None,
-        end: Event | None,
-        host: tuple[float, float],
-    ) -> None:
-        device = stream.device if stream is not None else None
+    def _region_ended(self, token: Any) -> None:
+        name: str
+        stream: Stream | None
+        t0: float
+        start: Event | None
+        name, stream, t0, start = token
+        if self.closed:  # closed inside the region: no span
+            return
+        end = None
+        if start is not None and stream is not None:
+            try:
+                end = Event(stream.device, enable_timing=True)
+                end.record(stream)
+            except Exception:  # noqa: BLE001
+                self._failed("a region's timing event")
+                start = end = None
+        host = (t0, time.monotonic())
         parent = self._context.get_current()
         span = self._tracer.start_span(name, context=parent, start_time=self._ns(host[0]))
         span.end(end_time=self._ns(host[1]))
-        if start is None or end is None or stream is None or device is None:
+        if start is None or end is None or stream is None:
             return
+        device = stream.device
         anchor = self._anchor(device, stream)
         ctx = self._trace.set_span_in_context(span, parent)
+        first, last = start, end
 
         def landed() -> None:  # any thread, once the end event completed
             try:
-                a, b = anchor.on_host(start), anchor.on_host(end)
+                a, b = anchor.on_host(first), anchor.on_host(last)
                 device_span = self._tracer.start_span(
                     f"{name} [device]",
                     context=ctx,

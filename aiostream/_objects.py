@@ -112,9 +112,9 @@ class Awaitable(DeviceObject):
         driver call (``event_query(quick=True)``)."""
         return self.query()
 
-    def _capture(self, wake: bool) -> WaitTarget:
+    def _target(self, wake: bool) -> WaitTarget:
         """The work to wait for, fixed now; ``wake``: the backend is to learn of its completion
-        promptly (see ``Backend.stream_capture``)."""
+        promptly (see ``Backend.stream_target``)."""
         raise NotImplementedError
 
     def _subject(self) -> str:
@@ -148,7 +148,7 @@ class Awaitable(DeviceObject):
             return
         if strategy is None:
             strategy = _waiting.get_wait_strategy()
-        target = self._capture(strategy in _waiting.WAKE)
+        target = self._target(strategy in _waiting.WAKE)
         entry = _waiting.begin(
             self._backend, self._device.index, target, self, self._origin, strategy, _described
         )
@@ -188,7 +188,7 @@ class Awaitable(DeviceObject):
         """
         if self.query():
             return
-        _waiting.wait_blocking(self._backend, self._capture(True), self._what)
+        _waiting.wait_blocking(self._backend, self._target(True), self._what)
 
 
 def _described(obj: Awaitable) -> str:
@@ -230,7 +230,7 @@ def when_done(obj: Awaitable, callback: Callable[[], None]) -> None:
     """Call ``callback`` once, from any thread, when the work ``obj`` captures now has
     completed or failed, or its backend closed (at once if it has); nothing stays held for
     it after."""
-    target = obj._capture(False)  # noqa: SLF001
+    target = obj._target(False)  # noqa: SLF001
 
     def fire() -> None:
         target.release()  # backends call a watch's callback with none of their locks' lists

@@ -132,7 +132,6 @@ class Entry(_diagnostics.Record):
         "dead",
         "error",
         "finished",
-        "gone",
         "parked",
         "since",
         "started",
@@ -176,9 +175,6 @@ class Entry(_diagnostics.Record):
         self.dead = (  # pragma: no mutate (equivalent: None: read only as a truth value)
             False
         )
-        #: whether the wait's event loop has closed (``WaitTarget.watch``): one function per
-        #: waiter, so a backend that asks counts waiters, not waits
-        self.gone = waiter.gone
 
     @property
     def waiter(self) -> Waiter:
@@ -471,7 +467,7 @@ class TimedWaiter(Waiter):
     """
 
     def _added(self, entry: Entry) -> None:
-        entry.target.watch(entry)
+        entry.target.watch(entry, self.gone)
 
     def _sweep(self) -> float | None:
         # The hint first: it brings the backend up to date, which tells the targets whose
@@ -545,13 +541,13 @@ class StrategyWaiter(Waiter):
 
     def _added(self, entry: Entry) -> None:
         if entry.strategy in ("thread", "callback"):
-            entry.target.watch(entry)  # hybrid's, once the loop hands it over
+            entry.target.watch(entry, self.gone)  # hybrid's, once the loop hands it over
             return
         lane = entry.target.lane
         heap = self._lanes.get(lane)
         if heap is None:
             if entry.strategy in _HANDED and len(self._spinning) >= SPIN_LANES:
-                entry.target.watch(entry)  # enough streams are looked at on every turn
+                entry.target.watch(entry, self.gone)  # enough streams are looked at on every turn
                 return
             heap = self._lanes[lane] = []
         heapq.heappush(heap, (entry.target.seq, next(self._order), entry))
@@ -596,7 +592,7 @@ class StrategyWaiter(Waiter):
         while due:
             entry = due.popleft()
             if not (entry.dead or entry.finished or self._check(entry)):
-                entry.target.watch(entry)  # neither done nor failed: to be told again
+                entry.target.watch(entry, self.gone)  # neither done nor failed: to be told again
 
     def _sweep(self) -> float | None:
         now = _loop_time()
@@ -660,7 +656,7 @@ class StrategyWaiter(Waiter):
             spinning.discard(lane)
             if entry.strategy in _HANDED:
                 heapq.heappop(heap)
-                entry.target.watch(entry)  # the backend has it from here
+                entry.target.watch(entry, self.gone)  # the backend has it from here
                 self._plan_near(entry, now, clock)
                 continue
             if self._check(entry):  # poll, past its budget: done() tells a failed device too

@@ -140,8 +140,8 @@ class Event(_objects.Awaitable):
     def _ready(self) -> bool:
         return True if self._handle is None else self._backend.event_query(self._handle, True)
 
-    def _capture(self, wake: bool) -> WaitTarget:
-        target: WaitTarget = self._backend.event_capture(self._handle, wake)
+    def _target(self, wake: bool) -> WaitTarget:
+        target: WaitTarget = self._backend.event_target(self._handle, wake)
         return target
 
     def _subject(self) -> str:

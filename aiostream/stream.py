@@ -138,8 +138,8 @@ class Stream(_objects.Awaitable):
         """
         return _objects.capturing(self)
 
-    def _capture(self, wake: bool) -> WaitTarget:
-        target: WaitTarget = self._backend.stream_capture(self._handle, wake)
+    def _target(self, wake: bool) -> WaitTarget:
+        target: WaitTarget = self._backend.stream_target(self._handle, wake)
         return target
 
     def _subject(self) -> str:

@@ -50,15 +50,15 @@ class WaitTarget(Protocol):
         :meth:`done` says why. The loop may call it on each of its turns for a short while
         before it hands the wait to :meth:`watch`."""
 
-    def watch(self, callback: Callable[[], None]) -> None:
+    def watch(self, callback: Callable[[], None], gone: Callable[[], bool] | None = None) -> None:
         """Call ``callback`` once, from any thread, when the work completes or fails or the
         backend closes (at once if it already has); :meth:`release` cancels it. The waiter
         thereby finishes just the waits that completed, never visiting the pending ones.
 
-        ``callback.gone``, a function (the same one for every wait of one event loop), says
-        whether the loop closed with the wait pending: a backend that watches from a thread
-        of its own asks it now and then, and calls back the waits whose loop is gone (their
-        waiter then forgets them), so that no thread keeps watching work nobody awaits."""
+        ``gone``, a function (the same one for every wait of one event loop), says whether the
+        loop closed with the wait pending: a backend that watches from a thread of its own
+        asks it now and then, and calls back the waits whose loop is gone (their waiter then
+        forgets them), so that no thread keeps watching work nobody awaits."""
 
     def release(self) -> None:
         """Forget the wait (idempotent); the work itself goes on, and nothing stays held for
@@ -97,10 +97,10 @@ class Backend(Protocol[S, E, M, T]):
     def stream_id(self, stream: S) -> int: ...
     def stream_query(self, stream: S) -> bool: ...
     def stream_wait_event(self, stream: S, event: E) -> None: ...
-    def stream_capture(self, stream: S, wake: bool) -> T:
-        """The work submitted to ``stream`` so far. ``wake``: the backend is to learn of its
-        completion promptly, even at some cost to the stream (a host function on CUDA); else
-        it may poll for it."""
+    def stream_target(self, stream: S, wake: bool) -> T:
+        """A wait's target: the work submitted to ``stream`` so far. ``wake``: the backend is to
+        learn of its completion promptly, even at some cost to the stream (a host function on
+        CUDA); else it may poll for it."""
 
     # events
     def event_create(
@@ -114,8 +114,9 @@ class Backend(Protocol[S, E, M, T]):
         ``quick`` (an await's first look): the backend may answer from what it knows without
         a driver call, and tell a device's failure a little later (by the wait)."""
 
-    def event_capture(self, event: E, wake: bool) -> T:
-        """The work ``event`` captured at its last record (see :meth:`stream_capture`)."""
+    def event_target(self, event: E, wake: bool) -> T:
+        """A wait's target: the work ``event`` stood for at its last record (a later record
+        does not move it; see :meth:`stream_target`)."""
 
     def event_elapsed_ms(self, start: E, end: E) -> float: ...
     def event_ipc_handle(self, event: E) -> bytes: ...

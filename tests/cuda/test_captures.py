@@ -171,10 +171,10 @@ def test_an_event_recorded_on_a_stream_waits_in_that_stream_s_lane() -> None:
     opened = ais.Event.from_ipc_handle(DEV, exported.ipc_handle())  # its record is not ours
     ais.delay(0.001, stream=s)
     targets = [
-        cuda.event_capture(handle_of(recorded), False),
-        cuda.stream_capture(handle_of(s), False),
-        cuda.event_capture(handle_of(opened), False),
-        cuda.event_capture(handle_of(exported), False),
+        cuda.event_target(handle_of(recorded), False),
+        cuda.stream_target(handle_of(s), False),
+        cuda.event_target(handle_of(opened), False),
+        cuda.event_target(handle_of(exported), False),
     ]
     try:
         first, whole, *alone = targets
@@ -201,9 +201,9 @@ def test_a_wait_already_complete_is_told_at_once() -> None:
     ais.delay(0.001, stream=s)
     e, owner = s.record_event(), s.record_event()
     foreign = ais.as_event(owner.event_id, DEV)  # recorded elsewhere, as far as it knows
-    stream_wait = cuda.stream_capture(handle_of(s), False)
-    first, second = (cuda.event_capture(handle_of(e), False) for _ in range(2))
-    queried = cuda.event_capture(handle_of(foreign), False)
+    stream_wait = cuda.stream_target(handle_of(s), False)
+    first, second = (cuda.event_target(handle_of(e), False) for _ in range(2))
+    queried = cuda.event_target(handle_of(foreign), False)
     targets = (stream_wait, first, queried, second)  # second: its mark is known complete
     try:
         deadline = time.monotonic() + 5
@@ -228,7 +228,7 @@ def test_a_failing_completion_callback_is_logged_and_the_others_still_run(
     s = ais.Stream(DEV)
     ais.delay(0.01, stream=s)
     events = [s.record_event(), s.record_event()]
-    targets = [cuda.event_capture(handle_of(e), True) for e in events]
+    targets = [cuda.event_target(handle_of(e), True) for e in events]
     told = threading.Event()
 
     def fails() -> None:

@@ -340,11 +340,11 @@ s = ais.Stream("cuda:0")
 word = launch_trap(s, held=True)
 watch, looks = Watcher.watch, []
 
-def watched(self, target, callback):
+def watched(self, target, callback, gone):
     looks.append(target)
     if len(looks) == 1:  # the trap runs after the wait's mark, before the watcher's first look
         release(word)
-    watch(self, target, callback)
+    watch(self, target, callback, gone)
 
 Watcher.watch = watched
 start = time.monotonic()

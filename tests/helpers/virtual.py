@@ -3,9 +3,9 @@
 
 Each event loop has one waiter per device while waits are pending on it. The waiter asks the
 backend ``wake_hint(index)`` each time it looks, checks a wait by asking its target (what
-``stream_capture`` or ``event_capture`` handed out) ``done()``, and holds a ``subscribe``
+``stream_target`` or ``event_target`` handed out) ``done()``, and holds a ``subscribe``
 for as long as it runs: :func:`spy_on_waits` counts those calls, so a test reads how often the
-waiter looked, how many waits it checked, how many waiters run, and how many captures are
+waiter looked, how many waits it checked, how many waiters run, and how many targets are
 still held, without its insides.
 """
 
@@ -32,8 +32,8 @@ class Spy:
         self.wakes = 0
         #: ``done()`` calls on the targets handed out: one each time a wait is checked
         self.checks = 0
-        #: ``stream_capture`` and ``event_capture`` calls: one per wait that must suspend
-        self.captures = 0
+        #: ``stream_target`` and ``event_target`` calls: one per wait that must suspend
+        self.targets = 0
         #: the targets handed out that were let go (``release()``, counted once each)
         self.releases = 0
         #: the device index of each ``subscribe``: one per waiter started
@@ -53,9 +53,9 @@ class Spy:
 
     @property
     def outstanding(self) -> int:
-        """How many targets handed out are still held (captured, not let go): the waits the
+        """How many targets handed out are still held (handed out, not let go): the waits the
         backend still counts (``stats().waits``)."""
-        return self.captures - self.releases
+        return self.targets - self.releases
 
 
 class _Counted:
@@ -74,8 +74,8 @@ class _Counted:
         done: bool = self.target.done()
         return done
 
-    def watch(self, callback: Callable[[], None]) -> None:
-        self.target.watch(callback)
+    def watch(self, callback: Callable[[], None], gone: Callable[[], bool] | None = None) -> None:
+        self.target.watch(callback, gone)
 
     def release(self) -> None:
         if not self.released:
@@ -97,7 +97,7 @@ def spy_on_waits(monkeypatch: pytest.MonkeyPatch) -> Spy:
     spied = backend("virtual")
     spy = Spy(spied)
     wake_hint, subscribe = spied.wake_hint, spied.subscribe
-    stream_capture, event_capture = spied.stream_capture, spied.event_capture
+    stream_target, event_target = spied.stream_target, spied.event_target
 
     def counted_wake_hint(index: int) -> float | None:
         spy.wakes += 1
@@ -115,26 +115,26 @@ def spy_on_waits(monkeypatch: pytest.MonkeyPatch) -> Spy:
 
         return counted_unsubscribe
 
-    def counted_stream_capture(stream: Any, wake: bool) -> _Counted:
-        spy.captures += 1
-        return _Counted(spy, stream_capture(stream, wake))
+    def counted_stream_target(stream: Any, wake: bool) -> _Counted:
+        spy.targets += 1
+        return _Counted(spy, stream_target(stream, wake))
 
-    def counted_event_capture(event: Any, wake: bool) -> _Counted:
-        spy.captures += 1
-        return _Counted(spy, event_capture(event, wake))
+    def counted_event_target(event: Any, wake: bool) -> _Counted:
+        spy.targets += 1
+        return _Counted(spy, event_target(event, wake))
 
     monkeypatch.setattr(spied, "wake_hint", counted_wake_hint)
     monkeypatch.setattr(spied, "subscribe", counted_subscribe)
-    monkeypatch.setattr(spied, "stream_capture", counted_stream_capture)
-    monkeypatch.setattr(spied, "event_capture", counted_event_capture)
+    monkeypatch.setattr(spied, "stream_target", counted_stream_target)
+    monkeypatch.setattr(spied, "event_target", counted_event_target)
     return spy
 
 
 def target_class(stream: ais.Stream) -> type:
-    """The class of the wait targets the virtual backend hands out, read from a capture of
+    """The class of the wait targets the virtual backend hands out, read from a target of
     ``stream``'s work, let go at once. ``stream`` must have work submitted and no
-    ``wait_event`` after it: the capture of other streams adds a marker to them."""
-    target = backend_of(stream).stream_capture(handle_of(stream), False)
+    ``wait_event`` after it: the target of other streams' work adds a marker to them."""
+    target = backend_of(stream).stream_target(handle_of(stream), False)
     target.release()
     return type(target)
 

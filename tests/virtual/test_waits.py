@@ -29,7 +29,7 @@ def test_a_wait_handed_over_after_its_work_ended_is_told_at_once(clock: VirtualC
     told: list[str] = []
 
     def capture(s: ais.Stream) -> Any:
-        return virtual.stream_capture(handle_of(s), False)
+        return virtual.stream_target(handle_of(s), False)
 
     ok = ais.Stream()
     ais.virtual.submit(ok, 1.0)

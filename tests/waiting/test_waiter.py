@@ -28,7 +28,7 @@ async def test_complete_work_takes_the_fast_path(
     e = ais.Stream().record_event()
     await e.synchronize()
     # no wait was ever needed: nothing captured, no waiter started
-    assert (spy.captures, spy.subscriptions) == (0, [])
+    assert (spy.targets, spy.subscriptions) == (0, [])
     assert ais.virtual.stats().waits == 0
 
 
@@ -46,7 +46,7 @@ async def test_a_wait_on_complete_work_is_one_checkpoint(
             await complete.synchronize()
             pytest.fail("a cancelled scope's checkpoint raises")  # pragma: no cover
         assert scope.cancelled_caught
-    assert (spy.captures, spy.subscriptions) == (0, [])  # no waiter was needed
+    assert (spy.targets, spy.subscriptions) == (0, [])  # no waiter was needed
 
 
 async def test_one_waiter_per_loop_and_device_gone_when_nothing_is_pending(

@@ -107,7 +107,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return Stream(ptr, dev.index, owned=False), int(priority)
 
     def stream_native(self, stream: Stream) -> int:
-        # others may submit to it now (see Waits.event_capture); equivalent mutant (unmarked):
+        # others may submit to it now (see Waits.event_target); equivalent mutant (unmarked):
         stream.private = False  # = None, read only as a truth value
         return handed_out(stream)
 
@@ -148,8 +148,8 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         self._graphs.check_wait(stream, event)
         self._devices[stream.index].wait_for(stream, event.ptr)
 
-    def stream_capture(self, stream: Stream, wake: bool) -> Target:
-        return self._waits.stream_capture(stream, wake)
+    def stream_target(self, stream: Stream, wake: bool) -> Target:
+        return self._waits.stream_target(stream, wake)
 
     # ------------------------------------------------------------------ events
 
@@ -213,8 +213,8 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def event_query(self, event: Event, quick: bool = False) -> bool:
         return self._waits.query(event, quick)
 
-    def event_capture(self, event: Event, wake: bool) -> Target:
-        return self._waits.event_capture(event, wake)
+    def event_target(self, event: Event, wake: bool) -> Target:
+        return self._waits.event_target(event, wake)
 
     def event_elapsed_ms(self, start: Event, end: Event) -> float:
         return self._waits.elapsed_ms(start, end)

@@ -76,7 +76,7 @@ class Waits:
         # another error (a failed device's, sticky) is raised by the call that follows
         return int(err) == SUCCESS and int(status) != _NOT_CAPTURING
 
-    def stream_capture(self, stream: Stream, wake: bool) -> Target:
+    def stream_target(self, stream: Stream, wake: bool) -> Target:
         dev = self.devices[stream.index]
         self.check_not_capturing(stream)
         target = Target(dev.watcher, stream.key, next(stream.seq))
@@ -236,7 +236,7 @@ class Waits:
             if stream.capture is not None:
                 stream.capture.recorded(event, stream)
             try:
-                if dev.watcher.memops and event.private and captured is None:  # event_capture
+                if dev.watcher.memops and event.private and captured is None:  # event_target
                     event.mark = dev.watcher.mark(stream.ptr, False)
                     _reaching(stream, event.mark)
                     if stream.recorded is None or stream.recorded[0] is not event:
@@ -257,7 +257,7 @@ class Waits:
                 # equivalent under mutation: the event is retired right after: nothing reads it
                 event.mark = None  # pragma: no mutate
 
-    def event_capture(self, event: Event, wake: bool) -> Target:
+    def event_target(self, event: Event, wake: bool) -> Target:
         if event.captured is not None:
             raise captured_event(describe_event(event))
         dev = self.devices[event.index]

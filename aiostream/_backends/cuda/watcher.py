@@ -164,7 +164,7 @@ class Target:
         #: the error the watcher's query of it met (its wait raises it)
         self.error: DeviceError | None = None
         self.callback: Callable[[], None] | None = None
-        self.gone: Callable[[], bool] | None = None  # the callback's (WaitTarget.watch)
+        self.gone: Callable[[], bool] | None = None  # its loop's (WaitTarget.watch)
         #: the private stream whose host function is to announce the mark once the wait is
         #: watched (``Watcher.announce``), if nothing of the user's followed its ``at``-th
         #: operation; None: polled
@@ -204,10 +204,10 @@ class Target:
             return True
         return False
 
-    def watch(self, callback: Callable[[], None]) -> None:
+    def watch(self, callback: Callable[[], None], gone: Callable[[], bool] | None = None) -> None:
         """Call ``callback`` once, from the watcher's thread, when the work completes or the
-        device fails; :meth:`release` cancels it."""
-        self.watcher.watch(self, callback)
+        device fails, or once ``gone()`` says its loop closed; :meth:`release` cancels it."""
+        self.watcher.watch(self, callback, gone)
 
     def release(self) -> None:
         """Forget the wait: no thread, event or stream stays held (a slot whose value has not
@@ -373,15 +373,14 @@ class Health:
 
 
 class Owners:
-    """The ``gone`` functions of the watched waits' callbacks (``WaitTarget.watch``), one per
-    waiting event loop, each with its number of waits."""
+    """The ``gone`` functions of the watched waits (``WaitTarget.watch``), one per waiting
+    event loop, each with its number of waits."""
 
     def __init__(self) -> None:
         self.counts: dict[Callable[[], bool], int] = {}
 
-    def add(self, callback: Callable[[], None]) -> Callable[[], bool] | None:
-        """Count ``callback``'s wait; return its ``gone``, if it has one."""
-        gone: Callable[[], bool] | None = getattr(callback, "gone", None)
+    def add(self, gone: Callable[[], bool] | None) -> Callable[[], bool] | None:
+        """Count a wait of ``gone``'s loop; return ``gone``."""
         if gone is not None:
             self.counts[gone] = self.counts.get(gone, 0) + 1
         return gone
@@ -539,7 +538,9 @@ class Watcher:
 
     # ------------------------------------------------------------------ watching
 
-    def watch(self, target: Target, callback: Callable[[], None]) -> None:
+    def watch(
+        self, target: Target, callback: Callable[[], None], gone: Callable[[], bool] | None
+    ) -> None:
         with self.lock:
             if target.released or target.callback is not None:
                 return
@@ -554,7 +555,7 @@ class Watcher:
             if not tell_now:  # (post is read only then)
                 target.callback = callback
                 self.watched[target] = None  # pragma: no mutate (equivalent: values unread)
-                target.gone = self.owners.add(callback)
+                target.gone = self.owners.add(gone)
                 if mark is not None and mark.slot >= 0:
                     target.next, mark.first = mark.first, target  # the sweep of flags tells it
                     target.polled = not mark.woken

@@ -151,7 +151,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline, Graphs):
                 return
             self._sim.sched.wait_event(stream, event.state.item)
 
-    def stream_capture(self, stream: Stream, wake: bool) -> Target:
+    def stream_target(self, stream: Stream, wake: bool) -> Target:
         sim = self._sim
         with sim.lock:
             sim.check_device(stream.device)
@@ -207,7 +207,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline, Graphs):
             return True
         return self._sim.item_done(item)
 
-    def event_capture(self, event: Event, wake: bool) -> Target:
+    def event_target(self, event: Event, wake: bool) -> Target:
         sim = self._sim
         with sim.lock:
             sim.check_device(event.device)

@@ -50,9 +50,10 @@ class Target:
         polls them)."""
         return None
 
-    def watch(self, callback: Callable[[], None]) -> None:
+    def watch(self, callback: Callable[[], None], gone: Callable[[], bool] | None = None) -> None:
         """Call ``callback`` once, from any thread, when the work completes or fails or the
-        backend closes; at once if it already has."""
+        backend closes; at once if it already has. (``gone`` is not needed: no thread of the
+        simulator's keeps watching; whoever moves the simulation calls back.)"""
         self.sim.watch(self, callback)
 
     def __call__(self) -> None:  # the scheduler calls its watchers

@@ -58,7 +58,7 @@ def test_capabilities_are_seen_at_run_time() -> None:
 
 @pytest.mark.parametrize("device", ["virtual:0", "cuda:0"])
 def test_a_capture_of_an_event_never_recorded_is_complete(device: str) -> None:
-    """``event_capture`` of an event whose handle exists but that was never recorded (an
+    """``event_target`` of an event whose handle exists but that was never recorded (an
     interprocess event handed out first) captures no work: its target is done, a watch is
     called at once, and the release is idempotent. The user objects ask ``query()`` first, so
     only a backend's direct callers reach it."""
@@ -74,7 +74,7 @@ def test_a_capture_of_an_event_never_recorded_is_complete(device: str) -> None:
     e.ipc_handle()  # the handle is made now, with nothing recorded
     called: list[bool] = []
     for wake in (False, True):
-        target = e._backend.event_capture(e._handle, wake)
+        target = e._backend.event_target(e._handle, wake)
         assert target.done() is True
         if device.startswith("virtual"):  # a wait held until released, on work done now
             assert e._backend.leaks()[0] == (

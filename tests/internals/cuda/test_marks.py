@@ -271,7 +271,7 @@ async def test_a_peek_reads_the_mark_its_wait_captured(anyio_backend: object) ->
     with gated(s) as release_first:
         ais.delay(0.001, stream=s)
         e.record(s)
-        target = backend.event_capture(ais._objects.handle(e), False)
+        target = backend.event_target(ais._objects.handle(e), False)
         drv = backend._drv  # type: ignore[attr-defined]
 
         def peek() -> bool | None:
@@ -293,7 +293,7 @@ async def test_a_peek_reads_the_mark_its_wait_captured(anyio_backend: object) ->
                 assert not e.query()  # the event's latest record has not completed
                 assert calls == []
                 foreign = ais.as_event(e.event_id, DEV)
-                other = backend.event_capture(ais._objects.handle(foreign), False)
+                other = backend.event_target(ais._objects.handle(foreign), False)
                 assert other.peek() is None
                 other.release()
         finally:

@@ -140,7 +140,7 @@ def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
     monkeypatch.setattr(watcher.semaphores, "post", lambda sem: (posts.append(sem), post(sem)))
     targets = []
     try:
-        targets.append(backend.event_capture(first._handle, True))
+        targets.append(backend.event_target(first._handle, True))
         targets[0].watch(lambda: None)
         assert not targets[0].polled
         deadline = time.monotonic() + 5
@@ -149,7 +149,7 @@ def test_a_wait_the_watcher_will_look_at_soon_enough_does_not_wake_it(
             assert time.monotonic() < deadline, "waited 5 s in vain for the thread to sleep"
             time.sleep(0.001)
         posts.clear()
-        targets.append(backend.event_capture(second._handle, True))
+        targets.append(backend.event_target(second._handle, True))
         targets[1].watch(lambda: None)
         assert not targets[1].polled and not posts, posts
     finally:
@@ -185,7 +185,7 @@ def test_waits_watched_together_post_the_sleeping_watcher_once(
         with thread.lock:  # the thread cannot plan again until all are watched
             thread.sleeping_until = float("inf")  # asleep until posted
             for event in events:
-                target = backend.event_capture(event._handle, True)
+                target = backend.event_target(event._handle, True)
                 target.watch(lambda: None)
                 targets.append(target)
             assert all(t.polled for t in targets)

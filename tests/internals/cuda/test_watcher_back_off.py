@@ -24,7 +24,7 @@ def test_a_sweep_that_finds_completions_halves_the_back_off(own_backend: Any) ->
     watcher = own_backend._devices.get(0).watcher
     told: list[bool] = []
     with watcher.lock:
-        target = own_backend.event_capture(_objects.handle(e), False)
+        target = own_backend.event_target(_objects.handle(e), False)
         target.watch(lambda: told.append(True))
         watcher.progress_at = time.monotonic() - 0.004  # quiet for 4 ms: 1 ms polls
         due = watcher._sweep()

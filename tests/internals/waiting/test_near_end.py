@@ -35,7 +35,7 @@ class _Work:
         self.peeks += 1
         return self.complete.is_set()
 
-    def watch(self, callback: Any) -> None:
+    def watch(self, callback: Any, gone: Any = None) -> None:
         self.watched = callback  # never called: only the loop's looks can end the wait
 
     def release(self) -> None:

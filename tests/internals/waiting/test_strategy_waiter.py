@@ -47,7 +47,7 @@ class _Work:
         self.peeks += 1
         return self.done()
 
-    def watch(self, callback: Any) -> None:
+    def watch(self, callback: Any, gone: Any = None) -> None:
         self.watched = callback
 
         def tell() -> None:
@@ -134,7 +134,7 @@ class _Told:
     def peek(self) -> bool | None:
         return self.complete
 
-    def watch(self, callback: Any) -> None:
+    def watch(self, callback: Any, gone: Any = None) -> None:
         self.callback = callback
 
     def release(self) -> None:
@@ -245,7 +245,7 @@ async def test_a_wait_complete_as_hybrid_hands_it_over_is_not_lost(
     backend = ManualBackend()
     work = _Work("s", 0)
 
-    def watch_complete_meanwhile(callback: Any) -> None:
+    def watch_complete_meanwhile(callback: Any, gone: Any = None) -> None:
         work.watched = callback
         work.complete.set()
         callback()

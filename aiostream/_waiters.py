@@ -169,12 +169,8 @@ class Entry(_diagnostics.Record):
         # far smaller than an anyio.Event with its queue of waiters
         self.parked = waiter.park()
         self.error: BaseException | None = None
-        self.finished = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
-        self.dead = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self.finished = False
+        self.dead = False
 
     @property
     def waiter(self) -> Waiter:
@@ -247,11 +243,8 @@ class Waiter:
         self._by_age: deque[Entry] = deque()  # every unsettled wait, oldest first
         self._due: deque[Entry] = deque()  # told complete, not finished yet (any thread appends)
         self._pending = 0
-        self._running = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
-        # equivalent under mutation: _watch clears it before any kick can matter
-        self._kicked = False  # pragma: no mutate
+        self._running = False
+        self._kicked = False  # pragma: no mutate (equivalent: _watch clears it before it matters)
         self._kick_sent = False  # a wake-up from another thread is on its way to the loop
         self._scope: anyio.CancelScope | None = None
         # The task, strongly referenced: asyncio keeps only weak references to its tasks.
@@ -333,9 +326,8 @@ class Waiter:
         entries, self._by_age = self._by_age, deque()
         for entry in entries:
             if not (entry.dead or entry.finished):
-                # equivalent under mutation: the waiter has left the registry; a discard then
-                # changes its counts only, which nothing reads (the loop is closed)
-                entry.dead = True  # pragma: no mutate
+                # the waiter has left the registry: a discard would change counts nobody reads
+                entry.dead = True  # pragma: no mutate (equivalent: see above)
                 entry.target.release()
                 _diagnostics.unregister(entry)
         self._pending = 0  # pragma: no mutate (equivalent: the loop is closed: nothing reads it)
@@ -411,7 +403,6 @@ class Waiter:
             self._scope = None
             self._running = False
             unsubscribe()
-            # equivalent mutant (unmarked): and -> or: both halves always hold when the task ends
             if not self._pending and self._registry.get(self._key) is self:
                 del self._registry[self._key]
 
@@ -420,9 +411,7 @@ class Waiter:
 
     async def _watch(self) -> None:
         while self._pending:
-            self._kicked = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-                False
-            )
+            self._kicked = False
             delay = self._sweep()
             if not self._pending:
                 return
@@ -562,7 +551,7 @@ class StrategyWaiter(Waiter):
 
     def _discarded(self, entry: Entry) -> None:
         self._dead += 1
-        # equivalent under mutation: compacting sooner or later drops only settled waits
+        # compacting sooner or later drops only settled waits
         if self._dead >= _COMPACT_MIN and self._dead > self._pending:  # pragma: no mutate
             self._compact()
 

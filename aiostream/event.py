@@ -237,8 +237,6 @@ def foreign_event(device: Device, backend: AnyBackend, handle: Any) -> Event:
     Its flags are unknown, so timing is left to the driver to refuse.
     """
     event = _objects.unowned(Event, device, backend, handle)
-    # equivalent mutant (unmarked): blocking False -> True: a foreign event never creates its
-    # handle, so it is never read
     flags = True, False, False  # timing, blocking, interprocess
     event._timing, event._blocking, event._interprocess = flags  # noqa: SLF001 (this module's)
     event._recorded_on = None  # noqa: SLF001

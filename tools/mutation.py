@@ -24,20 +24,26 @@ the code names its device passes with one): the CUDA test files and the conforma
 that leaves a contract violation counted on the stand-in fails (its exit check, which the
 mutants' test runs never reach). Without a C compiler only the CUDA module is refused.
 
+The survivors known to be equivalent (no test can kill them) are data, KNOWN below: the
+report leaves them out, and lists the survivors to look at and the entries of KNOWN that no
+longer match a survivor (stale: the code changed, or a test kills the mutant now).
+
 Needs mutmut 3 (``pip install 'mutmut>=3.8,<4'``; not a dependency of the package). Run it
-niced on a shared machine. It prints the score of each module and the survivors, and with
-``--report DIR`` writes them to ``DIR/<module>.txt``.
+niced on a shared machine. It prints the score of each module and the survivors to look at,
+and with ``--report DIR`` writes them to ``DIR/<module>.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import difflib
 import fnmatch
 import io
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -255,6 +261,268 @@ main.cli()
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
 
 
+@dataclass(frozen=True)
+class Known:
+    """A survivor known to be equivalent: no program can tell it from the original (it changes
+    no result, no exception, no timeline), so no test can kill it.
+
+    ``path`` and ``function`` (``Class.method`` or ``function``) say where; ``code`` is a piece
+    of the original code the mutant changes (enough to tell it from other lines of the
+    function that take the same change); ``change`` is what the mutant does to it, ``"old ->
+    new"`` (only the tokens that differ: ``"False -> None"``, ``"1 -> 2"``, ``"strict = True ->
+    "`` for a dropped argument). Spaces and comments do not count, nor line numbers or mutmut's
+    numbering, which change with every edit; an entry whose code changed matches nothing and
+    the report lists it as stale."""
+
+    path: str
+    function: str
+    code: str
+    change: str
+    reason: str
+    #: a piece of the lines just above the change, where the function has the same line twice
+    above: str = ""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One mutant of a run: mutmut's name, where, the changed lines before and after (the
+    lines of its diff), and its status (mutmut's word: killed, survived, no tests, ...)."""
+
+    name: str
+    path: str
+    function: str
+    line: int
+    before: str
+    after: str
+    status: str
+    above: str = ""  # the diff's lines of context above the change
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run's mutants against KNOWN: the survivors to look at, those explained, and the
+    entries that no longer hold (with why)."""
+
+    unexplained: list[Mutant]
+    explained: list[tuple[Mutant, Known]]
+    stale: list[tuple[Known, str]]
+
+
+_TOKEN = re.compile(
+    r"""[rRbBuUfF]{0,2}(?:"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*')"""  # a string
+    r"|\d[\w.]*(?:[eE][-+]?\d+)?"  # a number
+    r"|\w+"
+    r"|\*\*=?|//=?|->|<<=?|>>=?|:=|[-+*/%&|^<>=!@]=|#"
+    r"|\S"
+)
+
+
+def tokens(code: str) -> list[str]:
+    """The tokens of ``code``, comments dropped."""
+    out: list[str] = []
+    for text in code.splitlines() or [""]:
+        for token in _TOKEN.findall(text):
+            if token == "#":
+                break
+            out.append(token)
+    return out
+
+
+def describe(before: str, after: str) -> str:
+    """What a mutant changes, ``"old -> new"``: the tokens between the parts the two share."""
+    old, new = tokens(before), tokens(after)
+    start = 0
+    while start < min(len(old), len(new)) and old[start] == new[start]:
+        start += 1
+    end = 0
+    while end < min(len(old), len(new)) - start and old[-1 - end] == new[-1 - end]:
+        end += 1
+    return f"{' '.join(old[start : len(old) - end])} -> {' '.join(new[start : len(new) - end])}"
+
+
+def matches(known: Known, mutant: Mutant) -> bool:
+    """Whether ``known`` names ``mutant``: the same file and function, and the mutant is the
+    original with ``known.change`` made inside ``known.code`` (tokens compared)."""
+    if known.path != mutant.path or known.function != mutant.function:
+        return False
+    if known.above and f" {' '.join(tokens(known.above))} " not in (
+        f" {' '.join(tokens(mutant.above))} "
+    ):
+        return False
+    code = tokens(known.code)
+    old_side, _, new_side = known.change.partition("->")
+    old, new = tokens(old_side), tokens(new_side)
+    at = next((i for i in range(len(code) - len(old) + 1) if code[i : i + len(old)] == old), -1)
+    if at < 0:
+        return False  # the change is not in the code: an entry that can match nothing
+    changed = code[:at] + new + code[at + len(old) :]
+    before, after = tokens(mutant.before), tokens(mutant.after)
+    return any(
+        before[i : i + len(code)] == code
+        and before[:i] + changed + before[i + len(code) :] == after
+        for i in range(len(before) - len(code) + 1)
+    )
+
+
+def subtract(
+    mutants: list[Mutant],
+    known: tuple[Known, ...] | list[Known],
+    paths: set[str] | None = None,
+) -> Verdict:
+    """Take the known equivalent survivors out of a run's mutants.
+
+    ``mutants`` holds the run's mutants not killed, and every mutant (whatever its status,
+    "not checked" included) of each function an entry of ``known`` names; ``paths``, the files
+    mutated in the run (by default those of ``mutants``). An entry is stale when its file was
+    mutated and it names no mutant (the code changed), or only killed ones (a test kills it
+    now: not equivalent after all, or no longer)."""
+    unexplained: list[Mutant] = []
+    explained: list[tuple[Mutant, Known]] = []
+    for mutant in mutants:
+        if mutant.status in KILLED or mutant.status in ("not checked", "error"):
+            continue
+        entry = next((k for k in known if matches(k, mutant)), None)
+        if entry is None:
+            unexplained.append(mutant)
+        else:
+            explained.append((mutant, entry))
+    if paths is None:
+        paths = {m.path for m in mutants}
+    stale: list[tuple[Known, str]] = []
+    for entry in known:
+        if entry.path not in paths:
+            continue  # not mutated in this run
+        named = [m for m in mutants if matches(entry, m)]
+        if not named:
+            stale.append((entry, "matches no mutant: the code changed"))
+        elif all(m.status in KILLED for m in named):
+            stale.append((entry, "killed: " + ", ".join(m.name for m in named)))
+    return Verdict(unexplained, explained, stale)
+
+
+def split_diff(body: list[str]) -> tuple[str, str, str]:
+    """The lines a unified diff's hunk removes, those it adds, and its context above them."""
+    changed = [i for i, t in enumerate(body) if t.startswith(("-", "+"))]
+    first = changed[0] if changed else len(body)
+    above = "\n".join(t[1:] for t in body[:first] if t.startswith(" "))
+    before = "\n".join(t[1:] for t in body if t.startswith("-"))
+    after = "\n".join(t[1:] for t in body if t.startswith("+"))
+    return before, after, above
+
+
+def _k(path: str, function: str, code: str, change: str, reason: str, above: str = "") -> Known:
+    return Known(f"aiostream/{path}", function, code, change, reason, above)
+
+
+# The known equivalent survivors (see Known; docs/mutation-testing.md says when a mutant is
+# equivalent). A line whose every mutant is equivalent is marked in the code instead,
+# ``# pragma: no mutate (equivalent: <why>)``, and makes no mutant.
+_NONE_FLAG = "None for False: read only as a truth value"
+_ORDERS = "ops is only compared with its own earlier values: any increase orders alike"
+_STRICT = "strict= is a check only: the lengths always agree"
+# fmt: off
+KNOWN: tuple[Known, ...] = (
+    _k("event.py", "foreign_event", "True, False, False", "False , False -> True , False",
+       "a foreign event never creates its handle, so its blocking flag is never read"),
+    _k("_waiters.py", "Entry.__init__", "self.finished = False", "False -> None", _NONE_FLAG),
+    _k("_waiters.py", "Entry.__init__", "self.dead = False", "False -> None", _NONE_FLAG),
+    _k("_waiters.py", "Waiter.__init__", "self._running = False", "False -> None", _NONE_FLAG),
+    _k("_waiters.py", "Waiter._watch", "self._kicked = False", "False -> None", _NONE_FLAG),
+    _k("_waiters.py", "Waiter._run", "not self._pending and self._registry", "and -> or",
+       "both halves always hold when the task ends"),
+    _k("data/loader.py", "_Here.__init__", "self._exhausted = False", "False -> None", _NONE_FLAG),
+    _k("data/loader.py", "_Iteration.__init__", "self._closed = False", "False -> None",
+       _NONE_FLAG),
+    _k("data/loader.py", "_Ahead._hand_out", "job.slot is not None and job.result", "and -> or",
+       "both are always set for a job done without an error"),
+    _k("data/loader.py", "_Iteration.close_after", "_cancelled(error)", "error -> None",
+       "where error is the loop's cancellation, it or exc is raised: a cancellation either way, "
+       "caught alike"),
+    _k("data/_staging.py", "flatten", "strict=True", "True -> False", _STRICT),
+    _k("data/_staging.py", "flatten", "strict=True", "True -> None", _STRICT),
+    _k("data/_staging.py", "flatten", "strict=True", "strict = True -> ", _STRICT),
+    _k("data/_staging.py", "Staging.enqueue", "slot.device, strict=True", "True -> False", _STRICT),
+    _k("data/_staging.py", "Staging.enqueue", "slot.device, strict=True", "True -> None", _STRICT),
+    _k("data/_staging.py", "Staging.enqueue", "slot.device, strict=True", "strict = True -> ",
+       _STRICT),
+    _k("data/buffers.py", "from_dlpack", "imported.nbytes", "imported . nbytes -> None",
+       "the size of device memory made elsewhere is never read"),
+    _k("_backends/virtual/model.py", "Engine.__init__", "self.dirty = False", "False -> None",
+       _NONE_FLAG),
+    _k("_backends/virtual/simulation.py", "Simulation.__init__", "self.closed = False",
+       "False -> None",
+       _NONE_FLAG),
+    _k("_backends/virtual/simulation.py", "Simulation.wake_hint", "/ 1e9", "1e9 -> 1000000001.0",
+       "a wake-up 1 ns per second early only means one more look"),
+    _k("_backends/virtual/clock.py", "resolve_clock", "type(value)", "value -> None",
+       "readings sent down the slow path get the same result"),
+    _k("_backends/virtual/backend.py", "VirtualBackend.event_record", "stream, 0, None", "0 -> 1",
+       "a marker's duration is never read"),
+    _k("_backends/virtual/backend.py", "VirtualBackend.event_record", "stream, 0, None",
+       "0 -> None",
+       "a marker's duration is never read"),
+    _k("_backends/virtual/backend.py", "VirtualBackend.event_capture", "now, 0, None", "0 -> 1",
+       "this complete item is never submitted: its duration is never read"),
+    _k("_backends/virtual/backend.py", "VirtualBackend.event_capture", "now, 0, None", "0 -> None",
+       "this complete item is never submitted: its duration is never read"),
+    _k("_backends/virtual/backend.py", "VirtualBackend.races", "clear: bool = False",
+       "False -> True",
+       "the callers that take the default read a backend being discarded"),
+    _k("_backends/virtual/scheduler.py", "Scheduler.__init__", "itertools.count(1)", "1 -> 2",
+       "sequence numbers only order items among themselves"),
+    _k("_backends/virtual/scheduler.py", "Scheduler._reopen", "worst.token += 1", "1 -> 2",
+       "any increase makes the item's old completion entries stale"),
+    _k("_backends/virtual/memory.py", "Memories.host_alloc", "self.sim.devices[index]",
+       "self.sim.devices[index] -> None",
+       "host memory's device is never read"),
+    _k("_backends/virtual/memory.py", "Memories.opened", "False", "False -> True",
+       "only the leak listing reads host, and it never lists an alias", "device,"),
+    _k("_backends/virtual/ipc.py", "IpcTable.handle", '"<IQI"', '"<IQI" -> "<iqi"',
+       "signed or unsigned, these small values pack the same"),
+    _k("_backends/cuda/devices.py", "Device.wait_for", "stream.ops += 1", "1 -> 2", _ORDERS),
+    _k("_backends/cuda/devices.py", "Device.release_all", "event.alive = False", "False -> None",
+       _NONE_FLAG),
+    _k("_backends/cuda/devices.py", "Device.release_all", "stream.alive = False", "False -> None",
+       _NONE_FLAG),
+    _k("_backends/cuda/devices.py", "Devices.__init__", "self.closed = False", "False -> None",
+       _NONE_FLAG),
+    _k("_backends/cuda/devices.py", "Device.busy", '"stream"', '"stream" -> "XXstreamXX"',
+       "leaves the internal streams out: their work waits on streams busy() asks anyway"),
+    _k("_backends/cuda/devices.py", "Device.busy", '"stream"', '"stream" -> "STREAM"',
+       "leaves the internal streams out: their work waits on streams busy() asks anyway"),
+    _k("_backends/cuda/sharing.py", "Sharing.order", "stream.ops += 1", "1 -> 2", _ORDERS),
+    _k("_backends/cuda/sharing.py", "Sharing.wrap", "nbytes, ptr", "nbytes -> None",
+       "its size is never read: its releaser settles freeing and export"),
+    _k("_backends/cuda/sharing.py", "Sharing.wrap", "device=True", "True -> None",
+       "its device flag is never read: its releaser settles freeing and export"),
+    _k("_backends/cuda/sharing.py", "Sharing.wrap", "device=True", "True -> False",
+       "its device flag is never read: its releaser settles freeing and export"),
+    _k("_backends/cuda/memory.py", "Memories.host_alloc", "max(nbytes, 1)", "1 -> 2",
+       "the byte more is never read or written"),
+    _k("_backends/cuda/memory.py", "Memories.device_alloc", "cuMemAllocAsync(max(nbytes, 1)",
+       "1 -> 2",
+       "the byte more is never read or written"),
+    _k("_backends/cuda/memory.py", "Memories.device_alloc", "dev.pools = False", "False -> None",
+       _NONE_FLAG),
+    _k("_backends/cuda/memory.py", "Memories.device_alloc", "nbytes, int(ptr)", "nbytes -> None",
+       "pooled memory's size is never read", '"cuMemAllocAsync"'),
+    _k("_backends/cuda/memory.py", "Memories.device_alloc", "device=True", "True -> None",
+       "pooled memory's device flag is never read", '"cuMemAllocAsync"'),
+    _k("_backends/cuda/memory.py", "Memories.device_alloc", "device=True", "True -> False",
+       "pooled memory's device flag is never read", '"cuMemAllocAsync"'),
+    _k("_backends/cuda/memory.py", "Memories.device_alloc", "stream.ops += 1", "1 -> 2", _ORDERS),
+    _k("_backends/cuda/memory.py", "Memories.use", "stream.ops += 1", "1 -> 2", _ORDERS),
+    _k("_backends/cuda/memory.py", "Memories.copy", "stream.ops += 1", "1 -> 2", _ORDERS),
+    _k("_backends/cuda/memory.py", "Memories.release", "streams[0].ops += 1", "1 -> 2", _ORDERS),
+    _k("_backends/cuda/handles.py", "Stream.__init__", "self.ops = 0", "0 -> 1", _ORDERS),
+    _k("_backends/cuda/handles.py", "Stream.__init__", "self.doomed = False", "False -> None",
+       _NONE_FLAG),
+    _k("_backends/cuda/handles.py", "Memory.__init__", "self.pooled = False", "False -> None",
+       _NONE_FLAG),
+)
+# fmt: on
+
+
 def module_of(arg: str) -> tuple[str, Module]:
     """The module named ``arg``, or the module that owns the file ``arg`` (only it mutated)."""
     if arg in MODULES:
@@ -345,15 +613,16 @@ def line_of(source: str, function: str, cls: str | None) -> int:
     return 0
 
 
-def survivors(workdir: Path, files: list[Path]) -> tuple[dict[str, int], list[str]]:
-    """Counts per status, and a description of each mutant not killed, from mutmut's data."""
+def mutants_of(workdir: Path, files: list[Path]) -> tuple[dict[str, int], list[Mutant]]:
+    """Counts per status, and the mutants to weigh against KNOWN (see subtract), from mutmut's
+    data."""
     from mutmut.configuration import reset_config
     from mutmut.mutation.diff_apply import get_diff_for_mutant
     from mutmut.stats import status_by_exit_code
     from mutmut.utils.format_utils import orig_function_and_class_names_from_key
 
     counts: dict[str, int] = {}
-    lines: list[str] = []
+    mutants: list[Mutant] = []
     cwd = os.getcwd()
     os.chdir(workdir)
     reset_config()
@@ -363,15 +632,17 @@ def survivors(workdir: Path, files: list[Path]) -> tuple[dict[str, int], list[st
             if not meta.exists():
                 continue
             source = path.read_text()
+            named = {k.function for k in KNOWN if k.path == path.as_posix()}
             codes = json.loads(meta.read_text())["exit_code_by_key"]
             for name, code in codes.items():
                 # mutmut reads a test run that raised (exit status -1) as a timeout: here it is
                 # an error of the set-up, never a kill
                 status = "error" if code in (-1, 255) else status_by_exit_code[code]
                 counts[status] = counts.get(status, 0) + 1
-                if status in KILLED or status == "not checked":
-                    continue
                 function, cls = orig_function_and_class_names_from_key(name)
+                qualified = f"{cls}.{function}" if cls else function
+                if (status in KILLED or status == "not checked") and qualified not in named:
+                    continue
                 start = line_of(source, function, cls)
                 diff = get_diff_for_mutant(name, path=path).splitlines()
                 offset, line = 0, start
@@ -383,13 +654,79 @@ def survivors(workdir: Path, files: list[Path]) -> tuple[dict[str, int], list[st
                         break
                     elif offset:
                         offset += 1
-                changed = [t for t in diff if t[:1] in "-+" and t[:3] not in ("---", "+++")]
-                lines.append(f"{status:<9} {path}:{line}  {name}")
-                lines += [f"    {t}" for t in changed]
+                body = [t for t in diff if not t.startswith(("---", "+++"))]
+                before, after, above = split_diff(body)
+                mutants.append(
+                    Mutant(name, path.as_posix(), qualified, line, before, after, status, above)
+                )
     finally:
         os.chdir(cwd)
         reset_config()
-    return counts, lines
+    return counts, mutants
+
+
+def check_known(workdir: Path) -> int:
+    """Match KNOWN against the mutants mutmut makes of the checkout as it is (no test run):
+    print the entries that match no mutant; 1 if any."""
+    from mutmut.configuration import reset_config
+    from mutmut.mutation.diff_apply import generated_function_names
+    from mutmut.mutation.file_mutation import mutate_file_contents
+    from mutmut.utils.format_utils import get_mutant_name, orig_function_and_class_names_from_key
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / "aiostream").symlink_to(ROOT / "aiostream")
+    (workdir / "pyproject.toml").write_text('[tool.mutmut]\nsource_paths = ["aiostream"]\n')
+    mutants: list[Mutant] = []
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    reset_config()
+    try:
+        for name in sorted({k.path for k in KNOWN}):
+            path = Path(name)
+            named = {k.function for k in KNOWN if k.path == name}
+            mutated = mutate_file_contents(name, path.read_text())
+            lines = mutated.code.splitlines()
+            for method in mutated.mutant_names:
+                mutant = get_mutant_name(path, method)
+                function, cls = orig_function_and_class_names_from_key(mutant)
+                qualified = f"{cls}.{function}" if cls else function
+                if qualified not in named:
+                    continue
+                # the two generated functions, named alike, compared line by line (mutmut's
+                # own diff parses the whole mutated file for each mutant)
+                texts = []
+                for generated in generated_function_names(mutant):
+                    span = mutated.line_span_by_function_name[generated]
+                    text = "\n".join(lines[span.start - 1 : span.end])
+                    texts.append(text.replace(generated, "f").splitlines())
+                diff = difflib.unified_diff(*texts, lineterm="")
+                body = [t for t in diff if not t.startswith(("---", "+++"))]
+                before, after, above = split_diff(body)
+                mutants.append(Mutant(mutant, name, qualified, 0, before, after, "survived", above))
+    finally:
+        os.chdir(cwd)
+        reset_config()
+    verdict = subtract(mutants, KNOWN, {k.path for k in KNOWN})
+    for k, why in verdict.stale:
+        print(f"stale: {k.path}  {k.function}: {k.code!r}, {k.change!r}: {why}")
+    print(f"{len(KNOWN) - len(verdict.stale)}/{len(KNOWN)} entries of KNOWN match a mutant")
+    return 1 if verdict.stale else 0
+
+
+def report_lines(verdict: Verdict) -> list[str]:
+    """The survivors to look at (status, file:line, mutmut's name, the changed lines), then
+    the stale entries of KNOWN."""
+    lines: list[str] = []
+    for m in verdict.unexplained:
+        lines.append(f"{m.status:<9} {m.path}:{m.line}  {m.name}")
+        lines.append(f"    {m.function}: {describe(m.before, m.after)!r}")
+        lines += [f"    -{t}" for t in m.before.splitlines()]
+        lines += [f"    +{t}" for t in m.after.splitlines()]
+    for k, why in verdict.stale:
+        lines.append(f"stale     {k.path}  {k.function}: {k.code!r}, {k.change!r}: {why}")
+    return lines
 
 
 def mutated_files(workdir: Path, module: Module) -> list[Path]:
@@ -451,9 +788,12 @@ def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path
             cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT
         ).returncode
     seconds = time.monotonic() - start
-    counts, lines = survivors(workdir, files)
+    counts, mutants = mutants_of(workdir, files)
+    verdict = subtract(mutants, KNOWN, {f.as_posix() for f in files})
+    lines = report_lines(verdict)
     total = sum(n for status, n in counts.items() if status != "not checked")
     killed = sum(n for status, n in counts.items() if status in KILLED)
+    known = len(verdict.explained)
     if counts.get("error"):
         rc = rc or 1  # a test run that raised: the set-up is broken, the score means nothing
     if rc != 0 or total == 0:
@@ -464,7 +804,11 @@ def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path
             print("   (--debug puts the output of mutmut's test runs in that log)")
     score = 100.0 * killed / total if total else 0.0
     detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    summary = f"{name}: {killed}/{total} killed ({score:.1f}%) in {seconds / 60:.1f} min [{detail}]"
+    summary = (
+        f"{name}: {killed}/{total} killed ({score:.1f}%) in {seconds / 60:.1f} min [{detail}]; "
+        f"{known} known equivalent, {len(verdict.unexplained)} to look at, "
+        f"{len(verdict.stale)} stale entries"
+    )
     print(f"   {summary}")
     for text in lines:
         print(f"   {text}")
@@ -474,7 +818,8 @@ def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path
             f"# {summary}",
             f"# mutated: {', '.join(module.mutate)}",
             f"# tests: {' '.join(module.tests)}",
-            "# each mutant not killed: status, file:line, mutmut's name, the change",
+            "# each mutant not killed and not in KNOWN (tools/mutation.py): status, file:line,",
+            "# mutmut's name, the change; then the entries of KNOWN that match no survivor",
             "",
         ]
         report = args.report / f"{name.replace(':', '-')}.txt"
@@ -482,6 +827,7 @@ def run_module(name: str, module: Module, args: argparse.Namespace, driver: Path
     return {
         "module": name,
         "killed": killed,
+        "known": known,
         "total": total,
         "score": score,
         "seconds": seconds,
@@ -556,8 +902,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help="a test file to add to each module's (to see a survivor killed elsewhere)",
     )
+    parser.add_argument(
+        "--check-known",
+        action="store_true",
+        help="only check that each entry of KNOWN matches a mutant of the checkout (no tests run)",
+    )
     args = parser.parse_args(argv)
     args.workdir = args.workdir.resolve()
+    if args.check_known:
+        return check_known(args.workdir / "check-known")
     if args.report is not None:
         args.report = args.report.resolve()
     chosen = [module_of(arg) for arg in args.modules] or list(MODULES.items())
@@ -569,12 +922,12 @@ def main(argv: list[str] | None = None) -> int:
         print("the CUDA module needs the stand-in driver", file=sys.stderr)
         return 2
     results = [run_module(name, module, args, driver) for name, module in chosen]
-    print("\nmodule                          killed/total      score   minutes")
+    print("\nmodule                          killed/total  known      score   minutes")
     for r in results:
         flag = "" if r["ok"] else "   (mutmut failed: see above)"
         print(
-            f"{r['module']:<30}  {r['killed']:>5}/{r['total']:<5}  {r['score']:>7.1f}%  "
-            f"{r['seconds'] / 60:>7.1f}{flag}"
+            f"{r['module']:<30}  {r['killed']:>5}/{r['total']:<5}  {r['known']:>5}  "
+            f"{r['score']:>7.1f}%  {r['seconds'] / 60:>7.1f}{flag}"
         )
     return 0 if all(r["ok"] for r in results) else 1
 

@@ -109,8 +109,6 @@ def flatten(item: Any) -> tuple[list[np.ndarray], Callable[[list[Any]], Any]]:
         return list(item), tuple
     if isinstance(item, dict) and all(isinstance(x, np.ndarray) for x in item.values()):
         keys = list(item)
-        # equivalent mutant (unmarked): strict=True -> False or None, or left out: the leaves are
-        # made one per key
         return [item[k] for k in keys], lambda leaves: dict(zip(keys, leaves, strict=True))
     raise TypeError(
         "the loader carries numpy arrays, or tuples or dicts of them; got "
@@ -216,8 +214,6 @@ class Staging:
         specs = [(a.dtype, a.shape) for a in arrays]
         if [b.nbytes for b in slot.staging] != [a.nbytes for a in arrays]:
             return Prepared(specs, rebuild, arrays)  # new shapes: the loop allocates
-        # equivalent mutant (unmarked): strict=True -> False or None, or left out: the size check
-        # above makes both lists the same length
         for array, host in zip(arrays, slot.staging, strict=True):
             np.copyto(host.numpy(array.dtype, array.shape), array)
         return Prepared(specs, rebuild, None)
@@ -238,8 +234,6 @@ class Staging:
         for released in slot.released:
             stream.wait_event(released)  # the consumer's work with it is done first
         views = []
-        # equivalent mutant (unmarked): strict=True -> False or None, or left out: all three hold
-        # one entry per array
         for (dtype, shape), host, dev in zip(
             prepared.specs, slot.staging, slot.device, strict=True
         ):

@@ -527,8 +527,6 @@ def from_dlpack(obj: Any, *, stream: Stream | None = None) -> DeviceBuffer:
                 f"the capsule describes DLPack device {imported.device}, but "
                 f"__dlpack_device__() said {(kind, index)}"
             )
-        # equivalent mutant (unmarked): nbytes -> None: the size of device memory made elsewhere is
-        # never read
         mem = backend.memory_wrap(index, imported.address, imported.nbytes, imported.release)
     except BaseException:
         imported.release()

@@ -93,8 +93,7 @@ class _Job:
 
     def __init__(self, item: Any) -> None:
         self.item = item
-        # equivalent under mutation: read only after take_slot() has set it
-        self.slot: Slot | None = None  # pragma: no mutate
+        self.slot: Slot | None = None  # pragma: no mutate (equivalent: take_slot() sets it first)
         self.result: Prepared | None = None
         self.error: BaseException | None = None
         self.done = False  # set on the loop's thread when a worker is done with it
@@ -230,9 +229,7 @@ class _Here:
         self._staging = staging
         self._source = source
         self._inflight: deque[Batch] = deque()
-        self._exhausted = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self._exhausted = False
         self._error: BaseException | None = None  # raised once the batches before it are out
 
     async def take(self) -> Batch:
@@ -366,8 +363,8 @@ class _Ahead:
                                 else:
                                     if job.item is _END:
                                         ended = True
-                                        # equivalent under mutation: the workers hand out the rest
-                                        break  # pragma: no mutate
+                                        # the workers hand out the rest
+                                        break  # pragma: no mutate (equivalent: see above)
                                     self._credits -= 1
                                     job.slot = await self.staging.take_slot()
                                     if started < plan.workers:  # no idle threads or tasks
@@ -416,8 +413,6 @@ class _Ahead:
             job = pending.popleft()
             if job.error is None:
                 try:
-                    # equivalent mutant (unmarked): and -> or: both are always set for a job done
-                    # without an error
                     assert job.slot is not None and job.result is not None
                     batch = self.staging.enqueue(job.slot, job.result)
                 except Exception as exc:  # a failed device, memory refused: in its turn
@@ -485,9 +480,7 @@ class _Iteration(AsyncIterator[Batch]):
         self.staging = Staging(plan, limiter)
         self._source = _Source(plan.source, checkpoint=runner is None)
         # nothing more is handed out
-        self._closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self._closed = False
         self._closing: anyio.Event | None = None  # aclose has begun; set once it has finished
         self._turn = _Turn()
         self.batches = 0
@@ -567,8 +560,6 @@ class _Iteration(AsyncIterator[Batch]):
         except BaseException as exc:
             if isinstance(error, StopAsyncIteration):
                 raise  # the end is no error: the loop's end needs no context
-            # equivalent mutant (unmarked): _cancelled(error) -> _cancelled(None): where error is
-            # the loop's cancellation, it or exc is raised, a cancellation either way, caught alike
             if not (_cancelled(exc) and not _cancelled(error)):
                 _after(exc, error)
                 raise
@@ -658,8 +649,8 @@ class DataLoader(AsyncIterable[Batch]):
         self._iterations: weakref.WeakSet[_Iteration] = weakref.WeakSet()
         self._last: _Iteration | None = None
         self._runner: anyio.abc.TaskGroup | None = None
-        # equivalent under mutation: compared only after __aenter__ has set it
-        self._owner: object = None  # the task that entered 'async with'  # pragma: no mutate
+        # the task that entered 'async with'
+        self._owner: object = None  # pragma: no mutate (equivalent: __aenter__ sets it first)
 
     def __aiter__(self) -> _Iteration:
         if self._runner is None and self.workers > 1:

@@ -199,9 +199,8 @@ class Device:
                 marker = self.drv.check(
                     self.drv.cu.cuEventCreate(MARKER_FLAGS), self.index, "cuEventCreate"
                 )
-            # equivalent under mutation: internal kinds are only compared with "stream" and
-            # the graphs' kinds
-            self.internal[marker] = "event"  # pragma: no mutate
+            # (internal kinds are only compared with "stream" and the graphs' kinds)
+            self.internal[marker] = "event"  # pragma: no mutate (equivalent: see above)
             return marker
 
     def doom_event(self, event: Event) -> None:
@@ -253,7 +252,7 @@ class Device:
         with self.pushed:
             result = self.drv.cu.cuStreamWaitEvent(stream.ptr, event, 0)
         self.drv.check(result, self.index, "cuStreamWaitEvent")
-        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+        stream.ops += 1
 
     def over(self, marker: Any) -> bool:
         """Whether ``marker``'s work is over, completed or failed; never raises."""
@@ -359,8 +358,6 @@ class Device:
     def busy(self) -> bool:
         """Whether work is still pending on a stream aiostream knows of on this device."""
         cu = self.drv.cu
-        # equivalent mutant (unmarked): "stream" -> "XXstreamXX" or "STREAM", leaving the internal
-        # streams out: their work waits on streams busy() asks anyway
         streams = [s.ptr for s in self.streams] + [
             h for h, kind in self.internal.items() if kind == "stream"
         ]
@@ -396,15 +393,11 @@ class Device:
         try:
             with self.pushed:
                 for event in self.events:  # left alive: retire refuses every handle once closed
-                    event.alive = (  # pragma: no mutate (equivalent: None: only tested for truth)
-                        False
-                    )
+                    event.alive = False
                     if event.raw is not None:  # else never made
                         drv.released(cu.cuEventDestroy(event.raw), self.index, "cuEventDestroy")
                 for stream in self.streams:
-                    stream.alive = (  # pragma: no mutate (equivalent: None: only tested for truth)
-                        False
-                    )
+                    stream.alive = False
                     drv.released(cu.cuStreamDestroy(stream.ptr), self.index, "cuStreamDestroy")
                 for handle, what in self.internal.items():
                     if what == "stream":
@@ -453,9 +446,7 @@ class Devices:
         # Set by close(): every handle is released then, so the finalizers of those the
         # program drops later return without taking the lock, which at the exit's end a daemon
         # thread (a watcher) may hold for good, frozen by the interpreter's finalization.
-        self.closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self.closed = False
 
     def get(self, index: int) -> Device:
         """The device ``index``, retaining its primary context on first use."""

@@ -223,5 +223,4 @@ class Driver:
                 self.unreleased,
                 self.first_unreleased,
             )
-            # equivalent under mutation: runs once per backend; nothing reads the count after it
-            self.unreleased = 0  # pragma: no mutate
+            self.unreleased = 0  # pragma: no mutate (equivalent: runs once; never read again)

@@ -48,9 +48,8 @@ class Stream:
         self.owned = owned
         self.alive = True
         self.seq = itertools.count()  # the order of its captures
-        # equivalent mutant (unmarked): 0 -> 1: ops is only compared with its own earlier values :
-        # work submitted through aiostream (kernels, copies, waits, allocations); event : records
-        # and completion flags add none
+        # work submitted through aiostream (kernels, copies, waits, allocations; event records
+        # and completion flags add none), only compared with its own earlier values
         self.ops = 0
         #: only aiostream submits to it: made here, and its handle never handed out
         self.private = owned
@@ -58,9 +57,7 @@ class Stream:
         #: owned stream is destroyed only once none is left
         self.holds = 0
         #: released by its owner while held: destroyed at the last hold
-        self.doomed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self.doomed = False
         #: (mark, ops): the last thing on this private stream is the host function that
         #: announces ``mark``, added when ``ops`` was this (see Waits.idle)
         self.woke: Any = None
@@ -176,9 +173,7 @@ class Memory:
         self.array = array  # a bytearray for pageable host memory (ptr is then its address)
         self.alive = True
         #: device memory from cuMemAllocAsync (else cuMemAlloc)
-        self.pooled = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self.pooled = False
         #: the streams that used it, by key; freeing records a marker on each
         self.streams: dict[StreamKey, Stream] = {}
         #: the buffers opened from its IPC handle in this process, which share it (as

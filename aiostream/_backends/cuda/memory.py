@@ -62,7 +62,6 @@ class Memories:
         with self.devices.lock:
             self._reap(dev)
             with dev.pushed:
-                # equivalent mutant (unmarked): max's 1 -> 2: the byte more is never read or written
                 ptr = self.drv.check(
                     self.drv.cu.cuMemHostAlloc(max(nbytes, 1), MEMHOSTALLOC_PORTABLE),
                     index,
@@ -78,7 +77,6 @@ class Memories:
             return memoryview(host.array)
         if not host.nbytes:
             return memoryview(bytearray())
-        # equivalent mutant (unmarked): "B" -> "b": numpy reads the raw bytes whatever the format
         return memoryview((ctypes.c_char * host.nbytes).from_address(host.ptr)).cast("B")
 
     def device_alloc(
@@ -91,24 +89,14 @@ class Memories:
             with dev.pushed:
                 mem = None
                 if dev.pools and pooled:
-                    # equivalent mutant (unmarked): max's 1 -> 2: the byte more is never read or
-                    # written
                     result = cu.cuMemAllocAsync(max(nbytes, 1), stream.ptr)
                     if result[0] == NOT_SUPPORTED:  # no memory pools on this device
                         logger.debug("cuda:%d has no memory pools: using cuMemAlloc", index)
-                        dev.pools = (  # pragma: no mutate (equivalent: None: only tested for truth)
-                            False
-                        )
+                        dev.pools = False
                     else:
                         ptr = self.drv.check(result, index, "cuMemAllocAsync")
-                        # equivalent under mutation, left unmarked (the line's other mutants
-                        # are not): nbytes -> None, device=None or False, as pooled memory's
-                        # size and device flag are never read
                         mem = Memory(index, nbytes, int(ptr), device=True)
                         mem.pooled = True
-                        # equivalent under mutation, left unmarked (the line's other mutants
-                        # are not): += 2, as ops is only compared with its earlier values, in
-                        # order either way
                         stream.ops += 1
                 if mem is None:
                     ptr = self.drv.check(cu.cuMemAlloc(max(nbytes, 1)), index, "cuMemAlloc")
@@ -150,7 +138,7 @@ class Memories:
                             stream.index,
                             "cuStreamWaitEvent",
                         )
-                    stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+                    stream.ops += 1
             self._hold(mem, stream)
 
     @staticmethod
@@ -177,14 +165,13 @@ class Memories:
                     cu.CUdeviceptr(dst.ptr), cu.CUdeviceptr(src.ptr), nbytes, stream.ptr
                 )
         self.drv.check(result, stream.index, call)
-        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+        stream.ops += 1
 
     # ------------------------------------------------------------------ release
 
     def host_free(self, host: Memory) -> None:
         if host.array is not None:
-            # equivalent under mutation: pageable memory's alive flag is never read
-            host.alive = False  # pragma: no mutate
+            host.alive = False  # pragma: no mutate (equivalent: pageable memory's is never read)
             return
         self.device_free(host)  # pinned memory: released as device memory is
 
@@ -210,7 +197,7 @@ class Memories:
             if mem.pooled and len(mem.streams) == 1 and streams:
                 # used on its allocation stream only: freed there, in order with its work
                 self._free_on(dev, mem, streams[0].ptr)
-                streams[0].ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+                streams[0].ops += 1
             else:
                 marks = self._mark(streams)
                 if mem.pooled:

@@ -84,7 +84,7 @@ class Sharing:
                             "cuStreamWaitEvent",
                         )
                 if marks:
-                    stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+                    stream.ops += 1
             finally:
                 for dev, marker in marks:  # the waits captured them: they may be reused
                     dev.give_back(marker)
@@ -93,8 +93,6 @@ class Sharing:
         """Device memory allocated elsewhere: freeing it calls ``release()`` once the work of
         every stream that used it has completed."""
         dev = self.devices.get(index)
-        # equivalent mutant (unmarked): nbytes -> None, device=None or False: its releaser settles
-        # freeing and export; its size is never read
         mem = Memory(index, nbytes, ptr, device=True)
 
         def releaser(_: Memory) -> None:

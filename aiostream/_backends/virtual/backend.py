@@ -192,8 +192,6 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline, Graphs):
                 stream.capture.record(event, stream)
                 return
             event.state.captured = None
-            # equivalent mutant (unmarked): the duration 0 -> 1 or None: a marker's duration is
-            # never read
             event.state.item = self._sim.submit_locked(stream, 0, None, None, None, "record")
 
     def event_query(self, event: Event, quick: bool = False) -> bool:
@@ -215,8 +213,6 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline, Graphs):
             item = event.state.item
             if item is None:  # never recorded: complete
                 now = sim.now_locked()
-                # equivalent mutant (unmarked): the duration 0 -> 1 or None: this complete item is
-                # never submitted
                 item = Item(0, event.device.default, now, 0, None, None, None, "sync")
                 item.start = item.end = now
                 item.state = DONE
@@ -308,8 +304,7 @@ class VirtualBackend(Backend[Stream, Event, Memory, Target], Timeline, Graphs):
     def host_access(self, host: Memory) -> None:
         self._memory.host_access(host)
 
-    # equivalent under mutation: the callers that take the default read a backend being discarded
-    def races(self, clear: bool = False) -> list[Race]:  # pragma: no mutate
+    def races(self, clear: bool = False) -> list[Race]:
         return self._memory.take_races(clear)
 
     def host_free(self, host: Memory) -> None:

@@ -36,8 +36,6 @@ class IpcTable:
     def handle(self, event: Event) -> bytes:
         self._states[event.state.id] = event.state
         body = _MAGIC + self._token
-        # equivalent mutant (unmarked): "<IQI" -> "<iqi": signed or unsigned, these small values
-        # pack the same
         body += struct.pack("<IQI", event.device.index, event.state.id, os.getpid())
         return body.ljust(_SIZE, b"\x00")
 

@@ -51,8 +51,6 @@ class Memories:
         with self.sim.lock:
             self.sim.check_open()
             try:
-                # equivalent mutant (unmarked): the device -> None: host memory's device is never
-                # read
                 mem = Memory(nbytes, self.sim.devices[index], host=True, pinned=pinned)
             except (MemoryError, OverflowError):  # as the driver refuses pinned memory
                 raise DeviceError(
@@ -166,8 +164,6 @@ class Memories:
         alias.data, alias.device, alias.host, alias.writers = (
             source.data,
             device,
-            # equivalent mutant (unmarked): False -> True: only the leak listing reads host, and it
-            # never lists an alias
             False,
             source.writers,
         )

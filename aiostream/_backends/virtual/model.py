@@ -138,9 +138,7 @@ class Engine:
         self.busy = 0
         self.stalled = 0  # stalls held on it (they nest): it starts nothing while > 0
         # may be able to start something: the scheduler will look
-        self.dirty = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self.dirty = False
         self.ready: list[tuple[int, int, int, int, int, int, Item]] = []
         self.provisional: list[tuple[int, int, int, int, int, int, Item]] = []
         self.provisional_t = -1

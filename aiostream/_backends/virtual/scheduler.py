@@ -62,7 +62,6 @@ class Scheduler:
         # the lock by the facade's fast paths (VirtualBackend._settled).
         self.running: list[tuple[int, int, int, int, int, Item]] = []
         self._dirty: list[Engine] = []  # engines that may be able to start something
-        # equivalent mutant (unmarked): 1 -> 2: sequence numbers only order items among themselves
         self._seq = itertools.count(1)
         self._timeline: deque[_Entry] = deque(maxlen=TIMELINE_LIMIT)
         # When all the work submitted so far has ended, at the latest: as if every operation
@@ -245,8 +244,6 @@ class Scheduler:
             heapq.heappop(started)
             worst.state = PENDING
             worst.start = worst.end = -1
-            # equivalent mutant (unmarked): += 2: any increase makes the item's old completion
-            # entries stale
             worst.token += 1  # its completion entry is stale now
             engine.busy -= 1
             heapq.heappush(ready, worst.key())

@@ -91,9 +91,7 @@ class Simulation:
         lead = options.lead_ns()
         self.devices = [Device(i, slots, lead) for i in range(options.devices)]
         self.sched = Scheduler(self.devices, self.clock_ns())
-        self.closed = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self.closed = False
         self.listeners = Listeners()
         self._unlisten = listen(self.manual, self._advanced) if self.manual else None
         self._advancing = False  # the scheduler is moving (a host function may advance)
@@ -257,8 +255,6 @@ class Simulation:
                 self._hinted = _NEVER
                 return None
             self._hinted = end
-            # equivalent mutant (unmarked): 1e9 -> 1000000001.0: a wake-up 1 ns per second early
-            # only means one more look
             return (end - now) / 1e9
 
     def wait_blocking(self, target: Target) -> None:

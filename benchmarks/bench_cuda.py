@@ -37,7 +37,10 @@ run, on this device:
    kernels on each loop.
 6. Memory per pending wait, its asyncio task included (tracemalloc): 1,000, 10,000 and
    100,000 waits on events (100 streams) and on streams of their own, on this device and on
-   ``virtual:0``. Goal: under 2 KiB. Last: its CUDA kernels run on a while after it.
+   ``virtual:0``. Goal: under 2 KiB. Its CUDA kernels run on a while after it.
+7. Two compute streams' overlap: both streams' kernels at once, over one stream's alone
+   (1.0: overlapped; 2.0: serialized), with no waits pending, and with 1,000 waits pending
+   on 100 other streams with ``hybrid`` (host functions enqueued) and ``quiet`` (none).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from aiostream._bench.cuda import (
     driver_calls,
     floor_thread,
     look_cost,
+    overlap,
     pending_cpu,
     pending_memory,
     pending_wait,
@@ -257,6 +261,13 @@ def main() -> None:
         for on in ("events", "streams") if n <= 10_000 else ("events",):
             ours, sim = pending_memory(DEVICE, n, on), pending_memory("virtual:0", n, on)
             print(f"   {n:>7,} {on:8} {ours:8.0f} B {sim:8.0f} B")
+
+    print("\n7. two streams' overlap: both at once over one alone (1.0 overlapped, 2.0 serial)")
+    pend, kernels = (100, 10) if args.quick else (1_000, 50)
+    for waits, strategy in ((0, "hybrid"), (pend, "hybrid"), (pend, "quiet")):
+        ratio = overlap(waits, strategy, 0.002, kernels)
+        label = "no waits pending" if not waits else f"{waits:,} waits pending ({strategy})"
+        print(f"   {label:34} {ratio:5.2f}")
 
 
 if __name__ == "__main__":

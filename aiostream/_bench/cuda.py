@@ -357,6 +357,44 @@ def pending_cpu(waits: int, streams: int, seconds: float, strategy: str) -> floa
     return asyncio.run(main())
 
 
+def overlap(waits: int, strategy: str, kernel_s: float = 0.002, kernels: int = 50) -> float:
+    """Two streams run ``kernels`` kernels of ``kernel_s`` each, at once, while ``waits`` waits
+    pend with ``strategy`` (events recorded on 100 other streams behind work that outlasts
+    the run, awaited and handed over first): how long the two took over how long one stream
+    alone took, in the same run. 1.0: they overlapped fully; 2.0: one ran after the other
+    (host functions may serialize kernels across streams on some devices)."""
+
+    async def run(streams: list[ais.Stream]) -> float:
+        start = time.perf_counter()
+        for _ in range(kernels):
+            for s in streams:
+                ais.delay(kernel_s, stream=s)
+        for s in streams:
+            await s.synchronize()
+        return time.perf_counter() - start
+
+    async def main() -> float:
+        a, b = ais.Stream(DEVICE), ais.Stream(DEVICE)
+        await run([a, b])  # the kernel and the streams ready
+        alone = await run([a])
+        others = [ais.Stream(DEVICE) for _ in range(min(100, waits))]
+        for s in others:
+            ais.delay(2 * kernels * kernel_s + 1.0, stream=s)
+        events = [others[i % len(others)].record_event() for i in range(waits)]
+
+        async def wait(e: ais.Event) -> None:
+            await e.synchronize(strategy=strategy)
+
+        async with anyio.create_task_group() as tg:
+            for e in events:
+                tg.start_soon(wait, e)
+            await anyio.sleep(0.1)  # every wait begun and handed over
+            both = await run([a, b])
+        return both / alone
+
+    return anyio.run(main)
+
+
 def look_cost(n: int, repeats: int = 20) -> tuple[float, float]:
     """The CPU seconds of one look at ``n`` pending waits: (a sweep of the completion flags,
     one vectorised comparison; ``cuEventQuery`` of each event), the two ways a watching

@@ -379,8 +379,9 @@ class Batcher:
 
     def health(self) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body) for ``/health``: 503 once the device failed, or while the oldest
-        wait on the device is older than ``stuck_after_s`` (a kernel that does not end: the
-        wait names its stream and task); else 200."""
+        wait on the device, or on another library's handle (``ais.wait``: a transfer, a
+        collective), is older than ``stuck_after_s`` (a kernel or a transfer that does not
+        end: the wait names what it waits on, its kind and its task); else 200."""
         if self.failed is not None:  # device errors are sticky: restart the process
             return 503, {"ok": False, "error": self.failed}
         if self.failing is not None and time.monotonic() - self._failed_at < FAILING_S:
@@ -388,12 +389,15 @@ class Batcher:
             # load balancer that heeds the 503 would cause, none comes to clear it)
             return 503, {"ok": False, "error": self.failing, "sticky": False}
         device = str(self.device)
-        waits = [w for w in ais.pending_waits() if w.device == device]  # longest first
+        waits = [  # longest first
+            w for w in ais.pending_waits() if w.device == device or not _a_device(w.device)
+        ]
         if waits and waits[0].waited > self.stuck_after_s:
             oldest = waits[0]
             return 503, {
                 "ok": False,
                 "stuck": oldest.subject,
+                "on": oldest.device,  # the device, or the kind of a foreign handle
                 "task": oldest.task,
                 "waited_s": round(oldest.waited, 3),
             }
@@ -414,6 +418,13 @@ class Batcher:
             "blocking": self.blocking,
             "failed": self.failed,
         }
+
+
+def _a_device(name: str) -> bool:
+    """Whether a pending wait's ``device`` names a device (``cuda:0``, ``virtual:1``), not the
+    kind of another library's handle awaited with ``ais.wait`` (``concurrent.futures``)."""
+    kind, _, index = name.partition(":")
+    return kind in ("cuda", "virtual") and index.isdigit()
 
 
 MAX_BODY_BYTES = 1 << 20  # a request body's limit by default: ~40,000 numbers as JSON

@@ -137,6 +137,19 @@ async def test_a_failed_transfer_raises_nixls_error(tmp_path: Path) -> None:
         file.close()
 
 
+async def test_a_handle_not_yet_posted_raises_nixls_error(file: _File) -> None:
+    handle = file.agent.initialize_xfer(
+        "WRITE",
+        file.agent.get_xfer_descs([(file.memory.ctypes.data, MB, 0)], "DRAM"),
+        file.agent.get_xfer_descs([(0, MB, file.fd)], "FILE"),
+        file.agent.name,
+    )
+    with pytest.raises(ais.CompletionError, match="NIXL_ERR_NOT_POSTED") as raised:
+        await ais.wait(handle)
+    assert type(raised.value.__cause__).__name__ == "nixlNotPostedError"
+    handle.release()
+
+
 async def test_a_released_handle_is_refused_not_asked(file: _File) -> None:
     handle = file.transfer("WRITE")
     while file.agent.check_xfer_state(handle) != "DONE":

@@ -12,6 +12,8 @@ handle                                 how its completion is seen  what a failur
 Dask ``distributed.Future``            ``add_done_callback``       ``result()``'s exception
 ``jax.Array``                          ``is_ready()``              ``block_until_ready()``'s
 ``aiostream.virtual.Transfer``         ``done()``, on the clock    its ``error``
+NIXL ``nixl_xfer_handle``              its agent's transfer state  ``CompletionError``, NIXL's
+                                       (``"DONE"``), asked         error its ``__cause__``
 anything with ``add_done_callback``    the callback                ``result()``'s exception
 and ``done()`` (a future)
 anything with ``done()``,              asked by the loop's poller  nothing more
@@ -241,6 +243,45 @@ def _transfer() -> Adapter:
     )
 
 
+def _nixl_request(handle: Any) -> tuple[Any, int, bool]:
+    """A NIXL handle's agent (the C++ one, which it releases itself with), its request, and
+    whether it is released: NIXL 1.x keeps no public way from a handle to its state."""
+    return handle._agent, handle._handle, handle._released  # noqa: SLF001 (NIXL's own)
+
+
+def _describe_nixl(handle: Any) -> str:
+    return f"nixl transfer 0x{_nixl_request(handle)[1]:x}"
+
+
+def _release(handle: Any) -> None:
+    handle.release()
+
+
+def _nixl(kind: type) -> Adapter | None:
+    """NIXL's transfer handle is asked as its agent's ``check_xfer_state()`` asks, done once
+    DONE; a failed transfer's status raises NIXL's error (``NIXL_ERR_BACKEND``). A cancelled
+    wait releases it, which aborts the transfer."""
+    bindings = sys.modules.get(kind.__module__.rpartition(".")[0] + "._bindings")
+    success = getattr(bindings, "NIXL_SUCCESS", None)
+    in_progress = getattr(bindings, "NIXL_IN_PROG", None)
+    fields = ("_agent", "_handle", "_released", "release")
+    if success is None or in_progress is None or not all(hasattr(kind, f) for f in fields):
+        return _duck(kind)  # not the NIXL this knows: an Adapter says how (docs/completions.md)
+
+    def done(handle: Any) -> bool:
+        agent, request, released = _nixl_request(handle)
+        if released:  # its request is freed: asking would read freed memory
+            raise ValueError(f"{handle!r} was released: its transfer cannot be asked")
+        status = agent.getXferStatus(request)
+        if status == success:
+            return True
+        if status == in_progress:
+            return False
+        raise RuntimeError(f"NIXL transfer 0x{request:x} failed: {status}")
+
+    return Adapter("nixl", done=done, describe=_describe_nixl, on_cancel=_release)
+
+
 def _builtin(kind: type) -> Adapter | None:
     futures = sys.modules.get("concurrent.futures")
     if futures is not None and issubclass(kind, futures.Future):
@@ -255,6 +296,8 @@ def _builtin(kind: type) -> Adapter | None:
         return DASK
     elif root in ("jax", "jaxlib") and hasattr(kind, "is_ready"):
         return JAX
+    elif root.startswith("nixl") and _is_a(kind, root, "nixl_xfer_handle"):
+        return _nixl(kind)
     elif kind.__module__ == "aiostream.virtual" and kind.__name__ == "Transfer":
         return _transfer()
     return _duck(kind)

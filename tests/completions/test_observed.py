@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
+import threading
 import time
 from collections.abc import Iterator
 
@@ -55,11 +57,20 @@ async def test_metrics_count_foreign_waits_by_kind_and_see_them_pending(
 
 
 async def test_the_profiler_sees_a_foreign_wait_as_an_await() -> None:
+    begun = threading.Event()  # the read starts once its wait has begun: 20 ms of it are seen
+
+    def read() -> None:
+        begun.wait(10)
+        time.sleep(0.02)
+
     with ais.profile() as prof:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            await ais.wait(pool.submit(time.sleep, 0.02), what="a read")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(ais.wait, pool.submit(read), what="a read"))
+                await until(lambda: ais.pending_waits() != [], "the wait to begin")
+                begun.set()
     [span] = [s for s in prof.spans if s.name.startswith("await a read")]
-    assert span.end - span.start >= 0.015
+    assert span.end - span.start >= 0.02
     assert span.args["device"] == "concurrent.futures"
 
 

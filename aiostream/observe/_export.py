@@ -31,10 +31,10 @@ def task_label(task: str) -> str:
     return ".".join(parts[-2:]) if len(parts) > 2 else ".".join(parts)
 
 
-def _more_lane(label: str, lane: int) -> str:
-    """The name of a track's lane past its first: where its spans overlap without nesting (a
+def _more_level(label: str, level: int) -> str:
+    """The name of a track's level past its first: where its spans overlap without nesting (a
     device range around work that another range's work overlaps), which one row cannot show."""
-    return f"{label}, overlapping spans ({lane + 1})"
+    return f"{label}, overlapping spans ({level + 1})"
 
 
 def _stream_label(track: str, names: dict[str, str]) -> str:
@@ -64,8 +64,8 @@ def trace_events(
         (2 + i, [t for t in streams if t.split(" ")[0] == dev]) for i, dev in enumerate(devices)
     ]:
         for n, track in enumerate(names):
-            for lane, lane_spans in enumerate(_nested_lanes(by_track[track])):
-                tid = (n + 1) * 100 + lane
+            for level, level_spans in enumerate(_nested_levels(by_track[track])):
+                tid = (n + 1) * 100 + level
                 label = _stream_label(track, stream_names or {}) if pid > 1 else task_label(track)
                 events.append(
                     {
@@ -73,23 +73,23 @@ def trace_events(
                         "ph": "M",
                         "pid": pid,
                         "tid": tid,
-                        "args": {"name": label if lane == 0 else _more_lane(label, lane)},
+                        "args": {"name": label if level == 0 else _more_level(label, level)},
                     }
                 )
-                events.extend(_begin_end(lane_spans, pid, tid, t0))
+                events.extend(_begin_end(level_spans, pid, tid, t0))
     return events
 
 
 def svg(
     spans: list[Span], t0: float, end: float | None, names: dict[str, str] | None = None
 ) -> str:
-    """The timeline as SVG: tasks and streams as lanes, spans as bars, awaits hatched."""
+    """The timeline as SVG: tasks and streams as tracks, spans as bars, awaits hatched."""
     t1 = max([end or t0] + [s.end for s in spans])
     span = max(t1 - t0, 1e-9)
     tasks, streams = _tracks(spans)
-    lanes = [("task", t) for t in tasks] + [("stream", t) for t in streams]
+    rows = [("task", t) for t in tasks] + [("stream", t) for t in streams]
     label_w, plot_w, row_h, top = 210, 900, 24, 34
-    height = top + row_h * len(lanes) + 30
+    height = top + row_h * len(rows) + 30
     width = label_w + plot_w + 20
     colours = {"compute": "#4c78a8", "h2d": "#f58518", "d2h": "#54a24b", None: "#9d755d"}
     out = [
@@ -122,10 +122,10 @@ def svg(
     by_track: dict[str, list[Span]] = defaultdict(list)
     for s in spans:
         by_track[s.track].append(s)
-    for row, (kind, track) in enumerate(lanes):
+    for row, (kind, track) in enumerate(rows):
         y = top + row * row_h
         label = task_label(track) if kind == "task" else _stream_label(track, names or {})
-        out.append(f'<g class="lane" data-kind="{kind}" data-track="{escape(track)}">')
+        out.append(f'<g class="track" data-kind="{kind}" data-track="{escape(track)}">')
         out.append(
             f'<rect x="{label_w}" y="{y}" width="{plot_w}" height="{row_h - 4}" fill="#f4f4f4"/>'
         )
@@ -147,7 +147,7 @@ def svg(
                 f"<title>{escape(title)}</title></rect>"
             )
         out.append("</g>")
-    axis_y = top + row_h * len(lanes) + 12
+    axis_y = top + row_h * len(rows) + 12
     for k in range(6):
         t = t0 + span * k / 5
         out.append(
@@ -157,22 +157,22 @@ def svg(
     return "\n".join(out) + "\n"
 
 
-def _nested_lanes(spans: list[Span]) -> list[list[Span]]:
-    """Split one track's spans into lanes where every two spans nest or are disjoint."""
-    lanes: list[list[Span]] = []
+def _nested_levels(spans: list[Span]) -> list[list[Span]]:
+    """Split one track's spans into levels where every two spans nest or are disjoint."""
+    levels: list[list[Span]] = []
     stacks: list[list[Span]] = []
     for s in sorted(spans, key=lambda s: (s.start, -s.end)):
-        for lane, stack in zip(lanes, stacks, strict=True):
+        for level, stack in zip(levels, stacks, strict=True):
             while stack and stack[-1].end <= s.start:
                 stack.pop()
             if not stack or s.end <= stack[-1].end:
-                lane.append(s)
+                level.append(s)
                 stack.append(s)
                 break
         else:
-            lanes.append([s])
+            levels.append([s])
             stacks.append([s])
-    return lanes
+    return levels
 
 
 def _json_value(value: Any, depth: int = 0) -> Any:

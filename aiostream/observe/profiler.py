@@ -386,7 +386,7 @@ class Profiler(_hooks.Listener):
             f.write(text)
 
     def export_svg(self, path: str | os.PathLike[str]) -> None:
-        """Draw the timeline as a self-contained SVG: tasks and streams as lanes, spans as bars,
+        """Draw the timeline as a self-contained SVG: tasks and streams as tracks, spans as bars,
         awaits as hatched gaps.
 
         Raises:

@@ -188,7 +188,7 @@ async def test_trace_follows_the_trace_event_format(
     assert sorted(names.values()) == sorted(["the pipeline", f"virtual:0 stream {stream}"])
 
 
-async def test_svg_has_one_lane_per_task_and_stream(
+async def test_svg_has_one_track_per_task_and_stream(
     virtual_time: VirtualTime, tmp_path: Path
 ) -> None:
     other = ais.Stream()
@@ -200,8 +200,8 @@ async def test_svg_has_one_lane_per_task_and_stream(
     prof.export_svg(path)
     root = ET.parse(path).getroot()
     ns = {"s": "http://www.w3.org/2000/svg"}
-    lanes = root.findall("s:g[@class='lane']", ns)
-    kinds = sorted((g.get("data-kind"), g.get("data-track")) for g in lanes)
+    tracks = root.findall("s:g[@class='track']", ns)
+    kinds = sorted((g.get("data-kind"), g.get("data-track")) for g in tracks)
     streams = sorted({f"virtual:0 stream {r.stream}" for r in ais.virtual.timeline()})
     assert [k for k in kinds if k[0] == "stream"] == [("stream", t) for t in streams]
     assert len([k for k in kinds if k[0] == "task"]) == 1

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.anyio
 def test_task_labels_read_as_their_function(
     virtual_device: ais.Device, tmp_path: Path, task: str, label: str
 ) -> None:
-    """A trace's lane of host spans is named for their task (anyio names a task by its
+    """A trace's track of host spans is named for their task (anyio names a task by its
     function's qualified name): the last two parts, without ``<locals>``. Outside a loop the
     task is the thread, which here bears the task's name."""
 
@@ -46,8 +46,8 @@ def test_task_labels_read_as_their_function(
     assert not thread.is_alive(), "the thread's step did not end within 10 s"
     prof.export_chrome_trace(tmp_path / "t.json")
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
-    lanes = [e["args"]["name"] for e in events if e["name"] == "thread_name" and e["pid"] == 1]
-    assert lanes == [label]
+    tracks = [e["args"]["name"] for e in events if e["name"] == "thread_name" and e["pid"] == 1]
+    assert tracks == [label]
 
 
 def test_a_stream_carries_its_name() -> None:

@@ -49,9 +49,7 @@ def _finalizer(
     finalizer, which would then read freed memory through the host views the program still
     holds. The backend's own close at exit releases what must be."""
     finalizer = weakref.finalize(obj, release, handle)
-    finalizer.atexit = (  # pragma: no mutate (equivalent: None: finalize reads it for truth)
-        False
-    )
+    finalizer.atexit = False
     return finalizer
 
 

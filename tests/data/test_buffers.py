@@ -142,20 +142,15 @@ def test_memory_the_host_cannot_hold_is_refused_by_its_device(virtual_device: ai
     with pytest.raises(ais.DeviceError) as host:
         ais.HostBuffer(1 << 62)  # more than any machine has: refused at once
     assert host.value.device == "virtual:0"
-    assert str(host.value) == (
-        "virtual:0: cannot allocate 4611686018427387904 bytes of host memory (the machine "
-        "does not have it)"
-    )
+    assert "4611686018427387904 bytes of host memory" in str(host.value)
 
     with memory_cap():  # the host cannot hold it, on any machine: refused at once
         with pytest.raises(ais.DeviceError) as device:
             ais.DeviceBuffer(1 << 50)  # free on the device
     assert device.value.device == "virtual:0"
-    assert str(device.value) == (
-        "virtual:0 is out of memory: 1125899906842624 bytes asked, 1125899906842624 of "
-        "1125899906842624 free; the host could not hold it (aiostream.virtual.reset(memory=...) "
-        "sets the size)"
-    )
+    message = str(device.value)  # the size asked, the cause, and the setting to change
+    assert "out of memory: 1125899906842624 bytes asked" in message
+    assert "the host could not hold it" in message and "reset(memory=...)" in message
 
 
 def test_device_buffer_views_and_interop(virtual_device: ais.Device) -> None:
@@ -378,19 +373,13 @@ async def test_round_trip_on_uvloop_in_real_time(virtual_device: ais.Device) -> 
 
 def test_sharing_refusals_say_what_to_do() -> None:
     """A buffer not made to be shared, and bytes that are no buffer's handle, are refused
-    with what to do instead (the messages compared whole)."""
+    with what to do instead."""
     with pytest.raises(ValueError) as info:
         ais.DeviceBuffer(16, "virtual:0").ipc_handle()
-    assert str(info.value) == (
-        "ipc_handle() needs memory that another process can open: create the buffer with "
-        "DeviceBuffer(nbytes, device, interprocess=True) (the stream-ordered pool's memory "
-        "cannot be shared that way)"
-    )
+    assert "DeviceBuffer(nbytes, device, interprocess=True)" in str(info.value)
     handle = ais.DeviceBuffer(16, "virtual:0", interprocess=True).ipc_handle()
     for bad in (b"", handle[:-1], handle + b"\0", b"X" + handle[1:]):
         with pytest.raises(ValueError) as info:
             ais.DeviceBuffer.from_ipc_handle("virtual:0", bad)
-        assert str(info.value) == (
-            "handle is not a DeviceBuffer IPC handle: pass the bytes that "
-            "DeviceBuffer.ipc_handle() returned, unchanged"
-        )
+        assert "not a DeviceBuffer IPC handle" in str(info.value)
+        assert "DeviceBuffer.ipc_handle() returned" in str(info.value)

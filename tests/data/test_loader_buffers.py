@@ -140,7 +140,8 @@ def test_record_stream_refuses_a_stream_of_another_device() -> None:
             async for batch in loader:
                 with pytest.raises(ValueError) as caught:
                     batch.record_stream(ais.Stream("virtual:1"))
-                assert str(caught.value) == "the batch is on virtual:0, the stream on virtual:1"
+                message = str(caught.value)  # which is on which device
+                assert "batch is on virtual:0" in message and "stream on virtual:1" in message
 
     anyio.run(main)
 

@@ -287,10 +287,9 @@ async def test_a_sync_transform_returning_an_awaitable_in_a_thread_is_refused(
         async with ais.DataLoader(arrays(3), transform=lambda a: later(a), workers=2) as loader:
             async for _ in loader:
                 pass
-    assert str(caught.value) == (
-        "transform returned an awaitable from a worker thread: make it an 'async def' (it "
-        "then runs on the event loop), or pass to_thread=False"
-    )
+    message = str(caught.value)  # what went wrong, and the two ways out
+    assert "returned an awaitable from a worker thread" in message
+    assert "'async def'" in message and "to_thread=False" in message
     quiet()
 
 
@@ -298,23 +297,18 @@ async def test_items_must_be_arrays(virtual_time: VirtualTime) -> None:
     with pytest.raises(TypeError) as caught:
         async for _ in ais.DataLoader([[1, 2, 3]]):
             pass
-    assert str(caught.value) == (
-        "the loader carries numpy arrays, or tuples or dicts of them; got list"
-    )
+    assert "numpy arrays" in str(caught.value) and str(caught.value).endswith("got list")
     with pytest.raises(TypeError) as caught:  # a tuple says what it holds
         async for _ in ais.DataLoader([(np.zeros(2), [1])]):
             pass
-    assert str(caught.value) == (
-        "the loader carries numpy arrays, or tuples or dicts of them; got tuple of "
-        "['ndarray', 'list']"
-    )
+    assert str(caught.value).endswith("got tuple of ['ndarray', 'list']")
     quiet()
 
 
 def test_a_batch_is_not_made_by_hand() -> None:
     with pytest.raises(TypeError) as caught:
         ais.Batch(0, None, None, None)  # type: ignore[arg-type]
-    assert str(caught.value) == "a Batch is made by aiostream.DataLoader, not by hand"
+    assert "made by aiostream.DataLoader" in str(caught.value)
 
 
 def test_bad_input(virtual_device: ais.Device) -> None:
@@ -324,9 +318,8 @@ def test_bad_input(virtual_device: ais.Device) -> None:
         ais.DataLoader([], transform=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="prefetch must be >= 1"):
         ais.DataLoader([], prefetch=0)
-    with pytest.raises(TypeError) as caught:
+    with pytest.raises(TypeError, match=r"prefetch must be an int or None, got 2\.0"):
         ais.DataLoader([], prefetch=2.0)  # type: ignore[arg-type]
-    assert str(caught.value) == "prefetch must be an int or None, got 2.0"
     with pytest.raises(TypeError, match="to_thread must be True or False"):
         ais.DataLoader([], to_thread="yes")  # type: ignore[arg-type]
 
@@ -340,23 +333,25 @@ def test_bad_workers(virtual_device: ais.Device) -> None:
         ais.DataLoader([], workers=0)
     with pytest.raises(ValueError) as caught:
         ais.DataLoader([], workers=3, prefetch=2)
-    assert str(caught.value) == (
-        "prefetch (2) must be >= workers (3): each worker transforms an item ahead of the "
-        "consumer; raise prefetch or leave it None"
-    )
+    message = str(caught.value)  # both values, and what to do
+    assert "prefetch (2) must be >= workers (3)" in message
+    assert "raise prefetch or leave it None" in message
     assert ais.DataLoader([], workers=5).prefetch == 10
     assert ais.DataLoader([]).prefetch == 2
+
+
+def says_to_open_it(message: str) -> None:
+    """The refusal of workers outside 'async with': the workers asked, the block to write, and
+    the one worker that needs none."""
+    assert message.startswith("workers=2 ") and "async with DataLoader(" in message
+    assert "workers=1" in message
 
 
 def test_more_than_one_worker_needs_async_with(virtual_device: ais.Device) -> None:
     loader = ais.DataLoader(arrays(1), workers=2)
     with pytest.raises(RuntimeError) as caught:
         aiter(loader)
-    assert str(caught.value) == (
-        "workers=2 runs transforms in the loader's own tasks, which live in its 'async with' "
-        "block: write 'async with DataLoader(...) as loader: async for batch in loader: ...' "
-        "(or use workers=1)"
-    )
+    says_to_open_it(str(caught.value))
 
 
 async def test_workers_need_the_async_with_block(virtual_device: ais.Device) -> None:
@@ -364,18 +359,12 @@ async def test_workers_need_the_async_with_block(virtual_device: ais.Device) -> 
     with pytest.raises(RuntimeError) as info:
         async for _ in loader:
             pass
-    assert str(info.value) == (
-        "workers=2 runs transforms in the loader's own tasks, which live in its 'async with' "
-        "block: write 'async with DataLoader(...) as loader: async for batch in loader: ...' "
-        "(or use workers=1)"
-    )
+    says_to_open_it(str(info.value))
     async with loader:
         with pytest.raises(RuntimeError) as info:
             await loader.__aenter__()
-        assert str(info.value) == (
-            "this DataLoader is already open in an 'async with' block: iterate it there, or "
-            "make another DataLoader for a second block"
-        )
+        assert "already open in an 'async with' block" in str(info.value)
+        assert "another DataLoader" in str(info.value)
 
 
 @pytest.mark.parametrize("anyio_backend", EVERY_LOOP)

@@ -61,9 +61,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def device_name(self, index: int) -> str:
         check, cu = self._drv.check, self._cu
         dev = check(cu.cuDeviceGet(index), index, "cuDeviceGet")
-        # equivalent mutant (unmarked): 256 -> 257, the driver's names are far shorter
         name = check(cu.cuDeviceGetName(256, dev), index, "cuDeviceGetName")
-        # equivalent mutant (unmarked): maxsplit 1 -> 2 or none, rsplit: the name has one NUL
         return bytes(name).split(b"\0", 1)[0].decode(errors="replace").strip()
 
     def priority_range(self, index: int) -> tuple[int, int]:
@@ -86,7 +84,6 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
     def stream_default(self, index: int) -> Stream:
         dev = self._devices.get(index)
         if dev.default is None:
-            # equivalent mutant (unmarked): owned=None, owned is only tested for truth
             dev.default = Stream(self._cu.CUstream(0), index, owned=False)
         return dev.default
 
@@ -107,8 +104,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         return Stream(ptr, dev.index, owned=False), int(priority)
 
     def stream_native(self, stream: Stream) -> int:
-        # others may submit to it now (see Waits.event_target); equivalent mutant (unmarked):
-        stream.private = False  # = None, read only as a truth value
+        stream.private = False  # others may submit to it now (see Waits.event_target)
         return handed_out(stream)
 
     def stream_destroy(self, stream: Stream) -> None:
@@ -236,7 +232,7 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
                 kernel, 1, 1, 1, 1, 1, 1, 0, stream.ptr, ((ns,), (ctypes.c_uint64,)), 0
             )
         self._drv.check(result, stream.index, "cuLaunchKernel")
-        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+        stream.ops += 1
         dev.watch_unowned(stream)  # a stream of another's: close is to see this kernel
 
     # ------------------------------------------------------------------ memory and copies
@@ -339,7 +335,6 @@ class CudaBackend(Backend[Stream, Event, Memory, Target], Interop[Stream, Event]
         while True:
             woken = threading.Event()
             target.watch(woken.set)
-            # equivalent mutant (unmarked): 0.25 -> 1.25 or no timeout; only woken ends the loop
             while not woken.wait(0.25):
                 pass
             if target.done():

@@ -272,7 +272,7 @@ class Capturing:
         with dev.pushed:
             result = cu.cuGraphLaunch(graph.exec, stream.ptr)
         self.drv.check(result, stream.index, "cuGraphLaunch")
-        stream.ops += 1  # equivalent mutant (unmarked): += 2, ops only orders
+        stream.ops += 1
 
     def destroy(self, graph: Graph) -> None:
         """Release the executable graph (launches in flight complete), and its source if

@@ -254,8 +254,7 @@ class Waits:
         with dev.lock:
             if event.mark is not None:
                 dev.watcher.unhold(event.mark)
-                # equivalent under mutation: the event is retired right after: nothing reads it
-                event.mark = None  # pragma: no mutate
+                event.mark = None  # pragma: no mutate (equivalent: the event is retired next)
 
     def event_target(self, event: Event, wake: bool) -> Target:
         if event.captured is not None:
@@ -267,9 +266,6 @@ class Waits:
             if mark is None or stream is None or not event.private:
                 # not recorded here, or its handle is out and others may record it unseen:
                 # query the event itself, which follows its latest record, whoever made it
-                # equivalent mutant (unmarked): "event" -> "XXeventXX" or "EVENT", 0 -> 1 or None:
-                # an event's lane is its own, apart from every stream's whatever the label, and its
-                # seqs are all alike
                 target = Target(watcher, ("event", event.id), 0)
                 target.event = event.ptr
                 return target

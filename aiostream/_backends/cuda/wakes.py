@@ -30,16 +30,12 @@ class Semaphores:
             getattr(libc, name).restype = ctypes.c_int
         libc.malloc.restype = ctypes.c_void_p
         libc.malloc.argtypes = [ctypes.c_size_t]
-        # equivalent mutant (unmarked): 0 -> 1: a libc function's address is never null, so the or
-        # never runs
         self.post_address: int = ctypes.cast(libc.sem_post, ctypes.c_void_p).value or 0
 
     def new(self) -> int:
         """A semaphore at 0, in memory that is never freed (a late host function may post
         it while the interpreter exits)."""
         sem = self.libc.malloc(self.SIZE)
-        # equivalent mutant (unmarked): pshared 0 -> 1 (a process-shared semaphore works the same
-        # within one process), and pshared or value -> None (ctypes passes None as 0)
         if not sem or self.libc.sem_init(ctypes.c_void_p(sem), 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "sem_init failed")
         return int(sem)
@@ -88,8 +84,6 @@ def driver_launch_host_func(cu: Any) -> LaunchHostFunc | None:
     if semaphores is None:
         return None
     try:
-        # equivalent mutant (unmarked): flags 0 -> None (the bindings take None as 0), 10000 ->
-        # 10001 (the function has one version, of CUDA 10.0)
         err, address, _ = cu.cuGetProcAddress(b"cuLaunchHostFunc", 10000, 0)
     except (RuntimeError, ValueError, TypeError):  # a driver without cuGetProcAddress
         return None

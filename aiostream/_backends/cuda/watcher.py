@@ -157,9 +157,7 @@ class Target:
         self.mark: Mark | None = None
         self.event: Any = None  # the event queried, when there is no mark
         self.polled = True  # watched, with no host function to announce it: polled
-        self.complete = (  # pragma: no mutate (equivalent: None: read only as a truth value)
-            False
-        )
+        self.complete = False
         self.released = False
         #: the error the watcher's query of it met (its wait raises it)
         self.error: DeviceError | None = None
@@ -275,8 +273,6 @@ class Flags:
         return chunk
 
     def free(self, mark: Mark) -> None:
-        # equivalent mutant (unmarked): -1 -> -2: a slot is only compared with 0, any negative
-        # meaning none
         slot, mark.slot = mark.slot, -1
         chunk, j = self.chunks[slot // CHUNK], slot % CHUNK
         chunk.expected[j] = chunk.flags[j] ^ 1  # nothing writes it now: it never matches
@@ -415,15 +411,14 @@ class Watcher:
         self.watched: dict[Target, None] = {}
         self.polled = 0  # watched waits that no host function will announce
         self.ahead = 0  # watched waits on a mark announced ahead of it (see mark())
-        # poll promptly until then: a host function ran (see _run); equivalent mutant (unmarked):
-        self.chase_until = 0.0  # 0.0 -> 1.0, as monotonic() is long past 1.0
+        self.chase_until = 0.0  # poll promptly until then: a host function ran (see _run)
         self.queried: dict[Target, None] = {}  # watched waits on an event
         self.owners = Owners()  # the watched waits' loops
         self.health = Health(dev)
         self.closed = False
         self.progress_at = time.monotonic()  # pragma: no mutate (equivalent: written before read)
         self.sleeping_until = float("inf")
-        self.sem = semaphores.new() if semaphores is not None else 0  # eq. mutant 0 -> 1: unread
+        self.sem = semaphores.new() if semaphores is not None else 0
         self.later: list[Callable[[], None]] = []  # callbacks found by a sweep off the thread
         self.thread: threading.Thread | None = None
 
@@ -495,7 +490,7 @@ class Watcher:
             self.flags.free(mark)
         elif mark.slot >= 0:  # it drains: a sweep must come to free it
             self._start()
-            if self.sleeping_until == float("inf") and semaphores is not None:  # eq. mutant "INF"
+            if self.sleeping_until == float("inf") and semaphores is not None:
                 semaphores.post(self.sem)
                 self.sleeping_until = 0.0  # it wakes now: later calls need not post again
         if mark.event is not None:
@@ -567,8 +562,7 @@ class Watcher:
                     self.polled += 1
                     self.progress_at = now  # poll a new wait promptly, then back off
                 self._start()
-                # Wake the thread if it sleeps past when this wait needs a look (equivalent
-                # mutant, unmarked: > -> >=, as at equal times the thread wakes then anyway).
+                # wake the thread if it sleeps past when this wait needs a look
                 post = self.sleeping_until > now + (POLL_MIN_S if target.polled else HEALTH_S)
                 if post:  # it wakes now and plans anew for every wait: the next need not post
                     self.sleeping_until = 0.0
@@ -658,7 +652,7 @@ class Watcher:
         for mark in self.flags.sweep(self.watched if few and len(self.watched) <= FEW else None):
             for target in mark.watched():
                 self._fire(target, due)
-        failed = False  # equivalent mutant (unmarked): = None, read only as a truth value
+        failed = False
         for target in list(self.queried):
             try:
                 if target.done():
@@ -727,7 +721,6 @@ def _plan_sleep(watcher: Watcher) -> float | None:
     """How long ``watcher``'s thread sleeps next (lock held), noted in ``sleeping_until``."""
     now = time.monotonic()
     timeout = watcher._timeout(now)  # noqa: SLF001 (the thread's own plan, split off its class)
-    # equivalent mutant (unmarked): "inf" -> "INF": float() reads it in any case
     watcher.sleeping_until = float("inf") if timeout is None else now + timeout
     return timeout
 

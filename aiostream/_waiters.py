@@ -83,7 +83,6 @@ _typical: anyio.lowlevel.RunVar[dict[tuple[int, int], Lengths]] = anyio.lowlevel
 )
 _COMPACT_MIN = 64
 
-STRATEGIES = ("hybrid", "poll", "thread", "callback", "quiet")
 #: the strategies whose waits the loop checks for a budget, then hands to the backend
 _HANDED = frozenset({"hybrid", "quiet"})
 #: the shortest sleep the loop's timer honours: asyncio's selector and trio's epoll round a
@@ -108,8 +107,6 @@ NEAR_SAMPLES = 3  #: the waits seen before any prediction
 #: the longest sleep toward a predicted end: a loop's timer may wake a millisecond late after
 #: a long one (seen on asyncio for 9 ms sleeps), so a long approach is taken in steps
 NEAR_STEP_S = 0.004
-#: the strategies whose waits ask the backend to learn of completion promptly
-WAKE = frozenset({"hybrid", "callback"})
 _loop_time = anyio.current_time  # the loop's clock, read through one name (tests freeze it)
 #: the clock of the check budget: uvloop's loop clock counts whole milliseconds (tests freeze it)
 _clock = time.perf_counter

@@ -377,7 +377,11 @@ class Graph:
             reason = self._backend.graph_update(self._handle, other._handle)
             if reason is not None:
                 raise update_refused(self._name, other._name, reason)
-            self._kept.extend(other._kept)  # the copies now launched use them
+            # the copies now launched use other's buffers; this graph's own are let go once
+            # the replays enqueued before the update, which use them, have completed
+            ours = [b for b in self._kept if not any(b is o for o in other._kept)]
+            self._kept[:] = other._kept  # in place: the finalizer holds this list
+            _let_go_after_replays(ours, self._last)
 
     # ------------------------------------------------------------------ replay
 
@@ -527,8 +531,14 @@ class _Capture:
 def _retire(backend: Any, graph: Any, kept: list[object], last: dict[int, deque[Event]]) -> None:
     """Release ``graph``; let go of what its copies use once its last replays completed."""
     backend.graph_destroy(graph)
-    pending = [e for trackers in last.values() for e in trackers if not _done(e)]
+    _let_go_after_replays(kept, last)
     last.clear()
+
+
+def _let_go_after_replays(kept: list[object], last: dict[int, deque[Event]]) -> None:
+    """Let go of ``kept`` (the buffers copies use) once the replays tracked in ``last``, which
+    may use them, have completed: at once if none is pending."""
+    pending = [e for trackers in last.values() for e in trackers if not _done(e)]
     if not pending:
         kept.clear()
         return

@@ -207,7 +207,7 @@ def submit(
     assert isinstance(backend, VirtualBackend)
     if _diagnostics.debug:
         _objects.note_submission(stream)
-    # the simulator records its own timeline: no observer range; the direct call keeps the
+    # the simulator records its own timeline: no profiler range; the direct call keeps the
     # cost per operation of a large simulation down
     backend.submit(_objects.handle(stream), ns, engine, fn, error, name or engine)
 

@@ -219,6 +219,44 @@ async def test_a_replay_enqueued_before_an_update_runs_the_old_work(
     h.close()
 
 
+async def test_updates_in_a_row_let_go_of_the_buffers_they_replaced(
+    aiostream_device: ais.Device,
+) -> None:
+    """The usual loop (capture the next step, update, close it): a graph keeps only the
+    buffers its replays now copy. Those it replaced go at once when no replay is in flight,
+    else once the replays enqueued before the update, which may still copy them, completed."""
+    dev = aiostream_device
+    g, src, dst = echo(dev, "step")
+    replaced = [weakref.ref(b) for b in (src, dst)]
+    del src, dst
+    for _ in range(3):  # no replay in flight
+        h, src, dst = echo(dev, "next step")
+        g.update(h)
+        h.close()
+        gc.collect()
+        assert all(ref() is None for ref in replaced), "replaced buffers kept"
+        replaced = [weakref.ref(b) for b in (src, dst)]
+        del src, dst
+    r = ais.Stream(dev)
+    ais.delay(LONG, stream=r)
+    pending = g.replay(r)  # behind the long kernel: it still copies the current buffers
+    h, src, dst = echo(dev, "last step")
+    g.update(h)
+    h.close()
+    current = [weakref.ref(b) for b in (src, dst)]
+    del src, dst
+    gc.collect()
+    assert all(ref() is not None for ref in replaced)  # the pending replay copies them
+    await pending
+    await until(
+        lambda: (gc.collect(), all(ref() is None for ref in replaced))[1],
+        "the replaced buffers to go once the replay before the update completed",
+    )
+    assert all(ref() is not None for ref in current)  # what the graph copies now
+    await g.replay()
+    g.close()
+
+
 def words_of(graph: str, source: str, reason: str) -> str:
     return (
         f"graph {graph!r} cannot be updated from graph {source!r}: {reason}. Graph {graph!r} "

@@ -436,7 +436,7 @@ def failing(name: str) -> Callable[..., Any]:
     return hook
 
 
-async def test_a_failing_observer_never_changes_what_the_program_sees(
+async def test_a_failing_profiler_never_changes_what_the_program_sees(
     virtual_time: VirtualTime, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A profile whose observer hooks (public: aiostream's instrumentation calls them) all fail,
@@ -701,7 +701,7 @@ def test_a_reset_inside_a_range_does_not_fail_the_profile(virtual_device: ais.De
     assert prof.unfinished == 1
 
 
-def test_the_observer_hooks_check_their_arguments(virtual_device: ais.Device) -> None:
+def test_the_profiler_s_public_hooks_check_their_arguments(virtual_device: ais.Device) -> None:
     """They are public, for aiostream's instrumentation; a wrong value fails at the call."""
     prof = ais.profile()
     s = ais.Stream()

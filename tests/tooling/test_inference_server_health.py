@@ -58,7 +58,7 @@ async def test_health_names_a_stuck_stream_and_clears(virtual_device: ais.Device
 async def test_health_names_a_stuck_transfer_and_clears(virtual_device: ais.Device) -> None:
     """A wait on another library's handle that does not end (a transfer the app awaits with
     ``ais.wait``) makes /health answer 503 too, naming it and its kind, once it is older than
-    the bound; 200 again once it is over. Waits on other devices are not this server's."""
+    the bound; 200 again once it is over."""
     batcher = server.Batcher(MODEL, ais.device(), max_batch=4, max_wait_s=0.0, stuck_after_s=0.3)
     transfer: concurrent.futures.Future[None] = concurrent.futures.Future()
     async with anyio.create_task_group() as tg:

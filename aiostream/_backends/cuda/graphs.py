@@ -346,7 +346,7 @@ class Capturing:
                 source.source.users += 1
                 self._let_go(dev, graph.source)
                 graph.source = source.source
-            graph.allocs = [*graph.allocs, *(m for m in source.allocs if m not in graph.allocs)]
+            graph.allocs = list(source.allocs)  # its launches now use source's memory
         return None
 
     @staticmethod
@@ -390,6 +390,9 @@ def _why_not(cu: Any, graph: Graph, source: Graph) -> int:
     failure, so the driver's own entry point (``cuGetProcAddress``'s, for CUDA 12.0:
     ``cuGraphExecUpdate_v2``) is asked again, with a struct of ours; a refused update changes
     nothing, so it answers the same. 0 if it updated the graph this time."""
+    err, version = cu.cuDriverGetVersion()
+    if int(err) != SUCCESS or version < 12000:  # before 12.0 the entry point takes 4 arguments
+        return 1
     err, pfn, _ = cu.cuGetProcAddress(b"cuGraphExecUpdate", 12000, 0)
     if int(err) != SUCCESS or not pfn:
         return 1  # CU_GRAPH_EXEC_UPDATE_ERROR: the driver's generic reason

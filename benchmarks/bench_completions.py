@@ -10,10 +10,11 @@ the two ways programs wait for them today, measured in the same run.
    default limit of 40 threads). Goals: median lateness at most 1 ms, p99 at most 5 ms, at
    most 0.15 CPU-s per 1,000 completions. The floor, for reference: a task per handle
    sleeping on the loop's own timer until its moment (what no waiter can beat).
-2. Real kinds, where installed: 1,000 handles, a third each of synthetic ``done()`` handles,
-   ``concurrent.futures`` futures resolved by a timer thread, and gloo ``all_reduce`` work of
-   two ranks in this process (the second rank joins each collective at its moment); lateness
-   against the moment the work was completed (the future resolved, the rank joined).
+2. Real kinds, where installed: 1,000 handles, a quarter each of synthetic ``done()`` handles,
+   ``concurrent.futures`` futures resolved by a timer thread, gloo ``all_reduce`` work of two
+   ranks in this process (the second rank joins each collective at its moment) and Dask
+   futures of tasks on an in-process cluster (each ends at its moment); lateness against the
+   moment the work was completed (the future resolved, the rank joined, the task returned).
 3. Idle: CPU while 1,000 handles that never complete sit pending, over 2 s once the poller
    has reached its idle pace (goal: under 1 % of a core), against the same poller held at its
    busy cap (``CAP_S`` throughout: the pace before the idle one), the polling tasks, and one
@@ -220,8 +221,15 @@ def cancelled_run(loop: str, n: int = 10_000) -> tuple[int, int, int]:
     return run(loop, main)
 
 
+def _until(at: float) -> float:
+    """A Dask task: it ends at ``at`` (monotonic) and says when it did."""
+    time.sleep(max(0.0, at - time.monotonic()))
+    return time.monotonic()
+
+
 def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
-    """A third each of synthetic handles, futures and gloo work; lateness by kind."""
+    """A quarter each of synthetic handles, futures, gloo work and Dask futures; lateness by
+    kind."""
     try:
         import datetime
 
@@ -229,7 +237,11 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
         import torch.distributed as dist
     except ImportError:
         torch = None
-    third = n // 3
+    try:
+        import distributed
+    except ImportError:
+        distributed = None
+    third = n // 4  # (a share of each kind)
 
     groups: list[Any] = [None, None]
     if torch is not None:
@@ -244,11 +256,32 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
         for t in makers:
             t.join()
 
+    client = None
+    if distributed is not None:  # tasks on 8 threads of one in-process worker, in order
+        client = distributed.Client(
+            processes=False, n_workers=1, threads_per_worker=8, dashboard_address=None
+        )
+
     async def main() -> dict[str, dict[str, float]]:
-        late: dict[str, list[float]] = {"done()": [], "concurrent.futures": [], "gloo": []}
+        late: dict[str, list[float]] = {
+            "done()": [],
+            "concurrent.futures": [],
+            "gloo": [],
+            "dask": [],
+        }
         synthetic = [Handle(INF) for _ in range(third)]
         futures = [concurrent.futures.Future() for _ in range(third)]
         gloo = [] if torch is None else [groups[0].allreduce([torch.ones(16)]) for _ in futures]
+        # Dask's moments are set as the tasks are submitted: after the other waits have begun
+        dask_start = time.monotonic() + 0.5
+        dask = (
+            []
+            if client is None
+            else [
+                client.submit(_until, at, pure=False)
+                for at in sorted(moments(third, dask_start, seed=5))
+            ]
+        )
         moments_of: dict[str, list[float]] = {}
         done_at: dict[int, float] = {}  # when the work was completed: resolved, or joined
 
@@ -270,7 +303,11 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
             nonlocal began
             began += 1
             await ais.wait(h)
-            late[kind].append(time.monotonic() - (h.at if kind == "done()" else done_at[id(h)]))
+            now = time.monotonic()
+            if kind == "dask":
+                late[kind].append(now - h.result())  # when its task returned
+            else:
+                late[kind].append(now - (h.at if kind == "done()" else done_at[id(h)]))
 
         async with anyio.create_task_group() as tg:
             for h in synthetic:
@@ -279,7 +316,9 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
                 tg.start_soon(one, "concurrent.futures", f)
             for w in gloo:
                 tg.start_soon(one, "gloo", w)
-            while began < len(synthetic) + len(futures) + len(gloo):
+            for d in dask:
+                tg.start_soon(one, "dask", d)
+            while began < len(synthetic) + len(futures) + len(gloo) + len(dask):
                 await anyio.sleep(0)
             start = time.monotonic()
             for h, at in zip(synthetic, moments(third, start, seed=2), strict=True):
@@ -295,7 +334,11 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
             t.join()
         return {kind: summary(values) for kind, values in late.items() if values}
 
-    return run(loop, main)
+    try:
+        return run(loop, main)
+    finally:
+        if client is not None:
+            client.close()
 
 
 def main() -> None:
@@ -320,7 +363,7 @@ def main() -> None:
                 r = lateness_run(loop, n, method)
                 row += [f"{r['median_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['cpu_per_1000']:.3f}"]
             print("| " + " | ".join(row) + " |", flush=True)
-    print("\n2. real kinds, 1,000 handles (a third each): lateness median / p99 (ms)")
+    print("\n2. real kinds, 1,000 handles (a quarter each): lateness median / p99 (ms)")
     for loop in loops:
         by_kind = real_kinds_run(loop)
         cells = ", ".join(

@@ -32,6 +32,7 @@ __all__ = [
     "submit_ended",
     "wait_began",
     "wait_ended",
+    "wanted",
 ]
 
 _log = logging.getLogger("aiostream")
@@ -118,6 +119,12 @@ def _overrides(listener: Listener, hooks: tuple[str, ...]) -> bool:
         if getattr(mine, "__func__", None) is not getattr(Listener, hook):
             return True
     return False
+
+
+def wanted(kind: str) -> bool:
+    """Whether a listener plugged in wants ``kind`` of call (``"submit"``, ``"region"``,
+    ...): a caller with work to do before telling (a timing event) checks it first."""
+    return bool(_told[kind])
 
 
 def _plug(plugged: tuple[Listener, ...]) -> None:

@@ -210,7 +210,7 @@ def submit(stream: DeviceObject, what: str, fn: Callable[..., None], *args: Any)
     marks bracket it on the stream, in submission order)."""
     if _diagnostics.debug:
         note_submission(stream)
-    if not _hooks.listeners:  # the common case
+    if not _hooks.listeners or not _hooks.wanted("submit"):  # the common case
         fn(stream._handle, *args)  # noqa: SLF001
         return
     device = stream._device  # noqa: SLF001

@@ -149,3 +149,29 @@ async def test_a_failing_listener_is_said_once_per_hook_and_changes_nothing(
     assert said == ["copied()", "holds()", "wait_began()"]
     assert [c[0] for c in log.calls].count("wait ended") == 3  # the others are told still
     caplog.clear()  # the records' tracebacks hold the stream
+
+
+def test_a_submission_no_listener_wants_takes_the_fast_path(
+    virtual_device: ais.Device, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With only listeners that want no submissions plugged in (tracing, metrics), a
+    submission asks nothing more than with none: not whether its stream is capturing."""
+
+    class Waits(_hooks.Listener):
+        def _wait_began(self, subject: str, device: str, strategy: str) -> Any:
+            return None
+
+    def asked(stream: Any) -> bool:
+        raise AssertionError("a submission no listener wants asked whether it is captured")
+
+    monkeypatch.setattr(_objects, "capturing", asked)
+    monkeypatch.setattr(_objects._captures, "under_way", lambda where: True)
+    listener = Waits()
+    _hooks.add_listener(listener)
+    s = ais.Stream(virtual_device)
+    try:
+        ais.delay(0.001, stream=s)
+    finally:
+        _hooks.remove_listener(listener)
+    s.synchronize_blocking()
+    assert _hooks.listeners == ()

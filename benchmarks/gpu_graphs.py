@@ -9,8 +9,10 @@ whether its host functions slow other streams' kernels.
 2. An aiostream graph (a copy in, a kernel, a copy out) captured, replayed 1,000 times and
    awaited, the data checked.
 3. Host functions: two streams each running 50 kernels of 1 ms, timed alone and while 1,000
-   waits pend with the ``callback`` strategy (a host function each); host functions are
-   serialized across streams on some GPUs, which would stretch the kernels' overlap.
+   waits pend on 10 streams with the ``callback`` strategy (a host function after each
+   stream's last record: one announces the waits before it); host functions are serialized
+   across streams on some GPUs, which would stretch the kernels' overlap. (``bench_cuda.py``
+   section 7 measures the same against one stream alone, and with ``quiet``.)
 
 Usage: python benchmarks/gpu_graphs.py [--device cuda:0]
 """

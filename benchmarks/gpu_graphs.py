@@ -10,7 +10,7 @@ whether its host functions slow other streams' kernels.
    awaited, the data checked.
 3. Host functions: two streams each running 50 kernels of 1 ms, timed alone and while 1,000
    waits pend on 10 streams with the ``callback`` strategy (a host function after each
-   stream's last record: one announces the waits before it); host functions are serialized
+   stream's last record; the waits before it are polled); host functions are serialized
    across streams on some GPUs, which would stretch the kernels' overlap. (``bench_cuda.py``
    section 7 measures the same against one stream alone, and with ``quiet``.)
 

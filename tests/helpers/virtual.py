@@ -115,13 +115,17 @@ def spy_on_waits(monkeypatch: pytest.MonkeyPatch) -> Spy:
 
         return counted_unsubscribe
 
+    # counted once handed out: a call that raises (a failed device, a closed backend) hands
+    # out nothing, and leaves nothing to let go
     def counted_stream_target(stream: Any, wake: bool) -> _Counted:
+        target = _Counted(spy, stream_target(stream, wake))
         spy.targets += 1
-        return _Counted(spy, stream_target(stream, wake))
+        return target
 
     def counted_event_target(event: Any, wake: bool) -> _Counted:
+        target = _Counted(spy, event_target(event, wake))
         spy.targets += 1
-        return _Counted(spy, event_target(event, wake))
+        return target
 
     monkeypatch.setattr(spied, "wake_hint", counted_wake_hint)
     monkeypatch.setattr(spied, "subscribe", counted_subscribe)

@@ -5,9 +5,8 @@ graph updated in place from a new capture of the same topology."""
 
 from __future__ import annotations
 
+import functools
 import gc
-import sys
-import threading
 import weakref
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 import aiostream as ais
 from tests.helpers import dot
 from tests.helpers.deadlines import until
+from tests.helpers.races import closed_while_called
 
 pytestmark = pytest.mark.anyio
 
@@ -387,42 +387,19 @@ async def test_what_an_update_refuses_before_asking_the_driver(
     fresh.close()
 
 
-def update_until_refused(
-    g: ais.Graph, h: ais.Graph, raised: list[BaseException], started: threading.Event
-) -> None:
-    try:
-        while True:
-            g.update(h)
-            started.set()
-    except BaseException as exc:  # noqa: BLE001 - what it was is the check
-        raised.append(exc)
-        started.set()
-
-
 async def test_close_racing_updates_on_another_thread(aiostream_device: ais.Device) -> None:
     """Each update is made whole or refused as closed, never a destroyed handle's error; the
     close waits for an update under way."""
     dev = aiostream_device
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for trial in range(10):
-            g, *_ = echo(dev, f"raced {trial}")
-            h, *_ = echo(dev, "source")
-            raised: list[BaseException] = []
-            started = threading.Event()
-            thread = threading.Thread(target=update_until_refused, args=(g, h, raised, started))
-            thread.start()
-            started.wait()
-            g.close()
-            thread.join()
-            assert [str(e) for e in raised] == [
-                f"graph 'raced {trial}' was closed: it can no longer be updated or update another"
-            ]
-            await h.replay()
-            h.close()
-    finally:
-        sys.setswitchinterval(switch)
+    for trial in range(10):
+        g, *_ = echo(dev, f"raced {trial}")
+        h, *_ = echo(dev, "source")
+        raised = closed_while_called(g, functools.partial(g.update, h))
+        assert [str(e) for e in raised] == [
+            f"graph 'raced {trial}' was closed: it can no longer be updated or update another"
+        ]
+        await h.replay()
+        h.close()
 
 
 async def test_an_update_across_devices_or_backends_is_refused() -> None:

@@ -4,9 +4,9 @@ CI), on every loop."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import re
-import sys
 import threading
 import weakref
 from contextlib import AbstractContextManager
@@ -16,6 +16,7 @@ import pytest
 
 import aiostream as ais
 from tests.helpers.deadlines import until
+from tests.helpers.races import closed_while_called
 
 pytestmark = pytest.mark.anyio
 
@@ -445,49 +446,22 @@ def test_graphs_are_in_the_package() -> None:
     assert not issubclass(ais.CaptureError, ais.DeviceError)  # the device is fine
 
 
-def replay_until_refused(
-    g: ais.Graph, r: ais.Stream, raised: list[BaseException], started: threading.Event
-) -> None:
-    """Replay ``g`` on ``r`` until a replay raises (kept in ``raised``); ``started`` is set
-    after the first replay's end."""
-    try:
-        while True:
-            g.replay(r)
-            started.set()
-    except BaseException as exc:  # noqa: BLE001 - what it was is the check
-        raised.append(exc)
-        started.set()
-
-
 async def test_close_racing_replays_on_another_thread(aiostream_device: ais.Device) -> None:
     """A thread replays in a loop while this one closes: each replay is made whole or refused
     with the documented "closed" error, never a destroyed handle's, and close waits for a
     replay under way (its buffers are not let go while it still uses them)."""
     dev = aiostream_device
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # threads switch between any two steps of a replay
-    try:
-        for trial in range(20):
-            src, dst, buf = pipeline(dev)
-            g = ais.Graph(dev, name=f"raced {trial}")
-            with g.capture() as s:
-                ais.copy_async(buf, src, stream=s)
-                ais.copy_async(dst, buf, stream=s)
-            r = ais.Stream(dev)
-            raised: list[BaseException] = []
-            started = threading.Event()
-            thread = threading.Thread(target=replay_until_refused, args=(g, r, raised, started))
-            thread.start()
-            started.wait()
-            g.close()
-            thread.join()
-            assert [type(e) for e in raised] == [ais.AiostreamError], raised
-            assert (
-                str(raised[0]) == f"graph 'raced {trial}' was closed: it can no longer be replayed"
-            )
-            await r
-    finally:
-        sys.setswitchinterval(switch)
+    for trial in range(20):
+        src, dst, buf = pipeline(dev)
+        g = ais.Graph(dev, name=f"raced {trial}")
+        with g.capture() as s:
+            ais.copy_async(buf, src, stream=s)
+            ais.copy_async(dst, buf, stream=s)
+        r = ais.Stream(dev)
+        raised = closed_while_called(g, functools.partial(g.replay, r))
+        assert [type(e) for e in raised] == [ais.AiostreamError], raised
+        assert str(raised[0]) == f"graph 'raced {trial}' was closed: it can no longer be replayed"
+        await r
 
 
 def leave_capture(block: AbstractContextManager[ais.Stream], raised: list[BaseException]) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import aiostream as ais
+from tests.helpers.cuda import TRAP as CUDA_TRAP
 from tests.helpers.process import run_python
 from tests.helpers.stand_in import OK, REASON, on_the_stand_in
 
@@ -186,29 +187,14 @@ async def test_an_interprocess_event_awaited_in_a_spawned_child(anyio_backend: A
 
 # ---------------------------------------------------------------------------- a fault
 
-TRAP = r"""
+TRAP_MAIN = r"""
 import anyio, aiostream as ais
-from cuda.bindings import driver as d
-
-PTX = b'''
-.version 7.0
-.target sm_50
-.address_size 64
-.visible .entry aiostream_trap() { trap; }
-''' + b"\0"
 
 async def main():
     s = ais.Stream("cuda:0")
     ais.delay(0.2, stream=s)                       # pending waits are parked on this ...
     events = [s.record_event() for _ in range(5)]
-    err, dev = d.cuDeviceGet(0)
-    err, ctx = d.cuDevicePrimaryCtxRetain(dev)
-    d.cuCtxSetCurrent(ctx)
-    err, module = d.cuModuleLoadData(PTX)
-    err, fn = d.cuModuleGetFunction(module, b"aiostream_trap")
-    handle = s.__cuda_stream__()[1]
-    launched = d.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, d.CUstream(handle), None, 0)
-    assert launched[0] == d.CUresult.CUDA_SUCCESS, launched  # ... then this traps
+    launch_trap(s)                                 # ... then this traps
     tail = s.record_event()
     results = {}
 
@@ -229,6 +215,7 @@ async def main():
 
 anyio.run(main)
 """
+TRAP = CUDA_TRAP + TRAP_MAIN  # launch_trap() is the helper's
 
 
 def test_a_trapping_kernel_fails_every_pending_wait_and_never_hangs() -> None:

@@ -100,7 +100,7 @@ async def test_elapsed_time_that_waits_out_a_host_function_checks_that_wait(
             start.elapsed_time(end)
     assert fault.failed
     assert str(info.value).startswith(
-        "cuEventSynchronize failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+        "cuEventSynchronize failed on cuda:0: CUDA_ERROR_UNKNOWN (999): unknown error"
     ), info.value
     assert start.elapsed_time(end) >= 0.0
 

@@ -102,6 +102,7 @@ static const char *error_name(CUresult r) {
     case CAPTURE_WRONG_THREAD: return "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD";
     case OPERATING_SYSTEM: return "CUDA_ERROR_OPERATING_SYSTEM";
     case GRAPH_EXEC_UPDATE_FAILURE: return "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE";
+    case UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return NULL;
     }
 }
@@ -117,6 +118,7 @@ static CUresult cuGetErrorString(CUresult r, const char **out) {
     case LAUNCH_FAILED: *out = "unspecified launch failure"; return OK;
     case INVALID_VALUE: *out = "invalid argument"; return OK;
     case NOT_READY: *out = "device not ready"; return OK;
+    case UNKNOWN: *out = "unknown error"; return OK;
     case INVALID_CONTEXT: *out = "invalid device context"; return OK;
     case NOT_SUPPORTED: *out = "operation not supported"; return OK;
     case ILLEGAL_STATE: *out = "the operation cannot be performed in the present state"; return OK;

@@ -502,7 +502,7 @@ def test_cuda_a_shared_buffer_whose_stream_cannot_wait_is_closed_again() -> None
     assert child.returncode == 0, child.stderr[-3000:]
     said, after = child.stdout.splitlines()
     assert said.startswith(
-        "CudaError: cuStreamWaitEvent failed on cuda:0: CUDA_ERROR_UNKNOWN (999)"
+        "CudaError: cuStreamWaitEvent failed on cuda:0: CUDA_ERROR_UNKNOWN (999): unknown error"
     )
     # both opened, both closed (the stand-in counts a close under pending work a violation)
     assert after == "1 0 1 0"
@@ -579,7 +579,8 @@ def test_cuda_a_shared_buffer_that_cannot_be_closed_is_said_at_exit() -> None:
     assert closed == "0"  # and closed by hand
     assert child.stderr.splitlines() == [
         "aiostream could not release 1 CUDA handle(s) (the first: cuIpcCloseMemHandle failed "
-        "on cuda:0: CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+        "on cuda:0: CUDA_ERROR_UNKNOWN (999): unknown error); the driver reclaims them "
+        "with the context"
     ]
     del shared
 

@@ -259,7 +259,8 @@ def test_a_free_in_a_context_that_cannot_be_made_current_is_said_at_close(
             assert cu.cuMemFreeHost(mem.ptr) == (cu.CUresult.CUDA_SUCCESS,)
         assert warnings == [
             "aiostream could not release 1 CUDA handle(s) (the first: cuCtxPushCurrent failed "
-            "on cuda:0: CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+            "on cuda:0: CUDA_ERROR_UNKNOWN (999): unknown error); the driver reclaims them "
+            "with the context"
         ]
 
 

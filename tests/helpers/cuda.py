@@ -152,6 +152,11 @@ def launch_trap(stream, held=False):
     cu.cuCtxPushCurrent(_context())
     word = None
     handle = cu.CUstream(stream.__cuda_stream__()[1])
+    # loaded before the gate: on a GPU, loading a module waits for the device's work
+    err, module = cu.cuModuleLoadData(PTX)
+    assert err == cu.CUresult.CUDA_SUCCESS, err
+    err, fn = cu.cuModuleGetFunction(module, b"aiostream_trap")
+    assert err == cu.CUresult.CUDA_SUCCESS, err
     if held:
         err, word = cu.cuMemHostAlloc(4, 0x1 | 0x2)  # PORTABLE | DEVICEMAP
         assert err == cu.CUresult.CUDA_SUCCESS, err
@@ -160,10 +165,6 @@ def launch_trap(stream, held=False):
         assert err == cu.CUresult.CUDA_SUCCESS, err
         waited = cu.cuStreamWaitValue32(handle, address, 1, 0)  # CU_STREAM_WAIT_VALUE_GEQ
         assert waited == (cu.CUresult.CUDA_SUCCESS,), waited
-    err, module = cu.cuModuleLoadData(PTX)
-    assert err == cu.CUresult.CUDA_SUCCESS, err
-    err, fn = cu.cuModuleGetFunction(module, b"aiostream_trap")
-    assert err == cu.CUresult.CUDA_SUCCESS, err
     launched = cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, handle, None, 0)
     assert launched == (cu.CUresult.CUDA_SUCCESS,), launched
     cu.cuCtxPopCurrent()
@@ -249,7 +250,7 @@ def close_with_a_failed_release(
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert warnings == [
         f"aiostream could not release 1 CUDA handle(s) (the first: {call} failed on cuda:0: "
-        "CUDA_ERROR_UNKNOWN (999)); the driver reclaims them with the context"
+        "CUDA_ERROR_UNKNOWN (999): unknown error); the driver reclaims them with the context"
     ]
     assert fault.failed, f"close made no call {nth} of {call}"
     return fault.args

@@ -62,7 +62,13 @@ class ForeignCapture:
         try:
             ok(cu.cuCtxPushCurrent(ctx))
             stream = ok(cu.cuStreamCreate(1))  # CU_STREAM_NON_BLOCKING, as PyTorch's are
-            src, dst = ok(cu.cuMemAlloc(NBYTES)), ok(cu.cuMemAlloc(NBYTES))  # before capture
+            # stream-ordered, before the capture: cuMemFree would wait for the whole device,
+            # whose other streams the test holds until this thread has ended
+            src, dst = (
+                ok(cu.cuMemAllocAsync(NBYTES, stream)),
+                ok(cu.cuMemAllocAsync(NBYTES, stream)),
+            )
+            ok(cu.cuStreamSynchronize(stream))
             ok(cu.cuStreamBeginCapture(stream, self.mode))
             self._begun.set()
             while True:  # the capture goes on while the test's block runs
@@ -88,10 +94,11 @@ class ForeignCapture:
             self.error = exc
             self._begun.set()
         finally:
-            for ptr in (src, dst):
-                if ptr is not None:
-                    cu.cuMemFree(ptr)
             if stream is not None:
+                for ptr in (src, dst):
+                    if ptr is not None:
+                        cu.cuMemFreeAsync(ptr, stream)
+                cu.cuStreamSynchronize(stream)
                 cu.cuStreamDestroy(stream)
             cu.cuCtxPopCurrent()
             cu.cuDevicePrimaryCtxRelease(dev)

@@ -162,8 +162,8 @@ def test_a_64_bit_write_lands_when_its_stream_reaches_it(ctx0: Context) -> None:
         stream = ok(cu.cuStreamCreate(1))
         gate_word, target = Word(), Word(8)
         ok(cu.cuStreamWaitValue32(stream, gate_word.address, 1, GEQ))
-        for flags in (0, 1):  # CU_STREAM_WRITE_VALUE_DEFAULT, ..._NO_MEMORY_BARRIER
-            ok(cu.cuStreamWriteValue64(stream, target.address, (1 << 40) | 3 + flags, flags))
+        for value in (3, 4):  # CU_STREAM_WRITE_VALUE_DEFAULT: the v2 API takes no other flag
+            ok(cu.cuStreamWriteValue64(stream, target.address, (1 << 40) | value, 0))
         held_for(lambda: target.value == 0)
         gate_word.value = 1
         soon(lambda: target.value == (1 << 40) | 4, "the writes")

@@ -10,21 +10,22 @@ left of it, and the steps it leaves out are marked "not run" with the reason. Th
 telling first:
 
 1. ``info``: ``python -m aiostream info``.
-2. ``cuda-tests``: every test marked ``cuda`` (``pytest -m cuda``): ``tests/cuda/`` (the
+2. ``graphs``: ``benchmarks/gpu_graphs.py``: ``torch.cuda.graph`` (global mode) capturing on
+   a second thread beside 100 pending aiostream waits, for each wait strategy; an aiostream
+   graph replayed 1,000 times; two streams' kernels beside 1,000 waits pending on 4 and on
+   32 other streams, each way a wait can pend (whether the device holds other streams'
+   work, or only its wake-ups, behind aiostream's marks and host functions).
+3. ``cuda-tests``: every test marked ``cuda`` (``pytest -m cuda``): ``tests/cuda/`` (the
    driver's contract: contexts, memory lifetimes, stream order, faults and exit; the waits;
    CUDA graphs captured beside aiostream), the white-box tests of the CUDA backend
    (``tests/internals/cuda``), the conformance suite on ``cuda:0``, and
    ``tests/interop/test_gpu_interop.py`` (PyTorch, CuPy and cuda.core interop, an
    interprocess event awaited in a spawned child, a trapping kernel), on asyncio, uvloop and
-   trio, over 4 processes where pytest-xdist is installed (at most half the budget); every
-   skip is listed with its reason. With ``--quick``, the conformance suite on ``cuda:0``
-   alone. A step at its limit is interrupted, so pytest still prints its failures.
-   ``cuda-reruns``, where tests failed over several processes: those tests again, one at a
-   time (a test that passes alone was disturbed by another's use of the GPU).
-3. ``graphs``: ``benchmarks/gpu_graphs.py``: ``torch.cuda.graph`` (global mode) capturing on
-   a second thread beside 100 pending aiostream waits, for each wait strategy; an aiostream
-   graph replayed 1,000 times; two streams' kernels with and without 1,000 waits pending by
-   host functions.
+   trio, over half the cores' processes (2 to 8) where pytest-xdist is installed (at most
+   half the budget); every skip is listed with its reason. With ``--quick``, the conformance
+   suite on ``cuda:0`` alone. A step at its limit is interrupted, so pytest still prints its
+   failures. ``cuda-reruns``, where tests failed over several processes: those tests again,
+   one at a time (a test that passes alone was disturbed by another's use of the GPU).
 4. ``contract``: ``benchmarks/gpu_contract.py``, the driver's contract on hardware: the caller's
    current context kept, a HostBuffer view after collection, exit within 1 s with a 60 s
    kernel pending, a faulted kernel with no traceback at exit, a cross-device copy, and the
@@ -83,6 +84,8 @@ MIN_STEP = 15.0  # a step given less would only time out
 INTERRUPT_GRACE = 20.0  # a step interrupted at its limit has this long to say what it saw
 CUDA_TESTS_SHARE = 0.5  # of the budget: the rest is the benchmarks' and the scenarios'
 RERUN_LIMIT = 90.0  # the tests that failed, run again alone
+# pytest processes sharing the GPU: its tests wait mostly on the device, so half the cores
+WORKERS = max(2, min(8, (os.cpu_count() or 4) // 2))
 
 
 @dataclass
@@ -104,16 +107,16 @@ def _parallel() -> bool:
 
 
 def cuda_test_args(quick: bool, parallel: bool | None = None) -> list[str]:
-    """pytest's arguments for the cuda-tests step: spread over 4 processes where pytest-xdist
-    is installed (``parallel`` None: where it imports), one module per process, so that the
-    whole driver contract fits in the suite's budget."""
+    """pytest's arguments for the cuda-tests step: spread over ``WORKERS`` processes where
+    pytest-xdist is installed (``parallel`` None: where it imports), one module per process,
+    so that the whole driver contract fits in the suite's budget."""
     args = ["-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "--run-slow"]
     args += ["--require-cuda", "-m", "cuda", "--tb=short", "--durations=15"]
     if quick:
         return args + ["tests/api/test_conformance.py"]
     if parallel if parallel is not None else _parallel():
         # pytest-benchmark (in the image too) warns under xdist, which this suite makes an error
-        args += ["-n", "4", "--dist", "loadfile", "-p", "no:benchmark"]
+        args += ["-n", str(WORKERS), "--dist", "loadfile", "-p", "no:benchmark"]
     return args + CUDA_TEST_FOLDERS
 
 
@@ -130,8 +133,10 @@ def steps(quick: bool, outdir: Path = Path("gpu-suite")) -> list[Step]:
         # peers' contracts, tests/interop/test_gpu_interop.py), slow ones included; only the
         # folders that hold them are collected (tooling's need what the image lacks).
         # Quick: the conformance suite alone (CI's CUDA lane runs the rest)
-        Step("cuda-tests", [py, *cuda_test_args(quick)], 540, share=CUDA_TESTS_SHARE),
+        # graphs first: 20-30 s that say whether the device serializes other streams' work
+        # behind aiostream's pending waits, the finding that decides the default strategy
         Step("graphs", [py, "benchmarks/gpu_graphs.py"], 240),
+        Step("cuda-tests", [py, *cuda_test_args(quick)], 540, share=CUDA_TESTS_SHARE),
         Step("contract", [py, "benchmarks/gpu_contract.py"], 540),
         # the device's profile (outdir/profile.json), then how close its virtual device is
         Step("calibrate", [*calibrate, "--out", profile, *q], 180),

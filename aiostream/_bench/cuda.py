@@ -6,6 +6,7 @@ the loop's own timer until the same moments (``benchmarks/bench_cuda.py`` prints
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import random
@@ -357,42 +358,101 @@ def pending_cpu(waits: int, streams: int, seconds: float, strategy: str) -> floa
     return asyncio.run(main())
 
 
-def overlap(waits: int, strategy: str, kernel_s: float = 0.002, kernels: int = 50) -> float:
-    """Two streams run ``kernels`` kernels of ``kernel_s`` each, at once, while ``waits`` waits
-    pend with ``strategy`` (events recorded on 100 other streams behind work that outlasts
-    the run, awaited and handed over first): how long the two took over how long one stream
-    alone took, in the same run. 1.0: they overlapped fully; 2.0: one ran after the other
-    (host functions may serialize kernels across streams on some devices)."""
+@dataclass
+class Beside:
+    """Two streams' kernels beside long work on other streams (``beside_pending``)."""
 
-    async def run(streams: list[ais.Stream]) -> float:
-        start = time.perf_counter()
-        for _ in range(kernels):
-            for s in streams:
-                ais.delay(kernel_s, stream=s)
-        for s in streams:
-            await s.synchronize()
-        return time.perf_counter() - start
+    device_ms: float  #: first kernel's start to last kernel's end, by the device's clock
+    await_ms: float  #: first submission to both awaits' return, by the host's clock
 
-    async def main() -> float:
-        a, b = ais.Stream(DEVICE), ais.Stream(DEVICE)
-        await run([a, b])  # the kernel and the streams ready
-        alone = await run([a])
-        others = [ais.Stream(DEVICE) for _ in range(min(100, waits))]
+
+#: the ways waits can pend beside the two streams: none (the other streams' work alone),
+#: recorded (an event recorded after each other stream's work, each with its mark, none
+#: awaited), or awaited with one of the wait strategies
+BESIDE = ("none", "recorded", "quiet", "poll", "thread", "callback", "hybrid")
+
+
+def beside_pending(
+    how: str,
+    streams: int = 10,
+    waits: int = 1_000,
+    kernel_s: float = 0.001,
+    kernels: int = 50,
+    pending_s: float = 0.5,
+    device: str = DEVICE,
+) -> Beside:
+    """Streams a and b each run ``kernels`` kernels of ``kernel_s`` at once, while ``streams``
+    other streams run work of ``pending_s`` and ``waits`` waits pend on them as ``how`` says
+    (one of ``BESIDE``). On a device that serializes host functions or stream memory
+    operations across streams (a device queue shared by several streams), a or b's kernels
+    (``device_ms``) or their awaits (``await_ms``) stretch towards ``pending_s``; else both
+    stay near ``kernels * kernel_s``. The awaits of a and b use ``how``'s strategy (hybrid
+    for none and recorded). Returns once the other streams' work is over: the next run starts
+    on an idle device."""
+    if how not in BESIDE:
+        raise ValueError(f"how must be one of {', '.join(BESIDE)}, not {how!r}")
+    strategy = how if how not in ("none", "recorded") else "hybrid"
+
+    async def main() -> Beside:
+        a, b = ais.Stream(device), ais.Stream(device)
+        for s in (a, b):  # warm-up: the kernel loaded, the streams ready
+            ais.delay(kernel_s, stream=s)
+            await s.synchronize(strategy=strategy)
+        others = [ais.Stream(device) for _ in range(streams)]
         for s in others:
-            ais.delay(2 * kernels * kernel_s + 1.0, stream=s)
-        events = [others[i % len(others)].record_event() for i in range(waits)]
-
-        async def wait(e: ais.Event) -> None:
-            await e.synchronize(strategy=strategy)
-
+            ais.delay(pending_s, stream=s)
+        events = []
+        if how != "none":
+            events = [others[i % streams].record_event() for i in range(waits)]
+        marks = [ais.Event(device, enable_timing=True) for _ in range(4)]
         async with anyio.create_task_group() as tg:
-            for e in events:
-                tg.start_soon(wait, e)
+            if how not in ("none", "recorded"):
+                for e in events:
+                    tg.start_soon(functools.partial(e.synchronize, strategy=strategy))
             await anyio.sleep(0.1)  # every wait begun and handed over
-            both = await run([a, b])
-        return both / alone
+            start = time.perf_counter()
+            marks[0].record(a)
+            marks[1].record(b)
+            for _ in range(kernels):
+                ais.delay(kernel_s, stream=a)
+                ais.delay(kernel_s, stream=b)
+            marks[2].record(a)
+            marks[3].record(b)
+            await marks[2].synchronize(strategy=strategy)
+            await marks[3].synchronize(strategy=strategy)
+            took = time.perf_counter() - start
+            tg.cancel_scope.cancel()
+        first = marks[0] if marks[0].elapsed_time(marks[1]) >= 0 else marks[1]
+        device_ms = max(first.elapsed_time(marks[2]), first.elapsed_time(marks[3]))
+        for s in others:
+            await s.synchronize(strategy="poll")
+        return Beside(device_ms, took * 1e3)
 
     return anyio.run(main)
+
+
+def print_beside(
+    streams: tuple[int, ...], hows: tuple[str, ...] = BESIDE, indent: str = "   ", **kw: Any
+) -> None:
+    """Print ``beside_pending`` for each count of other streams and each way in ``hows``,
+    with each row's times over the ``none`` row's of its count (run first)."""
+    connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8, the default")
+    print(f"{indent}(device queues: CUDA_DEVICE_MAX_CONNECTIONS={connections})")
+    print(
+        f"{indent}{'other streams':>13} {'waits pend':22} {'device ms':>10} {'x':>6} "
+        f"{'await ms':>9} {'x':>6}"
+    )
+    for count in streams:
+        base: Beside | None = None
+        for how in ("none", *[h for h in hows if h != "none"]):
+            r = beside_pending(how, streams=count, **kw)
+            base = base or r
+            label = {"none": "none", "recorded": "recorded, not awaited"}.get(how, how)
+            print(
+                f"{indent}{count:>13} {label:22} {r.device_ms:10.1f} "
+                f"{r.device_ms / base.device_ms:6.2f} {r.await_ms:9.1f} "
+                f"{r.await_ms / base.await_ms:6.2f}"
+            )
 
 
 def look_cost(n: int, repeats: int = 20) -> tuple[float, float]:

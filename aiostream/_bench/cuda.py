@@ -367,9 +367,10 @@ class Beside:
 
 
 #: the ways waits can pend beside the two streams: none (the other streams' work alone),
-#: recorded (an event recorded after each other stream's work, each with its mark, none
-#: awaited), or awaited with one of the wait strategies
-BESIDE = ("none", "recorded", "quiet", "poll", "thread", "callback", "hybrid")
+#: driver (events recorded after it by the driver's own cuEventRecord: no mark), recorded
+#: (aiostream's events, each record with its mark, none awaited), or awaited with one of the
+#: wait strategies
+BESIDE = ("none", "driver", "recorded", "quiet", "poll", "thread", "callback", "hybrid")
 
 
 def beside_pending(
@@ -391,7 +392,7 @@ def beside_pending(
     on an idle device."""
     if how not in BESIDE:
         raise ValueError(f"how must be one of {', '.join(BESIDE)}, not {how!r}")
-    strategy = how if how not in ("none", "recorded") else "hybrid"
+    strategy = how if how not in ("none", "driver", "recorded") else "hybrid"
 
     async def main() -> Beside:
         a, b = ais.Stream(device), ais.Stream(device)
@@ -402,11 +403,13 @@ def beside_pending(
         for s in others:
             ais.delay(pending_s, stream=s)
         events = []
-        if how != "none":
+        if how == "driver":
+            raw = driver_records(others, waits)
+        elif how != "none":
             events = [others[i % streams].record_event() for i in range(waits)]
         marks = [ais.Event(device, enable_timing=True) for _ in range(4)]
         async with anyio.create_task_group() as tg:
-            if how not in ("none", "recorded"):
+            if how not in ("none", "driver", "recorded"):
                 for e in events:
                     tg.start_soon(functools.partial(e.synchronize, strategy=strategy))
             await anyio.sleep(0.1)  # every wait begun and handed over
@@ -426,9 +429,36 @@ def beside_pending(
         device_ms = max(first.elapsed_time(marks[2]), first.elapsed_time(marks[3]))
         for s in others:
             await s.synchronize(strategy="poll")
+        if how == "driver":
+            driver_destroy(raw)
         return Beside(device_ms, took * 1e3)
 
     return anyio.run(main)
+
+
+def driver_records(streams: list[ais.Stream], n: int) -> list[Any]:
+    """``n`` events of the driver's own (no timing), recorded with ``cuEventRecord`` on
+    ``streams`` in turn: records with no mark of aiostream's after them."""
+    from cuda.bindings import driver
+
+    events = []
+    with primary_context():
+        for i in range(n):
+            err, event = driver.cuEventCreate(2)  # CU_EVENT_DISABLE_TIMING
+            assert int(err) == 0, err
+            handle = driver.CUstream(streams[i % len(streams)].__cuda_stream__()[1])
+            (err,) = driver.cuEventRecord(event, handle)
+            assert int(err) == 0, err
+            events.append(event)
+    return events
+
+
+def driver_destroy(events: list[Any]) -> None:
+    from cuda.bindings import driver
+
+    with primary_context():
+        for event in events:
+            driver.cuEventDestroy(event)
 
 
 def print_beside(
@@ -447,7 +477,10 @@ def print_beside(
         for how in ("none", *[h for h in hows if h != "none"]):
             r = beside_pending(how, streams=count, **kw)
             base = base or r
-            label = {"none": "none", "recorded": "recorded, not awaited"}.get(how, how)
+            label = {
+                "driver": "driver's records alone",
+                "recorded": "recorded, not awaited",
+            }.get(how, how)
             print(
                 f"{indent}{count:>13} {label:22} {r.device_ms:10.1f} "
                 f"{r.device_ms / base.device_ms:6.2f} {r.await_ms:9.1f} "

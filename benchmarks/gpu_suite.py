@@ -10,6 +10,8 @@ left of it, and the steps it leaves out are marked "not run" with the reason. Th
 telling first:
 
 1. ``info``: ``python -m aiostream info``.
+   ``short-wait``: ``bench_cuda.py`` section 0, the await of pending 0.2 and 2 ms kernels
+   against ``cuEventSynchronize`` on each loop, driver calls and host functions per wait.
 2. ``graphs``: ``benchmarks/gpu_graphs.py``: ``torch.cuda.graph`` (global mode) capturing on
    a second thread beside 100 pending aiostream waits, for each wait strategy; an aiostream
    graph replayed 1,000 times; two streams' kernels beside 1,000 waits pending on 4 and on
@@ -129,6 +131,8 @@ def steps(quick: bool, outdir: Path = Path("gpu-suite")) -> list[Step]:
     calibrate = [py, "-m", "aiostream", "calibrate"]
     out = [
         Step("info", [py, "-m", "aiostream", "info"], 120, needs_gpu=False),
+        # the figures users quote first: the short wait's rows (bench_cuda.py section 0)
+        Step("short-wait", [py, "benchmarks/bench_cuda.py", "--sections", "0", *q], 120),
         # every test marked cuda (tests/cuda/, the conformance suite on cuda:0, DLPack, the
         # peers' contracts, tests/interop/test_gpu_interop.py), slow ones included; only the
         # folders that hold them are collected (tooling's need what the image lacks).
@@ -142,7 +146,7 @@ def steps(quick: bool, outdir: Path = Path("gpu-suite")) -> list[Step]:
         Step("calibrate", [*calibrate, "--out", profile, *q], 180),
         Step("calibrate-check", [*calibrate, "--check", profile, *q], 120),
         Step("interop-pipeline", [py, "benchmarks/gpu_suite.py", "--pipeline"], 300),
-        Step("bench-cuda", [py, "benchmarks/bench_cuda.py", *q], 540),
+        Step("bench-cuda", [py, "benchmarks/bench_cuda.py", "--sections", "1234567", *q], 540),
         Step("bench-graph", [py, "benchmarks/bench_graph.py", "--device", "cuda:0", *q], 240),
     ]
     table = [py, "-m", "aiostream", "bench", "--sections", "core,cuda", *q]

@@ -127,8 +127,8 @@ class Awaitable(DeviceObject):
         removes the wait and leaks nothing; the device work goes on.
 
         Args:
-            strategy: how a CUDA wait is watched, for this call only: ``"hybrid"``, ``"poll"``,
-                ``"thread"``, ``"callback"`` or ``"quiet"`` (see
+            strategy: how a CUDA wait is watched, for this call only: ``"quiet"``,
+                ``"hybrid"``, ``"poll"``, ``"thread"`` or ``"callback"`` (see
                 :func:`aiostream.set_wait_strategy`).
 
         Note:
@@ -181,12 +181,14 @@ class Awaitable(DeviceObject):
         For threads that run no event loop; in a loop's thread it raises instead of blocking.
 
         Note:
-            On CUDA the thread waits for the device's watcher, as awaits do, in short timed
-            waits: Ctrl-C reaches the main thread meanwhile.
+            On CUDA the thread waits for the device's watcher, as awaits do (woken by a host
+            function under the ``"hybrid"`` and ``"callback"`` strategies only), in short
+            timed waits: Ctrl-C reaches the main thread meanwhile.
         """
         if self.query():
             return
-        _waiting.wait_blocking(self._backend, self._target(True), self._what)
+        wake = _waiting.get_wait_strategy() in _waiting.WAKE
+        _waiting.wait_blocking(self._backend, self._target(wake), self._what)
 
 
 def _described(obj: Awaitable) -> str:

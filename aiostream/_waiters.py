@@ -19,27 +19,27 @@ the device writes, at most one thread per device whatever the load, no Python on
 thread). A CUDA wait's *strategy* (:func:`set_wait_strategy`) says how promptly the backend
 learns it, and whether the loop also polls it:
 
-- ``hybrid`` (the default): the loop reads the wait's completion flag (``WaitTarget.peek``,
+- ``quiet`` (the default): the loop reads the wait's completion flag (``WaitTarget.peek``,
   no driver call) on each of its own turns for a short *check budget* (adaptive: 1.5 times
   the typical length of the device's recent waits, at most ``SPIN_MAX_S``, only
   ``SPIN_MIN_S`` when recent waits were longer; at most ``SPIN_LANES`` streams at once):
   short waits resume without any thread, and cost the stream nothing. Then the loop hands
-  the wait to the backend (``watch``): a host function, enqueued after the work if nothing
-  followed it, wakes the device's watcher when it completes, whose word finishes the wait
-  in one hop to the loop: long waits cost no CPU. Once the recent waits ran alike, a wait
-  handed over is also checked on the loop's turns again near its predicted end (from
+  the wait to the backend (``watch``), whose watcher polls the completion flags, backing off
+  to 2 ms (4 ms once nothing happened for half a second). Once the recent waits ran alike, a
+  wait handed over is also checked on the loop's turns again near its predicted end (from
   ``NEAR_LEAD_S`` before it), so that a kernel of a few milliseconds ends its wait without
   the watcher's hops. No waiter ever sleeps on a timer shorter than the loop honours
-  (``TIMER_FLOOR_S``).
+  (``TIMER_FLOOR_S``). No host function: one pending behind long work may hold the work
+  later submitted to every stream of the device (seen on an H100).
+- ``hybrid``: as ``quiet``, but the watcher is woken by a host function, enqueued after the
+  work if nothing followed it, whose word finishes the wait in one hop to the loop: long
+  waits cost no CPU.
 - ``poll``: the loop alone checks, on its turns for the check budget, then sleeping for half
   the wait's age, at least ``TIMER_FLOOR_S``, up to ``POLL_CAP_S``. No thread, no host
   function.
-- ``thread``: the device's watcher alone, which polls the completion flags with a back-off up
-  to 2 ms. No host function: nothing is added to the user's stream but the flag's write.
+- ``thread``: the device's watcher alone, which polls the completion flags with the same
+  back-off. No host function: nothing is added to the user's stream but the flag's write.
 - ``callback``: the watcher alone, woken by the host function.
-- ``quiet``: ``hybrid`` without host functions (for devices where a host function may hold
-  up other streams' kernels): the loop's checks and near-end looks as ``hybrid``, then the
-  watcher polls the flags, backing off to 2 ms, as for ``thread``.
 
 Everything else goes through anyio; the loop-specific pieces (``_loops``) are how a background
 task is spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and
@@ -96,7 +96,7 @@ SPIN_MAX_S = 500e-6
 SPIN_LANES = 16  #: at most this many streams' waits are checked on every turn at once
 POLL_CAP_S = 2e-3  #: poll: the longest sleep between checks
 #: the near-end look: once the device's recent waits on the loop ran alike (their spread at
-#: most ``NEAR_SPREAD`` of their mean, which is at most ``NEAR_MAX_S``), a hybrid wait past
+#: most ``NEAR_SPREAD`` of their mean, which is at most ``NEAR_MAX_S``), a handed wait past
 #: its check budget is checked on the loop's turns again from ``NEAR_LEAD_S`` before its
 #: predicted end (the loop's timer wakes it no later: its sleep is whole milliseconds, which
 #: asyncio and trio honour exactly) to a little after it; the backend has it meanwhile
@@ -471,7 +471,7 @@ class TimedWaiter(Waiter):
 class StrategyWaiter(Waiter):
     """For backends that cannot say when work will complete (CUDA): the backend tells of
     completions (``watch``) as it learns them, and the loop also looks at the waits whose
-    strategy says so (``hybrid`` for its check budget, ``poll``).
+    strategy says so (``quiet`` and ``hybrid`` for its check budget, ``poll``).
 
     Waits on one stream (a *lane*) complete in order, so the loop looks only at the head of
     each lane, each lane on its own schedule (every loop turn for the check budget, then, for
@@ -489,7 +489,7 @@ class StrategyWaiter(Waiter):
         self._due_at: dict[Hashable, float] = {}  # each polled lane's next look (loop time)
         self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
         self._spinning: set[Hashable] = set()  # the lanes looked at on every turn
-        #: hybrid waits handed over, to be looked at again near their predicted end: (loop
+        #: quiet and hybrid waits handed over, to be looked at again near their predicted end: (loop
         #: time of the next look, order, entry, clock time of the end, and of the last look)
         self._near: list[tuple[float, int, Entry, float, float]] = []
         self._near_spin: list[tuple[float, Entry]] = []  # those looked at on every turn
@@ -511,7 +511,7 @@ class StrategyWaiter(Waiter):
 
     def budget(self) -> float:
         """The check budget of a wait (s): how long the loop looks at it on each of its
-        turns before the backend alone watches it (``hybrid``) or it sleeps between looks
+        turns before the backend alone watches it (``quiet``, ``hybrid``) or it sleeps between looks
         (``poll``)."""
         typical = self.typical
         if typical is None:
@@ -527,7 +527,7 @@ class StrategyWaiter(Waiter):
 
     def _added(self, entry: Entry) -> None:
         if entry.strategy in ("thread", "callback"):
-            entry.target.watch(entry, self.gone)  # hybrid's, once the loop hands it over
+            entry.target.watch(entry, self.gone)  # the watcher's from the start
             return
         lane = entry.target.lane
         heap = self._lanes.get(lane)
@@ -613,8 +613,8 @@ class StrategyWaiter(Waiter):
         return 0.0 if delay <= 0.0 else max(delay, TIMER_FLOOR_S)
 
     def _sweep_lane(self, lane: Hashable, now: float, clock: float, budget: float) -> float | None:
-        """Finish the lane's completed waits in order, and hand hybrid's over to the backend
-        once past their check budget; return when to look at the lane again (loop time), or
+        """Finish the lane's completed waits in order, and hand quiet's and hybrid's over to the
+        backend once past their check budget; return when to look at the lane again (loop time), or
         None."""
         heap = self._lanes.get(lane)
         spinning = self._spinning
@@ -654,7 +654,7 @@ class StrategyWaiter(Waiter):
         return None
 
     def _plan_near(self, entry: Entry, now: float, clock: float) -> None:
-        """Plan the near-end look of a hybrid wait just handed over, if its end can be
+        """Plan the near-end look of a wait just handed over, if its end can be
         predicted: sleeps of whole milliseconds (the loop's timer wakes it no later), at most
         ``NEAR_STEP_S`` each, to ``NEAR_LEAD_S`` before the end, then a look on every turn
         until a little after it."""

@@ -45,7 +45,10 @@ STRATEGIES = ("hybrid", "poll", "thread", "callback", "quiet")
 #: the strategies whose waits ask the backend to learn of completion promptly
 WAKE = frozenset({"hybrid", "callback"})
 _ENV = "AIOSTREAM_WAIT_STRATEGY"
-_strategy: str | None = None  # set_wait_strategy(); None: $AIOSTREAM_WAIT_STRATEGY or hybrid
+#: the strategy of waits that name none, where neither set_wait_strategy() nor the environment
+#: chose one: no host function, which on a GPU may hold other streams' work until it has run
+DEFAULT_STRATEGY = "quiet"
+_strategy: str | None = None  # set_wait_strategy(); None: $AIOSTREAM_WAIT_STRATEGY or quiet
 
 
 def check_strategy(value: object, what: str = "strategy") -> str:
@@ -61,13 +64,16 @@ def set_wait_strategy(strategy: str | None) -> None:
     """Choose how waits on CUDA devices are watched, for every loop and thread.
 
     Args:
-        strategy: ``"hybrid"`` (the default: the loop checks briefly, the device's watcher
-            thread wakes it for longer waits), ``"poll"`` (the loop alone), ``"thread"`` (the
-            watcher alone, polling: nothing added to your stream), ``"callback"`` (the
-            watcher alone, woken by a host function) or ``"quiet"`` (as ``"hybrid"``, with
-            no host function: the watcher polls); None goes back to
-            ``$AIOSTREAM_WAIT_STRATEGY``, or ``"hybrid"`` when it is unset.
-            ``await x.synchronize(strategy=...)`` overrides it for one wait.
+        strategy: ``"quiet"`` (the default: the loop checks briefly, then the device's
+            watcher thread polls the completion flags for longer waits: no host function),
+            ``"hybrid"`` (as ``"quiet"``, the watcher woken by a host function instead),
+            ``"poll"`` (the loop alone), ``"thread"`` (the watcher alone, polling) or
+            ``"callback"`` (the watcher alone, woken by a host function); None goes back to
+            ``$AIOSTREAM_WAIT_STRATEGY``, or ``"quiet"`` when it is unset.
+            ``await x.synchronize(strategy=...)`` overrides it for one wait. A host function
+            pending behind long work may hold the work later submitted to every stream of the
+            device until it has run (seen on an H100): choose ``"hybrid"`` or
+            ``"callback"`` only where no other stream's work must start meanwhile.
 
     The virtual backend knows when its work completes, so it ignores the strategy: its waits
     sleep on a loop timer until that moment.
@@ -82,7 +88,7 @@ def get_wait_strategy() -> str:
         return _strategy
     env = os.environ.get(_ENV)
     if not env:
-        return "hybrid"
+        return DEFAULT_STRATEGY
     try:
         return check_strategy(env)
     except ValueError:

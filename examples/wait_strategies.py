@@ -1,13 +1,13 @@
 """Choosing how a wait is watched: globally, or for one await.
 
-On CUDA devices the strategy decides how the loop learns that work completed (README's
-"How waiting works" has the details and costs): ``hybrid`` (the default) has the loop read
+On CUDA devices the strategy decides how the loop learns that work completed (docs/cuda.md's
+"Waiting strategies" has the details and costs): ``quiet`` (the default) has the loop read
 the work's completion mark on its turns for a short check budget (at most 500 us, adapted to
-the recent waits), then hands the wait to the device's watcher thread, woken by a host
-function; ``poll`` has the loop alone read the mark, backing off to 2 ms; ``thread`` has the
-watcher alone poll the marks, backing off to 2 ms; ``callback`` has the watcher alone, woken
-by the host function; ``quiet`` is ``hybrid`` without host functions (the watcher polls). A
-virtual device knows when its work completes, so there every strategy
+the recent waits), then hands the wait to the device's watcher thread, which polls the
+marks, backing off to 2 ms; ``hybrid`` is ``quiet`` with the watcher woken by a host function
+instead; ``poll`` has the loop alone read the mark, backing off to 2 ms; ``thread`` has the
+watcher alone poll the marks; ``callback`` has the watcher alone, woken by the host
+function. A virtual device knows when its work completes, so there every strategy
 sleeps until that moment.
 
 Run it with ``python examples/wait_strategies.py``: on ``cuda:0`` where a GPU works, else on
@@ -24,7 +24,7 @@ import aiostream as ais
 async def main() -> None:
     device = ais.device()
     s = ais.Stream(device)
-    for strategy in ("hybrid", "poll", "thread", "callback", "quiet"):
+    for strategy in ("quiet", "hybrid", "poll", "thread", "callback"):
         ais.delay(0.02, stream=s)
         done = s.record_event()
         t0 = time.perf_counter()

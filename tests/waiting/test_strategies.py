@@ -21,7 +21,7 @@ def test_the_wait_strategy_is_chosen_globally_or_by_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("AIOSTREAM_WAIT_STRATEGY", raising=False)
-    assert ais.get_wait_strategy() == "hybrid"
+    assert ais.get_wait_strategy() == "quiet"  # no host function unless chosen
     monkeypatch.setenv("AIOSTREAM_WAIT_STRATEGY", "thread")
     assert ais.get_wait_strategy() == "thread"
     ais.set_wait_strategy("poll")

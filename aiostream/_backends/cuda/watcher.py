@@ -66,6 +66,10 @@ CHUNK = 4096  #: slots per chunk of flag memory (16 KiB)
 HEALTH_S = 0.05  #: while waits are watched, how often the device is asked whether it failed
 POLL_MIN_S = 50e-6  #: the watcher's first polls of waits no host function will announce
 POLL_CAP_S = 2e-3  #: and its longest interval between them
+#: once nothing has completed or begun for ``POLL_IDLE_S``, the longest interval is
+#: ``POLL_IDLE_CAP_S``: waits that old are late by under 1 % of their length
+POLL_IDLE_S = 0.5
+POLL_IDLE_CAP_S = 4e-3
 #: after the watcher is posted while a mark announced ahead is watched, how long it polls
 #: (with the same back-off) for the mark, which lands once the host function has returned
 CHASE_S = 0.02
@@ -616,7 +620,8 @@ class Watcher:
         timeout = HEALTH_S
         if self.polled or self.queried or now < self.chase_until:
             quiet = now - self.progress_at
-            timeout = min(timeout, max(POLL_MIN_S, min(POLL_CAP_S, quiet / 4)))
+            cap = POLL_CAP_S if quiet < POLL_IDLE_S else POLL_IDLE_CAP_S
+            timeout = min(timeout, max(POLL_MIN_S, min(cap, quiet / 4)))
         return timeout
 
     def _run(self) -> None:

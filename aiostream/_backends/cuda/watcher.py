@@ -65,11 +65,12 @@ MEMHOSTALLOC_FLAGS = 0x1 | 0x2  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEV
 CHUNK = 4096  #: slots per chunk of flag memory (16 KiB)
 HEALTH_S = 0.05  #: while waits are watched, how often the device is asked whether it failed
 POLL_MIN_S = 50e-6  #: the watcher's first polls of waits no host function will announce
-POLL_CAP_S = 2e-3  #: and its longest interval between them
-#: once nothing has completed or begun for ``POLL_IDLE_S``, the longest interval is
-#: ``POLL_IDLE_CAP_S``: waits that old are late by under 1 % of their length
-POLL_IDLE_S = 0.5
-POLL_IDLE_CAP_S = 4e-3
+POLL_CAP_S = 2e-3  #: and its longest interval between them while waits are young,
+#: then ``POLL_SHARE`` of the time nothing completed or began (a wait is never late by more
+#: than that share of its age), at most ``POLL_MAX_S``: a wake-up costs the watcher tens of
+#: microseconds, so long waits are looked at seldom
+POLL_SHARE = 0.01
+POLL_MAX_S = 0.01
 #: after the watcher is posted while a mark announced ahead is watched, how long it polls
 #: (with the same back-off) for the mark, which lands once the host function has returned
 CHASE_S = 0.02
@@ -620,7 +621,7 @@ class Watcher:
         timeout = HEALTH_S
         if self.polled or self.queried or now < self.chase_until:
             quiet = now - self.progress_at
-            cap = POLL_CAP_S if quiet < POLL_IDLE_S else POLL_IDLE_CAP_S
+            cap = max(POLL_CAP_S, min(POLL_MAX_S, quiet * POLL_SHARE))
             timeout = min(timeout, max(POLL_MIN_S, min(cap, quiet / 4)))
         return timeout
 

@@ -34,11 +34,11 @@ def test_the_cuda_benchmark_runs_on_the_stand_in(stand_in_folder: Path) -> None:
     proc = run_on(stand_in_folder, "benchmarks/bench_cuda.py", "--quick", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "aiostream fake GPU 0" in proc.stdout
-    for strategy in ("hybrid", "poll", "thread", "callback"):
+    for strategy in ("quiet", "hybrid", "poll", "thread", "callback"):
         assert proc.stdout.count(f"aiostream {strategy}") == 2, proc.stdout  # sections 1-2
-    assert "ratio hybrid / (a) median" in proc.stdout
+    assert "ratio quiet (the default) / (a) median" in proc.stdout
     assert "(c) anyio.to_thread.run_sync(cuEventSynchronize)" in proc.stdout
-    assert "3. waits at scale (hybrid)" in proc.stdout
+    assert "3. waits at scale (quiet)" in proc.stdout
     rows = re.findall(r"^ +100 +10 (\w+) ", proc.stdout, re.MULTILINE)
     assert set(rows) >= {"asyncio", "trio"}, proc.stdout  # a row per loop
 

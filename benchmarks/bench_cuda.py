@@ -135,6 +135,8 @@ def main() -> None:
         "--scale-strategy", default="quiet", choices=STRATEGIES, help="section 3's strategy"
     )
     args = parser.parse_args()
+    if not args.sections or not set(args.sections) <= set("01234567"):
+        parser.error(f"--sections takes digits 0 to 7, not {args.sections!r}")
     if args.quick:
         args.short, args.long_s = 50, 0.1
     ok, reason = _backends.probe("cuda")

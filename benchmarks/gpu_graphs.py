@@ -11,10 +11,12 @@ whether its host functions slow other streams' kernels.
 3. Beside pending waits: two streams each running 50 kernels of 1 ms, their span by the
    device's clock and their await by the host's, while 1,000 waits pend on 4 and on 32 other
    streams (fewer and more than the device's 8 queues) behind 0.5 s of work: none, events
-   recorded with their marks and not awaited, and awaited with each strategy. On an H100
-   (driver 580) the awaits of such kernels took 9.45 s instead of 51 ms with ``callback``
-   waits pending on 10 streams: the rows say whether host functions, marks or shared
-   queues hold the kernels or only their wake-ups. (``bench_cuda.py`` section 7: the same
+   recorded by the driver alone (no mark), recorded with their marks and not awaited, and
+   awaited with each strategy; how late the kernels started (held), their span and their
+   awaits. On an H100 (driver 580) the awaits of such kernels took 9.45 s instead of 51 ms
+   beside ``callback`` waits pending on 10 streams (and long kernels of an earlier pass):
+   the rows say whether host functions, marks or shared queues hold the kernels or only
+   their wake-ups. (``bench_cuda.py`` section 7: the same
    with 100 other streams, ``hybrid`` and ``quiet``.)
 
 Usage: python benchmarks/gpu_graphs.py [--device cuda:0]
@@ -32,7 +34,7 @@ import anyio
 import aiostream as ais
 from aiostream._bench.cuda import print_beside
 
-STRATEGIES = ("hybrid", "poll", "thread", "callback")
+STRATEGIES = ("quiet", "hybrid", "poll", "thread", "callback")
 
 
 class TorchCapture:

@@ -55,16 +55,17 @@ def short_awaits(
 
 
 @contextmanager
-def primary_context() -> Iterator[None]:
-    """cuda:0's primary context, retained and current on the calling thread meanwhile: what
-    a baseline that calls the driver itself, as a program of its own would, needs."""
+def primary_context(index: int = 0) -> Iterator[None]:
+    """Device ``index``'s primary context, retained and current on the calling thread
+    meanwhile: what a baseline that calls the driver itself, as a program of its own would,
+    needs."""
     from cuda.bindings import driver
 
     # The driver initialised first (the backend's cuInit), and every result checked: before
     # cuInit the retain fails, and the release after would take aiostream's own reference,
     # resetting the context under its streams, events and completion flags.
     _backends.get("cuda")
-    dev = _ok(driver.cuDeviceGet(0), "cuDeviceGet")
+    dev = _ok(driver.cuDeviceGet(index), "cuDeviceGet")
     ctx = _ok(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     try:
         _ok(driver.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
@@ -214,7 +215,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def scale(
-    waits: int, streams: int, loop: str, strategy: str = "hybrid", window: float = 0.5
+    waits: int, streams: int, loop: str, strategy: str = "quiet", window: float = 0.5
 ) -> Scale:
     """``waits`` events on ``streams`` streams awaited at once, a third cancelled at random
     times: threads, handles held, CPU per wait and lateness, beside tasks that sleep on the
@@ -362,6 +363,7 @@ def pending_cpu(waits: int, streams: int, seconds: float, strategy: str) -> floa
 class Beside:
     """Two streams' kernels beside long work on other streams (``beside_pending``)."""
 
+    held_ms: float  #: how much later the kernels started than the host asked, by the device
     device_ms: float  #: first kernel's start to last kernel's end, by the device's clock
     await_ms: float  #: first submission to both awaits' return, by the host's clock
 
@@ -384,79 +386,92 @@ def beside_pending(
 ) -> Beside:
     """Streams a and b each run ``kernels`` kernels of ``kernel_s`` at once, while ``streams``
     other streams run work of ``pending_s`` and ``waits`` waits pend on them as ``how`` says
-    (one of ``BESIDE``). On a device that serializes host functions or stream memory
-    operations across streams (a device queue shared by several streams), a or b's kernels
-    (``device_ms``) or their awaits (``await_ms``) stretch towards ``pending_s``; else both
-    stay near ``kernels * kernel_s``. The awaits of a and b use ``how``'s strategy (hybrid
-    for none and recorded). Returns once the other streams' work is over: the next run starts
-    on an idle device."""
+    (one of ``BESIDE``). On a device that holds later work behind host functions or stream
+    memory operations (a device queue shared by several streams), a and b's kernels start
+    late (``held_ms``), run long (``device_ms``), or only their awaits end late
+    (``await_ms``); else the first is near 0 and the others near ``kernels * kernel_s``. The
+    awaits of a and b use ``how``'s strategy (``quiet``, the default, for none, driver and
+    recorded). Returns once the other streams' work is over: the next run starts on an idle
+    device."""
     if how not in BESIDE:
         raise ValueError(f"how must be one of {', '.join(BESIDE)}, not {how!r}")
-    strategy = how if how not in ("none", "driver", "recorded") else "hybrid"
+    strategy = how if how not in ("none", "driver", "recorded") else "quiet"
+    index = ais.device(device).index
 
     async def main() -> Beside:
         a, b = ais.Stream(device), ais.Stream(device)
         for s in (a, b):  # warm-up: the kernel loaded, the streams ready
             ais.delay(kernel_s, stream=s)
             await s.synchronize(strategy=strategy)
+        # the reference: recorded before anything else pends, so a hold shows as a late start
+        ref = ais.Event(device, enable_timing=True)
+        ref.record(a)
+        asked_ref = time.perf_counter()
         others = [ais.Stream(device) for _ in range(streams)]
         for s in others:
             ais.delay(pending_s, stream=s)
-        events = []
-        if how == "driver":
-            raw = driver_records(others, waits)
-        elif how != "none":
-            events = [others[i % streams].record_event() for i in range(waits)]
-        marks = [ais.Event(device, enable_timing=True) for _ in range(4)]
-        async with anyio.create_task_group() as tg:
-            if how not in ("none", "driver", "recorded"):
-                for e in events:
-                    tg.start_soon(functools.partial(e.synchronize, strategy=strategy))
-            await anyio.sleep(0.1)  # every wait begun and handed over
-            start = time.perf_counter()
-            marks[0].record(a)
-            marks[1].record(b)
-            for _ in range(kernels):
-                ais.delay(kernel_s, stream=a)
-                ais.delay(kernel_s, stream=b)
-            marks[2].record(a)
-            marks[3].record(b)
-            await marks[2].synchronize(strategy=strategy)
-            await marks[3].synchronize(strategy=strategy)
-            took = time.perf_counter() - start
-            tg.cancel_scope.cancel()
-        first = marks[0] if marks[0].elapsed_time(marks[1]) >= 0 else marks[1]
-        device_ms = max(first.elapsed_time(marks[2]), first.elapsed_time(marks[3]))
-        for s in others:
-            await s.synchronize(strategy="poll")
-        if how == "driver":
-            driver_destroy(raw)
-        return Beside(device_ms, took * 1e3)
+        events: list[ais.Event] = []
+        raw: list[Any] = []
+        try:
+            if how == "driver":
+                raw = driver_records(others, waits, index)
+            elif how != "none":
+                events = [others[i % streams].record_event() for i in range(waits)]
+            marks = [ais.Event(device, enable_timing=True) for _ in range(4)]
+            async with anyio.create_task_group() as tg:
+                if how not in ("none", "driver", "recorded"):
+                    for e in events:
+                        tg.start_soon(functools.partial(e.synchronize, strategy=strategy))
+                await anyio.sleep(0.1)  # every wait begun and handed over
+                start = time.perf_counter()
+                marks[0].record(a)
+                marks[1].record(b)
+                for _ in range(kernels):
+                    ais.delay(kernel_s, stream=a)
+                    ais.delay(kernel_s, stream=b)
+                marks[2].record(a)
+                marks[3].record(b)
+                await marks[2].synchronize(strategy=strategy)
+                await marks[3].synchronize(strategy=strategy)
+                took = time.perf_counter() - start
+                tg.cancel_scope.cancel()
+            first = min(marks[:2], key=ref.elapsed_time)
+            held_ms = ref.elapsed_time(first) - (start - asked_ref) * 1e3
+            device_ms = max(first.elapsed_time(marks[2]), first.elapsed_time(marks[3]))
+        finally:
+            for s in others:
+                await s.synchronize(strategy="poll")
+            if raw:
+                driver_destroy(raw, index)
+        return Beside(max(held_ms, 0.0), device_ms, took * 1e3)
 
     return anyio.run(main)
 
 
-def driver_records(streams: list[ais.Stream], n: int) -> list[Any]:
+def driver_records(streams: list[ais.Stream], n: int, index: int = 0) -> list[Any]:
     """``n`` events of the driver's own (no timing), recorded with ``cuEventRecord`` on
-    ``streams`` in turn: records with no mark of aiostream's after them."""
+    ``streams`` in turn, on device ``index``: records with no mark of aiostream's after them."""
     from cuda.bindings import driver
 
-    events = []
-    with primary_context():
-        for i in range(n):
-            err, event = driver.cuEventCreate(2)  # CU_EVENT_DISABLE_TIMING
-            assert int(err) == 0, err
-            handle = driver.CUstream(streams[i % len(streams)].__cuda_stream__()[1])
-            (err,) = driver.cuEventRecord(event, handle)
-            assert int(err) == 0, err
-            events.append(event)
+    events: list[Any] = []
+    with primary_context(index):
+        try:
+            for i in range(n):
+                event = _ok(driver.cuEventCreate(2), "cuEventCreate")  # DISABLE_TIMING
+                events.append(event)
+                handle = driver.CUstream(streams[i % len(streams)].__cuda_stream__()[1])
+                _ok(driver.cuEventRecord(event, handle), "cuEventRecord")
+        except BaseException:
+            for event in events:
+                driver.cuEventDestroy(event)
+            raise
     return events
 
 
-def driver_destroy(events: list[Any]) -> None:
+def driver_destroy(events: list[Any], index: int = 0) -> None:
     from cuda.bindings import driver
 
-    with primary_context():
+    with primary_context(index):
         for event in events:
             driver.cuEventDestroy(event)
 
@@ -465,12 +480,13 @@ def print_beside(
     streams: tuple[int, ...], hows: tuple[str, ...] = BESIDE, indent: str = "   ", **kw: Any
 ) -> None:
     """Print ``beside_pending`` for each count of other streams and each way in ``hows``,
-    with each row's times over the ``none`` row's of its count (run first)."""
+    with each row's times over the ``none`` row's of its count (run first): how late the two
+    streams' kernels started (held), their span and their awaits."""
     connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "8, the default")
     print(f"{indent}(device queues: CUDA_DEVICE_MAX_CONNECTIONS={connections})")
     print(
-        f"{indent}{'other streams':>13} {'waits pend':22} {'device ms':>10} {'x':>6} "
-        f"{'await ms':>9} {'x':>6}"
+        f"{indent}{'other streams':>13} {'waits pend':22} {'held ms':>8} {'device ms':>10} "
+        f"{'x':>6} {'await ms':>9} {'x':>6}"
     )
     for count in streams:
         base: Beside | None = None
@@ -482,7 +498,7 @@ def print_beside(
                 "recorded": "recorded, not awaited",
             }.get(how, how)
             print(
-                f"{indent}{count:>13} {label:22} {r.device_ms:10.1f} "
+                f"{indent}{count:>13} {label:22} {r.held_ms:8.1f} {r.device_ms:10.1f} "
                 f"{r.device_ms / base.device_ms:6.2f} {r.await_ms:9.1f} "
                 f"{r.await_ms / base.await_ms:6.2f}"
             )

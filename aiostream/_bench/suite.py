@@ -190,12 +190,13 @@ def _loader(loop: str, quick: bool) -> list[Row]:
 
 def _cuda(quick: bool) -> list[Row]:
     n, kernel = (100 if quick else 1_000), 20e-6
-    lat, _ = cuda.short_awaits(n, kernel, cuda.strategy_wait("hybrid"))
+    strategy = ais.get_wait_strategy()  # what users' waits get: quiet unless chosen
+    lat, _ = cuda.short_awaits(n, kernel, cuda.strategy_wait(strategy))
     floor, _ = cuda.floor_thread(n, kernel)
     med, med_f = statistics.median(lat), statistics.median(floor)
     waits, streams = (100, 10) if quick else (1_000, 100)
-    run = cuda.scale(waits, streams, "asyncio", window=0.3 if quick else 0.5)
-    pending = cuda.pending_cpu(waits, streams, 0.3 if quick else 1.0, "hybrid")
+    run = cuda.scale(waits, streams, "asyncio", strategy, window=0.3 if quick else 0.5)
+    pending = cuda.pending_cpu(waits, streams, 0.3 if quick else 1.0, strategy)
     size = f"{waits:,} waits, {streams} streams"
     return [
         Row(

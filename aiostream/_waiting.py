@@ -41,7 +41,7 @@ __all__ = [
 
 checkpoint = anyio.lowlevel.checkpoint
 
-STRATEGIES = ("hybrid", "poll", "thread", "callback", "quiet")
+STRATEGIES = ("quiet", "hybrid", "poll", "thread", "callback")  # the default first
 #: the strategies whose waits ask the backend to learn of completion promptly
 WAKE = frozenset({"hybrid", "callback"})
 _ENV = "AIOSTREAM_WAIT_STRATEGY"

@@ -11,7 +11,7 @@ the exit status is 1 if any failed. ``gpu_suite.py`` runs it as its ``contract``
    ``cuCtxGetCurrent()`` after work on cuda:0 (any number).
 2. ``host-view``: a numpy view of a HostBuffer, written after the buffer object was collected.
 3. ``exit``: the interpreter exits within 1 s of leaving ``main``, with a 60 s kernel pending and
-   its wait cancelled (asyncio with ``thread`` and ``hybrid``, trio with ``thread``).
+   its wait cancelled (asyncio with ``quiet`` and ``hybrid``, trio with ``thread``).
 4. ``fault-exit``: a kernel that traps (the stand-in runs it as a GPU does), objects dropped after
    it: no traceback at exit, at most one line saying what could not be released.
 5. ``cross-device-copy``: a HostBuffer of cuda:0 copied to and from cuda:1 (two GPUs).
@@ -81,7 +81,7 @@ async def work(dev):
     ais.copy_async(host, buf)
     await s.synchronize()
     await ais.current_stream(dev).synchronize()
-    for strategy in ("hybrid", "poll", "thread", "callback"):
+    for strategy in ("quiet", "hybrid", "poll", "thread", "callback"):
         ais.delay(0.002, stream=s)
         await s.synchronize(strategy=strategy)
     del buf, host, s
@@ -208,7 +208,7 @@ anyio.run(main)
 print("OK 32 batches through PyTorch kernels, data checked", flush=True)
 """
 
-EXIT_LOOPS = [("asyncio", "thread"), ("asyncio", "hybrid"), ("trio", "thread")]
+EXIT_LOOPS = [("asyncio", "quiet"), ("asyncio", "hybrid"), ("trio", "thread")]
 
 
 def python(

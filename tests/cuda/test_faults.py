@@ -32,7 +32,7 @@ from tests.helpers.cuda import (
 )
 from tests.helpers.faults import calls, failing, succeeded
 from tests.helpers.process import run_python
-from tests.helpers.protocol import ANNOUNCED, backend_of, handle_of
+from tests.helpers.protocol import ANNOUNCED, STRATEGIES, backend_of, handle_of
 from tests.helpers.stand_in import FAKE, MODULES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
@@ -390,7 +390,7 @@ async def test_a_driver_without_cuLaunchHostFunc_has_every_wait_polled(
     with calls("cuLaunchHostFunc") as seen:
         s = ais.Stream(DEV)  # the device's first use by this backend: its watcher looks it up
         host_calls = FAKE.fake_cuda_host_calls() if FAKE is not None else 0
-        for strategy in ("callback", "hybrid", "thread", "poll"):
+        for strategy in STRATEGIES:
             ais.delay(0.005, stream=s)
             with anyio.fail_after(5):
                 await s.synchronize(strategy=strategy)

@@ -18,6 +18,7 @@ from tests.helpers.capture import ForeignCapture
 from tests.helpers.cuda import DEV, N, device_finishes, primary_context, ptr, two_devices
 from tests.helpers.deadlines import until
 from tests.helpers.faults import calls, succeeded
+from tests.helpers.protocol import STRATEGIES
 from tests.helpers.stand_in import FAKE, skip_on_a_stand_in_without_hooks, take_violations
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 DEVICE_MEMORY = 4  # the stand-in's kind of live handle for device memory (fake_cuda_live)
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_each_launch_runs_the_users_nodes_and_nothing_of_aiostreams(
     anyio_backend: object, strategy: str
 ) -> None:
@@ -66,7 +67,7 @@ async def test_each_launch_runs_the_users_nodes_and_nothing_of_aiostreams(
         assert FAKE.fake_cuda_captures_invalidated() == 0
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_aiostreams_own_global_capture_breaks_no_wait_of_another_thread(
     anyio_backend: object, strategy: str
 ) -> None:

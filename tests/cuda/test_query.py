@@ -25,6 +25,7 @@ import aiostream as ais
 from tests.helpers.cuda import DEV
 from tests.helpers.deadlines import until
 from tests.helpers.gate import gate, gated
+from tests.helpers.protocol import STRATEGIES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -64,7 +65,7 @@ def late_marks(stream: ais.Stream) -> Iterator[list[Any]]:
             release()
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_a_stream_is_idle_once_its_last_record_completed(
     anyio_backend: object, strategy: str
 ) -> None:

@@ -22,6 +22,7 @@ import aiostream as ais
 from tests.helpers.cuda import DEV, held
 from tests.helpers.deadlines import deadline, until
 from tests.helpers.gate import gate, gated
+from tests.helpers.protocol import STRATEGIES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
@@ -73,7 +74,7 @@ async def settle(before_slots: int) -> dict[str, int]:
 # ----------------------------------------------------------------- scale
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "thread", "callback", "poll"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_a_thousand_waits_on_a_hundred_streams_use_one_thread(
     anyio_backend: object, strategy: str
 ) -> None:
@@ -171,7 +172,7 @@ async def test_flag_memory_grows_with_pending_waits_and_shrinks_when_idle(
 # ---------------------------------------------------------- hung kernels
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "thread", "callback", "poll"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_a_wait_on_a_hung_kernel_times_out_and_leaves_nothing(
     anyio_backend: object, strategy: str
 ) -> None:

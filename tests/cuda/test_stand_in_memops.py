@@ -37,6 +37,7 @@ from tests.helpers.driver_calls import (
 )
 from tests.helpers.gate import gate, gated
 from tests.helpers.process import run_python
+from tests.helpers.protocol import STRATEGIES
 from tests.helpers.stand_in import FAKE, OK
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
@@ -465,7 +466,7 @@ def test_a_gate_refuses_the_default_stream_and_virtual_devices() -> None:
 
 
 @pytest.mark.parametrize("releaser", ["task", "thread"])
-@pytest.mark.parametrize("strategy", ["hybrid", "poll", "thread", "callback"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_an_await_ends_only_after_the_release(
     anyio_backend: object, releaser: str, strategy: str
 ) -> None:

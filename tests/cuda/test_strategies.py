@@ -1,8 +1,10 @@
 """Where each CUDA wait strategy waits, and what it adds to the stream: ``poll`` in the loop
-alone, ``thread`` and ``callback`` with the watcher from the start (``callback`` and blocking
-waits announced by a host function), ``hybrid`` handed to the watcher after the loop's check
-budget, with no host function behind later work; once a wait returns, its stream is idle,
-however late the driver runs the host function, and busy again with the next work.
+alone, ``thread`` and ``callback`` with the watcher from the start (``callback``, and blocking
+waits while it or ``hybrid`` is the global strategy, announced by a host function), ``quiet``
+(the default) and ``hybrid`` handed to the watcher after the loop's check budget, ``quiet``
+with no host function at all, ``hybrid`` with none behind later work; once a wait returns,
+its stream is idle, however late the driver runs the host function, and busy again with the
+next work.
 
 Run where ``cuda:0`` works: on a GPU, and in CI's CUDA lane against the stand-in driver. Work
 that must stay pending is held by a gate (``tests/helpers/gate.py``), and the host functions
@@ -59,8 +61,8 @@ async def test_each_strategy_waits_where_it_says(
 ) -> None:
     """``poll``: the loop alone reads the mark, and the watcher never sees the wait; ``thread``
     and ``callback``: the watcher has it from the start, the latter with a host function after
-    the mark; ``hybrid``: the watcher has it, with a host function, after the loop's check
-    budget."""
+    the mark; ``quiet`` and ``hybrid``: the watcher has it after the loop's check budget,
+    with a host function under ``hybrid`` only."""
     s = ais.Stream(DEV)
     with gated(s):  # the work outlasts the checks
         ais.delay(0.001, stream=s)
@@ -72,7 +74,7 @@ async def test_each_strategy_waits_where_it_says(
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait)
             await until(lambda: bool(ais.pending_waits()), "the wait to begin")
-            if strategy != "hybrid":  # (hybrid's check budget may be over already)
+            if strategy not in ("quiet", "hybrid"):  # (their check budget may be over)
                 assert held()["watched"] == (strategy != "poll")
             await anyio.sleep(0.05)
             assert held()["watched"] == (strategy != "poll")
@@ -86,13 +88,17 @@ async def test_each_strategy_waits_where_it_says(
 
 @pytest.mark.parametrize("chosen", [None, *STRATEGIES])
 async def test_the_default_strategy_is_the_one_set(
-    anyio_backend: object, chosen: str | None, launched: Callable[[], int]
+    anyio_backend: object,
+    chosen: str | None,
+    launched: Callable[[], int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A wait with no ``strategy`` of its own takes the one ``set_wait_strategy`` chose
-    (``quiet`` where none was), the capture included: the watcher has it unless polled, and
-    a host function announces it under ``callback`` and nothing else (``hybrid`` adds one only
-    when the loop hands the wait over, after its check budget: here the work is held until the
-    test lets it go; ``quiet``, the default, never)."""
+    (``quiet`` where neither it nor the environment chose one), the capture included: the
+    watcher has it unless polled, and a host function announces it under ``callback`` and
+    nothing else (``hybrid`` adds one only when the loop hands the wait over, after its check
+    budget: here the work is held until the test lets it go; ``quiet``, the default, never)."""
+    monkeypatch.delenv("AIOSTREAM_WAIT_STRATEGY", raising=False)
     ais.set_wait_strategy(chosen)
     strategy = chosen or "quiet"
     s = ais.Stream(DEV)
@@ -106,7 +112,7 @@ async def test_the_default_strategy_is_the_one_set(
                 lambda: held()["watched"] == (strategy != "poll") and bool(ais.pending_waits()),
                 "the wait to begin, watched by the watcher unless polled",
             )
-            await anyio.sleep(0.01 if strategy == "hybrid" else 0)
+            await anyio.sleep(0.01 if strategy in ("quiet", "hybrid") else 0)
             assert held()["watched"] == (strategy != "poll")
             [pending] = ais.pending_waits()
             assert pending.strategy == strategy
@@ -249,7 +255,7 @@ async def test_an_awaited_stream_is_idle_though_the_host_function_is_late(
     assert s.query()
 
 
-@pytest.mark.parametrize("strategy", ["hybrid", "callback", "thread", "poll"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 async def test_an_awaited_handed_out_stream_is_idle(anyio_backend: object, strategy: str) -> None:
     """On a stream whose handle was handed out, a wait's host function comes right before its
     mark: once ``await s.synchronize()`` returns, ``s.query()`` (the driver's answer there) is

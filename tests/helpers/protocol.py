@@ -10,9 +10,9 @@ from typing import Any
 from aiostream import _backends, _objects
 from aiostream._backends.base import AnyBackend
 
-#: the wait strategies, as README's "Waiting" section names them
-STRATEGIES = ("hybrid", "poll", "thread", "callback")
-#: the strategies whose watched CUDA waits a host function announces (README: "Waiting")
+#: the wait strategies, as docs/cuda.md's "Waiting strategies" names them, the default first
+STRATEGIES = ("quiet", "hybrid", "poll", "thread", "callback")
+#: the strategies whose watched CUDA waits a host function announces (docs/cuda.md)
 ANNOUNCED = frozenset({"hybrid", "callback"})
 
 

@@ -657,7 +657,7 @@ def test_every_waiting_command_checks_the_wait_strategy_first(
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1] == (
         f"python -m aiostream {said}AIOSTREAM_WAIT_STRATEGY='bogus' is not a wait strategy; use "
-        "one of hybrid, poll, thread, callback, quiet"
+        "one of quiet, hybrid, poll, thread, callback"
     )
 
 

@@ -33,7 +33,7 @@ def test_the_wait_strategy_is_chosen_globally_or_by_environment(
     monkeypatch.setenv("AIOSTREAM_WAIT_STRATEGY", "spin")
     with pytest.raises(ValueError, match="AIOSTREAM_WAIT_STRATEGY='spin' is not a wait strategy"):
         ais.get_wait_strategy()
-    with pytest.raises(ValueError, match="'hybrid', 'poll', 'thread', 'callback'"):
+    with pytest.raises(ValueError, match="'quiet', 'hybrid', 'poll', 'thread', 'callback'"):
         ais.set_wait_strategy("spin")
     with pytest.raises(TypeError, match="strategy must be a str"):
         ais.set_wait_strategy(1)  # type: ignore[arg-type]

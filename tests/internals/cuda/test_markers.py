@@ -25,6 +25,7 @@ from tests.helpers.cuda import (
     program,
 )
 from tests.helpers.faults import calls, failing, succeeded
+from tests.helpers.protocol import STRATEGIES
 from tests.helpers.stand_in import EVENTS, FAKE, PINNED
 
 NOT_SUPPORTED = 801  # CUDA_ERROR_NOT_SUPPORTED: a driver without stream memory operations
@@ -133,7 +134,7 @@ async def test_devices_that_write_no_values_wait_on_marker_events(
     assert caplog.messages.count(said) == 1, caplog.messages
     t.__cuda_stream__()  # handed out: its event waits get no host function
     for _ in range(MARKER_POOL + 2):
-        for strategy in ("hybrid", "poll", "thread", "callback"):
+        for strategy in STRATEGIES:
             for stream in (s, t):
                 ais.delay(0.002, stream=stream)
                 e = stream.record_event()

@@ -92,7 +92,7 @@ watcher.semaphores = None  # as where libc has none: no host function, nothing t
 
 async def main() -> None:
     s = ais.Stream("cuda:0")
-    for strategy in ("hybrid", "thread", "poll", "callback"):
+    for strategy in ("quiet", "hybrid", "thread", "poll", "callback"):
         ais.delay(0.01, stream=s)
         e = s.record_event()
         with anyio.fail_after(10):

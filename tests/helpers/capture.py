@@ -59,6 +59,7 @@ class ForeignCapture:
         dev = ok(cu.cuDeviceGet(self.device))
         ctx = ok(cu.cuDevicePrimaryCtxRetain(dev))
         stream = src = dst = None
+        capturing = False
         try:
             ok(cu.cuCtxPushCurrent(ctx))
             stream = ok(cu.cuStreamCreate(1))  # CU_STREAM_NON_BLOCKING, as PyTorch's are
@@ -70,6 +71,7 @@ class ForeignCapture:
             )
             ok(cu.cuStreamSynchronize(stream))
             ok(cu.cuStreamBeginCapture(stream, self.mode))
+            capturing = True
             self._begun.set()
             while True:  # the capture goes on while the test's block runs
                 code = int(cu.cuMemcpyDtoDAsync(dst, src, NBYTES, stream)[0])
@@ -80,6 +82,7 @@ class ForeignCapture:
                 if self._stop.wait(self.every_s):
                     break
             result = cu.cuStreamEndCapture(stream)
+            capturing = False
             self.end_code = int(result[0])
             if self.end_code == 0:
                 graph = result[1]
@@ -94,6 +97,10 @@ class ForeignCapture:
             self.error = exc
             self._begun.set()
         finally:
+            if capturing:  # ended before the frees, which a capture would take in
+                ended = cu.cuStreamEndCapture(stream)
+                if int(ended[0]) == 0 and ended[1] is not None:
+                    cu.cuGraphDestroy(ended[1])
             if stream is not None:
                 for ptr in (src, dst):
                     if ptr is not None:

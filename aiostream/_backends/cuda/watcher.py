@@ -65,12 +65,12 @@ MEMHOSTALLOC_FLAGS = 0x1 | 0x2  # CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEV
 CHUNK = 4096  #: slots per chunk of flag memory (16 KiB)
 HEALTH_S = 0.05  #: while waits are watched, how often the device is asked whether it failed
 POLL_MIN_S = 50e-6  #: the watcher's first polls of waits no host function will announce
-POLL_CAP_S = 2e-3  #: and its longest interval between them while waits are young,
-#: then ``POLL_SHARE`` of the time nothing completed or began (a wait is never late by more
-#: than that share of its age), at most ``POLL_MAX_S``: a wake-up costs the watcher tens of
+POLL_CAP_S = 2e-3  #: and its longest interval between them while waits are young
+#: past that, the interval is this share of the time nothing completed or began (a wait is
+#: never late by more than that share of its age): a wake-up costs the watcher tens of
 #: microseconds, so long waits are looked at seldom
 POLL_SHARE = 0.01
-POLL_MAX_S = 0.01
+POLL_MAX_S = 0.01  #: and at most this
 #: after the watcher is posted while a mark announced ahead is watched, how long it polls
 #: (with the same back-off) for the mark, which lands once the host function has returned
 CHASE_S = 0.02

@@ -198,6 +198,7 @@ def test_an_unaligned_word_is_refused(ctx0: Context, call: str) -> None:
         ("cuStreamWaitValue32", 4),
         ("cuStreamWaitValue32", 1 << 29),
         ("cuStreamWaitValue64", 4 | FLUSH),
+        ("cuStreamWriteValue64", 1),  # NO_MEMORY_BARRIER: "not supported in the v2 API"
         ("cuStreamWriteValue64", 2),
     ],
 )

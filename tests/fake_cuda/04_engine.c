@@ -22,8 +22,7 @@ enum {
     OP_WAITVAL, OP_JOIN
 };
 
-/* CUstreamWriteValue_flags, CUstreamWaitValue_flags */
-enum { WRITE_VALUE_NO_MEMORY_BARRIER = 1 };
+/* CUstreamWaitValue_flags (a write takes CU_STREAM_WRITE_VALUE_DEFAULT, 0, only) */
 enum { WAIT_VALUE_GEQ = 0, WAIT_VALUE_EQ = 1, WAIT_VALUE_AND = 2, WAIT_VALUE_NOR = 3,
        WAIT_VALUE_FLUSH = 1 << 30 };
 #define POLL_NS 30000u  /* how often a held wait's word is read */
@@ -46,7 +45,6 @@ typedef struct Op {
     uint64_t value;              /* OP_WRITE: written at dst; OP_WAITVAL: compared with it */
     int width;                   /* OP_WRITE, OP_WAITVAL: 4 or 8 bytes */
     unsigned flags;              /* OP_WRITE, OP_WAITVAL: the call's flags */
-    int early;                   /* OP_WRITE without a barrier: before the work it follows */
     int graph;                   /* a node of a graph launch */
     Module *module;              /* OP_KERNEL: the module whose code it runs */
     uint64_t epoch_dst, epoch_src;  /* the allocation of bdst, bsrc it uses (Block.epoch) */
@@ -74,7 +72,7 @@ static uint64_t next_poll;       /* when the driver's thread reads the armed wai
 
 static int before(const Op *a, const Op *b) {
     if (a->due != b->due) return a->due < b->due;
-    return a->early != b->early ? a->early : a->seq < b->seq;
+    return a->seq < b->seq;
 }
 
 static void heap_push(Op *op) {
@@ -189,10 +187,6 @@ static int give_due(Op *op, uint64_t n) {
         return 1;
     }
     op->due = op->start + op->ns;
-    /* without a barrier, a write behind pending work lands before that work's effects */
-    if (op->kind == OP_WRITE) {
-        op->early = (op->flags & WRITE_VALUE_NO_MEMORY_BARRIER) && op->start > n;
-    }
     return 1;
 }
 
@@ -373,16 +367,9 @@ static void *engine(void *arg) {
         }
         if (nheap && heap[0]->due <= n) {
             Op *op = heap_pop();
-            int early = op->early;
             complete(op);
             free(op);
             pthread_cond_broadcast(&progress);
-            if (early) {  /* the value is seen before the effects of the work it follows */
-                struct timespec ts = {0, 20000000};
-                pthread_mutex_unlock(&lock);
-                nanosleep(&ts, NULL);
-                pthread_mutex_lock(&lock);
-            }
             continue;
         }
         if (nheap && heap[0]->due < wake) wake = heap[0]->due;

@@ -437,8 +437,8 @@ static CUresult cuMemHostGetDevicePointer(CUdeviceptr *out, void *p, unsigned fl
 
 /* Stream memory operations (cuStreamWriteValue32/64, cuStreamWaitValue32/64), on ``width``
  * bytes at ``addr``: device memory, or pinned memory mapped for the device, live, aligned to
- * ``width``. A write stores ``value`` when the stream reaches it (without a barrier it may
- * land before the effects of the work before it); a wait holds the stream's later work until
+ * ``width``. A write stores ``value`` when the stream reaches it, after the effects of the
+ * work before it (its flags are 0: the v2 API has no NO_MEMORY_BARRIER); a wait holds the stream's later work until
  * its condition holds (see "the driver's thread"). In a capture either is a memory operation
  * node, acting at each launch. */
 static CUresult memop(const char *call, void *hs, CUdeviceptr addr, uint64_t value, int width,
@@ -446,9 +446,12 @@ static CUresult memop(const char *call, void *hs, CUdeviceptr addr, uint64_t val
     pthread_mutex_lock(&lock);
     CUresult r = failpoint(call);
     if (r != OK) LEAVE(r);
-    if (kind == OP_WRITE && (flags & ~(unsigned)WRITE_VALUE_NO_MEMORY_BARRIER)) {
-        violation("%s with flags %#x: it takes CU_STREAM_WRITE_VALUE_DEFAULT (0) or "
-                  "CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1)", call, flags);
+    /* the reference: CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1) "is not supported in the
+     * v2 API", the one cuda-python calls; an H100 (driver 580.159.04) answered it
+     * CUDA_ERROR_INVALID_VALUE */
+    if (kind == OP_WRITE && flags != 0) {
+        violation("%s with flags %#x: the v2 API takes CU_STREAM_WRITE_VALUE_DEFAULT (0) only",
+                  call, flags);
         LEAVE(INVALID_VALUE);
     }
     if (kind == OP_WAITVAL && (flags & ~(unsigned)WAIT_VALUE_FLUSH) > WAIT_VALUE_NOR) {

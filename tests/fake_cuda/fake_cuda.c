@@ -46,10 +46,10 @@
  *   CAN_USE_STREAM_WAIT_VALUE_NOR and _V1, CAN_FLUSH_REMOTE_WRITES, and CAN_MAP_HOST_MEMORY
  *   and UNIFIED_ADDRESSING for the mapped words). An unaligned word, a word in no such live
  *   memory, or an unknown flag: a violation (CUDA_ERROR_INVALID_VALUE). A write stores its
- *   value when the stream reaches it; its flags are CU_STREAM_WRITE_VALUE_DEFAULT (0) and
- *   CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1). Without the barrier the write "may be
- *   reordered with writes issued before it": behind pending work, its value lands as that
- *   work ends, 20 ms before the work's own effects (its bytes, its completion). A wait holds
+ *   value when the stream reaches it, after the effects of the work before it; its only flag
+ *   is CU_STREAM_WRITE_VALUE_DEFAULT (0): CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER (1) "is not
+ *   supported in the v2 API" (the reference), which cuda-python calls, and an H100 (driver
+ *   580.159.04) refused it with CUDA_ERROR_INVALID_VALUE, as this driver does. A wait holds
  *   the stream's later work until the stream has reached it and its word satisfies its
  *   condition, which the driver's thread reads every 30 us while a wait is pending (a GPU
  *   polls too): CU_STREAM_WAIT_VALUE_GEQ (0, cyclic: (int32_t)(*addr - value) >= 0, int64_t

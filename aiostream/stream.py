@@ -365,6 +365,12 @@ def delay(seconds: float, *, stream: Stream | None = None) -> None:
 
     The virtual backend simulates it; on CUDA it runs a sleep kernel.
 
+    Note:
+        On CUDA the first call for a device loads the sleep kernel's module
+        (``cuModuleLoadData``), which on a GPU waits for the work already submitted to the
+        device's streams: make that first call before holding a stream's work indefinitely
+        (a stream memory wait), as ``ais.delay(0)`` does.
+
     Raises:
         TypeError: ``seconds`` is not a number, or ``stream`` not a Stream.
         ValueError: ``seconds`` is negative or not finite.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,7 +35,7 @@ from tests.helpers.driver_calls import (
     violations,
 )
 from tests.helpers.process import run_python
-from tests.helpers.stand_in import FAKE, OK
+from tests.helpers.stand_in import FAKE, OK, SLEEP_PTX
 
 pytestmark = [pytest.mark.cuda]
 
@@ -154,6 +155,50 @@ def test_a_wait_for_a_pending_record_keeps_its_stream_busy(ctx0: Context) -> Non
         ok(cu.cuStreamDestroy(waiting))
         gate.free()
     violations(0)
+
+
+@pytest.mark.parametrize("call", ["cuMemFree", "cuModuleLoadData"])
+def test_some_calls_wait_for_the_work_of_every_stream(ctx0: Context, call: str) -> None:
+    """``cuMemFree`` (of ``cuMemAlloc``'s memory: its reference says it "may perform implicit
+    synchronization") and ``cuModuleLoadData`` wait, as ``cuCtxSynchronize`` does, until the
+    work of every stream of the device has completed: behind a stream memory wait nobody
+    satisfies they hang, as an H100's did. The stream-ordered ``cuMemAllocAsync`` and
+    ``cuMemFreeAsync`` never wait for other streams."""
+    with ctx0:
+        held, other = ok(cu.cuStreamCreate(1)), ok(cu.cuStreamCreate(1))
+        dev = ok(cu.cuMemAlloc(16))
+        gate = Word().hold(held)
+        try:
+            pooled = ok(cu.cuMemAllocAsync(16, other))
+            ok(cu.cuMemFreeAsync(pooled, other))
+            ok(cu.cuStreamSynchronize(other))
+            results: list[Any] = []
+
+            def make_the_call() -> None:
+                ok(cu.cuCtxPushCurrent(ctx0.ctx))
+                try:
+                    arg = dev if call == "cuMemFree" else SLEEP_PTX
+                    results.append(getattr(cu, call)(arg))
+                finally:
+                    ok(cu.cuCtxPopCurrent())
+
+            thread = threading.Thread(target=make_the_call, daemon=True)
+            thread.start()
+            thread.join(0.2)
+            assert thread.is_alive(), f"{call} returned while a stream was held"
+            assert code(cu.cuStreamQuery(held)) == NOT_READY
+        finally:
+            gate.release()
+        thread.join(5)
+        assert not thread.is_alive(), f"{call} still blocked 5 s after the gate opened"
+        assert code(results[0]) == 0, results
+        if call == "cuModuleLoadData":
+            ok(cu.cuModuleUnload(results[0][1]))
+            ok(cu.cuMemFree(dev))
+        ok(cu.cuStreamSynchronize(held))
+        gate.free()
+        for stream in (held, other):
+            ok(cu.cuStreamDestroy(stream))
 
 
 def test_copies_move_their_bytes_when_they_complete(ctx0: Context) -> None:

@@ -438,6 +438,19 @@ static CUresult wait_for(const uint64_t *done, uint64_t target, Ctx *c, unsigned
     return c->sticky;
 }
 
+/* The implicit synchronization of a call that waits, as cuCtxSynchronize does, until all the
+ * work submitted to the context's streams has completed (lock held), held work included: it
+ * hangs where a GPU hangs, behind a stream memory wait nobody satisfies. Which calls:
+ * - cuMemFree of memory not from a pool: the reference's cuMemFree_v2 "may perform implicit
+ *   synchronization" (not for cuMemAllocAsync's memory), the programming guide's
+ *   "Stream-Ordered Memory Allocator" (4.3.1) says cudaFree "causes the GPU to synchronize
+ *   across all executing CUDA streams", and on an H100 (driver 580.159.04) a cuMemFree waited
+ *   for the work another stream held behind a wait;
+ * - cuModuleLoadData: documented nowhere, but on that H100 it blocked while a stream of its
+ *   context was held by a cuStreamWaitValue32 on a word nobody had set.
+ * Stream-ordered calls (cuMemAllocAsync, cuMemFreeAsync) never synchronize. */
+static CUresult implicit_sync(Ctx *c) { return wait_for(&c->done, c->submitted, c, c->gen); }
+
 /* Releasing the last reference: every object of the context is destroyed. A handle still
  * alive then was leaked, except memory while the context still had work pending (memory
  * that work may use cannot be freed before it completes; the reset reclaims it). */

@@ -8,6 +8,7 @@ static CUresult cuModuleLoadData(void **out, const void *image) {
     ENTER();
     CUresult r = need_context("cuModuleLoadData", NULL);
     if (r != OK) LEAVE(r);
+    if ((r = implicit_sync(current())) != OK) LEAVE(r);  /* as an H100 does (04_engine.c) */
     /* the kernels it runs: the sleep kernel, and a kernel that traps (`trap;`), which fails
      * on the device as a GPU's does: CUDA_ERROR_LAUNCH_FAILED, sticky, when it runs */
     int sleep = strstr((const char *)image, ".entry aiostream_sleep") != NULL;

@@ -189,6 +189,16 @@ static CUresult cuMemFree(CUdeviceptr p) {
     if (b->imported) {
         violation("cuMemFree of memory from cuIpcOpenMemHandle (use cuIpcCloseMemHandle)");
     }
+    if (!b->pooled) {  /* it waits for the device's work, as a GPU's does (04_engine.c) */
+        Ctx *c = b->h.ctx;
+        unsigned gen = c->gen;
+        implicit_sync(c);  /* a failed context's error aside: the memory is freed all the same */
+        if (c->gen != gen) LEAVE(CONTEXT_IS_DESTROYED);  /* reset meanwhile: freed with it */
+        if (b->freed || !is_live(&b->h)) {
+            violation("cuMemFree of device memory %#llx freed meanwhile by another thread", p);
+            LEAVE(INVALID_VALUE);
+        }
+    }
     if (b->pending > 0) {
         violation("cuMemFree of device memory that %ld pending operations still use",
                   b->pending);

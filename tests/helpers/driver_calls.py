@@ -77,7 +77,10 @@ class Context:
         self.cu = cu
         self.index = index
         self.ctx = ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(index))))
-        self.module: Any = None
+        # the sleep kernel's module, loaded now, before any work: loading a module waits for
+        # the device's work (an H100's cuModuleLoadData waited behind a held stream)
+        with self:
+            self.module: Any = ok(cu.cuModuleLoadData(SLEEP_PTX))
 
     def __enter__(self) -> Context:
         ok(self.cu.cuCtxPushCurrent(self.ctx))
@@ -98,8 +101,6 @@ class Context:
         It sleeps on the stand-in only: on a GPU it is a kernel that returns at once (its PTX
         is ``ret``). Hold work on any driver with a :class:`Word` instead."""
         cu = self.cu
-        if self.module is None:
-            self.module = ok(cu.cuModuleLoadData(SLEEP_PTX))
         fn = ok(cu.cuModuleGetFunction(self.module, b"aiostream_sleep"))
         args = ((round(seconds * 1e9),), (ctypes.c_uint64,))
         return code(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, args, 0))

@@ -102,7 +102,8 @@ def gate(stream: ais.Stream) -> Callable[[], None]:
     is called (idempotent, from any thread); what is already queued runs as usual.
 
     ``stream`` is a CUDA stream of its own (not the legacy default stream, ``stream_id`` 0,
-    nor a capturing one). Skips the test where the device cannot map host memory, or where
+    nor a capturing one); a kernel of no length (``ais.delay(0)``) is queued on an
+    ``ais.Stream`` first. Skips the test where the device cannot map host memory, or where
     its driver does not support stream memory operations (``CUDA_ERROR_NOT_SUPPORTED``; the
     32-bit wait of the API since CUDA 12 needs no attribute, the 64-bit one and NOR do).
     """
@@ -119,6 +120,12 @@ def gate(stream: ais.Stream) -> Callable[[], None]:
     index = stream.device_index
     _register_exit()
     sweep()
+    # the sleep kernel's module loads at a device's first ais.delay, and loading a module
+    # waits for the device's work (an H100's cuModuleLoadData waited behind a held stream):
+    # loaded before the gate holds anything, by a delay of no length (a bare handle of a
+    # stream of aiostream's, as a test's driver hook passes, has had its delay already)
+    if isinstance(stream, ais.Stream):
+        ais.delay(0.0, stream=stream)
     with primary_context(index) as cu:
         device = _ok(cu.cuDeviceGet(index), "cuDeviceGet", index)
         attr = cu.CUdevice_attribute(CAN_MAP_HOST_MEMORY)

@@ -113,7 +113,8 @@ def cuda_test_args(quick: bool, parallel: bool | None = None) -> list[str]:
     pytest-xdist is installed (``parallel`` None: where it imports), one module per process,
     so that the whole driver contract fits in the suite's budget."""
     args = ["-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "--run-slow"]
-    args += ["--require-cuda", "-m", "cuda", "--tb=short", "--durations=15"]
+    # a test that hangs on a GPU costs 30 s of a lent machine's minutes, not the default 60
+    args += ["--require-cuda", "-m", "cuda", "--tb=short", "--durations=15", "--timeout=30"]
     if quick:
         return args + ["tests/api/test_conformance.py"]
     if parallel if parallel is not None else _parallel():

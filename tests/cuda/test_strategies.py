@@ -124,6 +124,49 @@ async def test_the_default_strategy_is_the_one_set(
     assert not ais.pending_waits()
 
 
+async def test_the_default_launches_no_host_function_anywhere(
+    anyio_backend: object, launched: Callable[[], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no strategy chosen, nothing aiostream does puts a host function on a stream (one
+    waiting behind long work may hold every stream's later work on a GPU): awaits of streams
+    and events, short and long, on a stream of its own and on one handed out, an event's
+    wait before and after a re-record, a graph's replay awaited, a copy, a cancelled wait
+    and a blocking wait from another thread."""
+    monkeypatch.delenv("AIOSTREAM_WAIT_STRATEGY", raising=False)
+    ais.set_wait_strategy(None)
+    calls = launched()
+    own, out = ais.Stream(DEV), ais.Stream(DEV)
+    out.__cuda_stream__()  # handed out: others may submit unseen
+    for s in (own, out):
+        for seconds in (0.0002, 0.01):  # within the check budget, and past it
+            ais.delay(seconds, stream=s)
+            await s
+            ais.delay(seconds, stream=s)
+            e = s.record_event()
+            await e
+        ais.delay(0.005, stream=s)
+        e = s.record_event()
+        ais.delay(0.001, stream=s)
+        e.record(s)  # re-recorded: the wait begun before goes on for what it captured
+        await e
+        with anyio.move_on_after(0.002):  # cancelled while handed over
+            ais.delay(0.05, stream=s)
+            await s
+        await s
+    host, buf = ais.HostBuffer(N, device=DEV), ais.DeviceBuffer(N, DEV)
+    g = ais.Graph(DEV)
+    with g.capture() as c:
+        ais.copy_async(buf, host, stream=c)
+        ais.delay(0.002, stream=c)
+    await g.replay(own)
+    ais.copy_async(host, buf, stream=own)
+    await own
+    ais.delay(0.01, stream=own)
+    await anyio.to_thread.run_sync(own.record_event().synchronize_blocking)
+    g.close()
+    assert launched() - calls == 0
+
+
 @pytest.mark.parametrize("strategy", [None, *STRATEGIES])
 def test_a_blocking_wait_is_announced_as_the_strategy_says(
     strategy: str | None, launched: Callable[[], int]

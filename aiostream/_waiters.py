@@ -26,11 +26,11 @@ learns it, and whether the loop also polls it:
   short waits resume without any thread, and cost the stream nothing. Then the loop hands
   the wait to the backend (``watch``), whose watcher polls the completion flags, backing off
   to 2 ms, then to 1 % of the time nothing completed (at most 10 ms). Once the recent waits
-  ran alike, a wait handed over is also checked on the loop's turns again near its predicted
-  end (from ``NEAR_LEAD_S`` before it), so that a kernel of a few milliseconds ends its wait without
-  the watcher's hops. No waiter ever sleeps on a timer shorter than the loop honours
-  (``TIMER_FLOOR_S``). No host function: one pending behind long work may hold the work
-  later submitted to every stream of the device (seen on an H100).
+  ran alike, a wait handed over is also checked on the loop's turns again near its
+  predicted end (from ``NEAR_LEAD_S`` before it), so that a kernel of a few milliseconds
+  ends its wait without the watcher's hops. No waiter ever sleeps on a timer shorter than
+  the loop honours (``TIMER_FLOOR_S``). No host function: one pending behind long work may
+  hold the work later submitted to every stream of the device (seen on an H100).
 - ``hybrid``: as ``quiet``, but the watcher is woken by a host function, enqueued after the
   work if nothing followed it, whose word finishes the wait in one hop to the loop: long
   waits cost no CPU.
@@ -489,8 +489,9 @@ class StrategyWaiter(Waiter):
         self._due_at: dict[Hashable, float] = {}  # each polled lane's next look (loop time)
         self._schedule: list[tuple[float, int, Hashable]] = []  # the same, as a heap
         self._spinning: set[Hashable] = set()  # the lanes looked at on every turn
-        #: quiet and hybrid waits handed over, to be looked at again near their predicted end: (loop
-        #: time of the next look, order, entry, clock time of the end, and of the last look)
+        #: quiet and hybrid waits handed over, to be looked at again near their predicted
+        #: end: (loop time of the next look, order, entry, clock time of the end, and of the
+        #: last look)
         self._near: list[tuple[float, int, Entry, float, float]] = []
         self._near_spin: list[tuple[float, Entry]] = []  # those looked at on every turn
         try:
@@ -511,8 +512,8 @@ class StrategyWaiter(Waiter):
 
     def budget(self) -> float:
         """The check budget of a wait (s): how long the loop looks at it on each of its
-        turns before the backend alone watches it (``quiet``, ``hybrid``) or it sleeps between looks
-        (``poll``)."""
+        turns before the backend alone watches it (``quiet``, ``hybrid``) or it sleeps
+        between looks (``poll``)."""
         typical = self.typical
         if typical is None:
             return SPIN_MAX_S

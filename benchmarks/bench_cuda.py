@@ -122,6 +122,172 @@ def long_wait_cpu(seconds: float, strategy: str) -> tuple[float, float]:
     return asyncio.run(main())
 
 
+def section_0(args: argparse.Namespace) -> None:
+    """0. the short wait: pending work against cuEventSynchronize, and driver calls per wait."""
+    print("\n0. the short wait: await of pending work vs cuEventSynchronize, same thread, medians")
+    print(
+        f"   {'kernel':>7} {'loop':8} {'await us':>9} {'sync us':>8} {'ratio':>6} "
+        f"{'complete-work await us':>23} {'sync us':>8} {'submit us':>10}"
+    )
+    n = 50 if args.quick else 300
+    for kernel in (200e-6, 2e-3):
+        for loop in LOOPS:
+            r = pending_wait(loop, kernel, n)
+            print(
+                f"   {kernel * 1e6:5.0f}us {loop:8} {r['await'] * 1e6:9.1f} "
+                f"{r['sync'] * 1e6:8.1f} "
+                f"{r['await'] / r['sync']:6.2f} {r['done'] * 1e6:23.1f} "
+                f"{r['done_sync'] * 1e6:8.1f} {r['submit'] * 1e6:10.1f}"
+            )
+    print("   driver calls per wait (submission included) and host functions per 1,000 waits:")
+    for streams in (1, 100):
+        for kernel in (200e-6, 2e-3):
+            per_wait, hosts = driver_calls("asyncio", kernel, 1000, streams)
+            print(
+                f"   {streams:>3} stream(s), {kernel * 1e6:5.0f} us kernels: "
+                f"{per_wait:5.1f} calls per wait, {hosts:6.0f} host functions per 1,000 waits"
+            )
+
+
+def section_1(args: argparse.Namespace) -> None:
+    """1. awaits of short kernels, one after another, against the baselines."""
+    kernel_s = args.kernel_us * 1e-6
+    print(f"\n1. {args.short} awaits of {args.kernel_us:g} us kernels: latency beyond the kernel")
+    print(f"   {'method':50} {'median us':>10} {'p99 us':>10} {'CPU s':>8}")
+    rows: dict[str, tuple[float, float, float]] = {}
+
+    def row(label: str, lat: list[float], cpu: float) -> None:
+        med, p99 = statistics.median(lat) * 1e6, pct(lat, 0.99) * 1e6
+        rows[label] = (med, p99, cpu)
+        print(f"   {label:50} {med:10.1f} {p99:10.1f} {cpu:8.3f}")
+
+    lat, cpu = floor_thread(args.short, kernel_s)
+    row("(a) cuEventSynchronize, plain thread", lat, cpu)
+    tw = torch_wait()
+    if tw is None:
+        print("   (b) asyncio.to_thread(torch_event.synchronize): skipped, torch has no GPU here")
+    else:
+        lat, cpu = short_awaits(args.short, kernel_s, tw)
+        row("(b) await asyncio.to_thread(torch...synchronize)", lat, cpu)
+    lat, cpu = short_awaits(args.short, kernel_s, to_thread_wait)
+    row("(c) " + TO_THREAD, lat, cpu)
+    for strategy in STRATEGIES:
+        lat, cpu = short_awaits(args.short, kernel_s, strategy_wait(strategy))
+        row(f"aiostream {strategy}", lat, cpu)
+    floor = rows["(a) cuEventSynchronize, plain thread"][0]
+    default = rows["aiostream quiet"][0]
+    print(f"   ratio quiet (the default) / (a) median: {default / floor:.2f} (goal: at most 3)")
+    for label in ("(b) await asyncio.to_thread(torch...synchronize)", "(c) " + TO_THREAD):
+        if label in rows:
+            print(f"   ratio quiet / {label[:3]} median: {default / rows[label][0]:.2f}")
+
+
+def section_2(args: argparse.Namespace) -> None:
+    """2. CPU while waits pend."""
+    print(f"\n2. CPU of this process while waits pend ({args.long_s:g} s)")
+    waits, streams = (100, 10) if args.quick else (1000, 100)
+    for strategy in STRATEGIES:
+        wall, share = long_wait_cpu(args.long_s, strategy)
+        many = pending_cpu(waits, streams, args.long_s, strategy)
+        goal = " (goal: under 1 %)" if strategy in ("hybrid", "callback", "quiet") else ""
+        print(
+            f"   aiostream {strategy:10} one wait {share * 100:6.2f} % of a core; "
+            f"{waits:,} waits on {streams} streams {many * 100:6.2f} %{goal}"
+        )
+
+
+def section_3(args: argparse.Namespace) -> None:
+    """3. waits at scale."""
+    sizes = [(100, 10)] if args.quick else [(100, 10), (1_000, 100), (10_000, 1_000)]
+    print(
+        f"\n3. waits at scale ({args.scale_strategy}), a third cancelled at random: threads "
+        "beyond those before (process / aiostream's), held = extra streams/events/flag slots"
+    )
+    print(
+        f"   {'waits':>6} {'streams':>7} {'loop':8} {'cancel':>6} {'threads pk/set':>14} "
+        f"{'ours pk/set':>11} {'held peak':>11} {'held after':>10} {'CPU/wait us':>16} "
+        f"{'late med us':>16} {'late p99 us':>16}"
+    )
+    for waits, streams in sizes:
+        for loop in LOOPS:
+            r = scale(waits, streams, loop, args.scale_strategy)
+            peak, after = (
+                "/".join(str(h.get(k, 0)) for k in ("streams", "events", "slots"))
+                for h in (r.held_peak, r.held_after)
+            )
+            print(
+                f"   {waits:>6,} {streams:>7,} {loop:8} {r.cancelled:>6} "
+                f"{f'{r.threads_peak}/{r.threads_settled}':>14} "
+                f"{f'{r.ours_peak}/{r.ours_settled}':>11} {peak:>11} {after:>10} "
+                f"{f'{r.cpu_per_wait_us:.1f} ({r.timer_cpu_per_wait_us:.1f})':>16} "
+                f"{f'{r.late_median_us:.0f} ({r.timer_late_median_us:.0f})':>16} "
+                f"{f'{r.late_p99_us:.0f} ({r.timer_late_p99_us:.0f})':>16}"
+            )
+    print(
+        "   (in brackets: tasks sleeping on the loop's timer until the same moments; CPU: the "
+        "loop's thread and aiostream's, not the driver's)"
+    )
+
+
+def section_4(args: argparse.Namespace) -> None:
+    """4. the cost of one look at n pending waits."""
+    print("\n4. how a watching thread learns of completions: CPU of one look at n pending waits")
+    print(f"   {'n':>7} {'sweep of the flags us':>22} {'cuEventQuery each us':>21} {'ratio':>7}")
+    for n in (100, 1_000) if args.quick else (100, 1_000, 10_000):
+        flags, queries = look_cost(n)
+        print(f"   {n:>7,} {flags * 1e6:22.1f} {queries * 1e6:21.1f} {queries / flags:7.1f}")
+
+
+def section_5(args: argparse.Namespace) -> None:
+    """5. no host functions (quiet) against hybrid."""
+    print("\n5. no host functions (quiet) against hybrid")
+    pend, over = (100, 10) if args.quick else (1000, 100)
+    for strategy in ("hybrid", "quiet"):
+        share = pending_cpu(pend, over, args.long_s, strategy)
+        print(f"   {strategy:7} CPU while {pend:,} waits pend: {share * 100:5.2f} % of a core")
+    print(f"   {'kernel':>7} {'loop':8} {'hybrid':>8} {'quiet':>8}   (await / cuEventSynchronize)")
+    for kernel in (200e-6, 2e-3, 10e-3):
+        for loop in LOOPS:
+            ratios = []
+            for strategy in ("hybrid", "quiet"):
+                r = pending_wait(loop, kernel, 50 if args.quick else 150, strategy)
+                ratios.append(r["await"] / r["sync"])
+            print(f"   {kernel * 1e3:5.1f}ms {loop:8} {ratios[0]:8.2f} {ratios[1]:8.2f}")
+
+
+def section_6(args: argparse.Namespace) -> None:
+    """6. memory per pending wait."""
+    print("\n6. memory per pending wait, its task included (goal: under 2 KiB)")
+    print(f"   {'waits':>7} {'on':8} {DEVICE:>10} {'virtual:0':>10}")
+    for n in (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000):
+        for on in ("events", "streams") if n <= 10_000 else ("events",):
+            ours, sim = pending_memory(DEVICE, n, on), pending_memory("virtual:0", n, on)
+            print(f"   {n:>7,} {on:8} {ours:8.0f} B {sim:8.0f} B")
+
+
+def section_7(args: argparse.Namespace) -> None:
+    """7. two compute streams beside pending waits."""
+    others, pend, kernels = (10, 100, 10) if args.quick else (100, 1_000, 50)
+    print(
+        f"\n7. two streams x {kernels} kernels of 1 ms beside {pend:,} waits pending on "
+        f"{others} other streams (x: over no waits)"
+    )
+    hows = ("none", "hybrid", "quiet")
+    print_beside((others,), hows, waits=pend, kernels=kernels, pending_s=0.2 if args.quick else 0.5)
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "0": section_0,
+    "1": section_1,
+    "2": section_2,
+    "3": section_3,
+    "4": section_4,
+    "5": section_5,
+    "6": section_6,
+    "7": section_7,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", type=int, default=1000, help="awaits of short kernels")
@@ -135,7 +301,7 @@ def main() -> None:
         "--scale-strategy", default="quiet", choices=STRATEGIES, help="section 3's strategy"
     )
     args = parser.parse_args()
-    if not args.sections or not set(args.sections) <= set("01234567"):
+    if not args.sections or not set(args.sections) <= SECTIONS.keys():
         parser.error(f"--sections takes digits 0 to 7, not {args.sections!r}")
     if args.quick:
         args.short, args.long_s = 50, 0.1
@@ -144,162 +310,12 @@ def main() -> None:
         print(f"bench_cuda: skipped, no CUDA device here: {reason}")
         return
     name = _backends.get("cuda").device_name(0)  # type: ignore[attr-defined]
-    kernel_s = args.kernel_us * 1e-6
-    sections = set(args.sections)
     print(
         f"CUDA wait benchmark, {datetime.date.today()}, {name} ({DEVICE}), "
         f"Python {platform.python_version()}"
     )
-    if "0" in sections:
-        print(
-            "\n0. the short wait: await of pending work vs cuEventSynchronize, same thread, medians"
-        )
-        print(
-            f"   {'kernel':>7} {'loop':8} {'await us':>9} {'sync us':>8} {'ratio':>6} "
-            f"{'complete-work await us':>23} {'sync us':>8} {'submit us':>10}"
-        )
-        n = 50 if args.quick else 300
-        for kernel in (200e-6, 2e-3):
-            for loop in LOOPS:
-                r = pending_wait(loop, kernel, n)
-                print(
-                    f"   {kernel * 1e6:5.0f}us {loop:8} {r['await'] * 1e6:9.1f} "
-                    f"{r['sync'] * 1e6:8.1f} "
-                    f"{r['await'] / r['sync']:6.2f} {r['done'] * 1e6:23.1f} "
-                    f"{r['done_sync'] * 1e6:8.1f} {r['submit'] * 1e6:10.1f}"
-                )
-        print("   driver calls per wait (submission included) and host functions per 1,000 waits:")
-        for streams in (1, 100):
-            for kernel in (200e-6, 2e-3):
-                per_wait, hosts = driver_calls("asyncio", kernel, 1000, streams)
-                print(
-                    f"   {streams:>3} stream(s), {kernel * 1e6:5.0f} us kernels: "
-                    f"{per_wait:5.1f} calls per wait, {hosts:6.0f} host functions per 1,000 waits"
-                )
-
-    if "1" in sections:
-        print(
-            f"\n1. {args.short} awaits of {args.kernel_us:g} us kernels: latency beyond the kernel"
-        )
-        print(f"   {'method':50} {'median us':>10} {'p99 us':>10} {'CPU s':>8}")
-        rows: dict[str, tuple[float, float, float]] = {}
-
-        def row(label: str, lat: list[float], cpu: float) -> None:
-            med, p99 = statistics.median(lat) * 1e6, pct(lat, 0.99) * 1e6
-            rows[label] = (med, p99, cpu)
-            print(f"   {label:50} {med:10.1f} {p99:10.1f} {cpu:8.3f}")
-
-        lat, cpu = floor_thread(args.short, kernel_s)
-        row("(a) cuEventSynchronize, plain thread", lat, cpu)
-        tw = torch_wait()
-        if tw is None:
-            print(
-                "   (b) asyncio.to_thread(torch_event.synchronize): skipped, torch has no GPU here"
-            )
-        else:
-            lat, cpu = short_awaits(args.short, kernel_s, tw)
-            row("(b) await asyncio.to_thread(torch...synchronize)", lat, cpu)
-        lat, cpu = short_awaits(args.short, kernel_s, to_thread_wait)
-        row("(c) " + TO_THREAD, lat, cpu)
-        for strategy in STRATEGIES:
-            lat, cpu = short_awaits(args.short, kernel_s, strategy_wait(strategy))
-            row(f"aiostream {strategy}", lat, cpu)
-        floor = rows["(a) cuEventSynchronize, plain thread"][0]
-        default = rows["aiostream quiet"][0]
-        print(f"   ratio quiet (the default) / (a) median: {default / floor:.2f} (goal: at most 3)")
-        for label in ("(b) await asyncio.to_thread(torch...synchronize)", "(c) " + TO_THREAD):
-            if label in rows:
-                print(f"   ratio quiet / {label[:3]} median: {default / rows[label][0]:.2f}")
-
-    if "2" in sections:
-        print(f"\n2. CPU of this process while waits pend ({args.long_s:g} s)")
-        waits, streams = (100, 10) if args.quick else (1000, 100)
-        for strategy in STRATEGIES:
-            wall, share = long_wait_cpu(args.long_s, strategy)
-            many = pending_cpu(waits, streams, args.long_s, strategy)
-            goal = " (goal: under 1 %)" if strategy in ("hybrid", "callback", "quiet") else ""
-            print(
-                f"   aiostream {strategy:10} one wait {share * 100:6.2f} % of a core; "
-                f"{waits:,} waits on {streams} streams {many * 100:6.2f} %{goal}"
-            )
-
-    if "3" in sections:
-        sizes = [(100, 10)] if args.quick else [(100, 10), (1_000, 100), (10_000, 1_000)]
-        print(
-            f"\n3. waits at scale ({args.scale_strategy}), a third cancelled at random: threads "
-            "beyond those before (process / aiostream's), held = extra streams/events/flag slots"
-        )
-        print(
-            f"   {'waits':>6} {'streams':>7} {'loop':8} {'cancel':>6} {'threads pk/set':>14} "
-            f"{'ours pk/set':>11} {'held peak':>11} {'held after':>10} {'CPU/wait us':>16} "
-            f"{'late med us':>16} {'late p99 us':>16}"
-        )
-        for waits, streams in sizes:
-            for loop in LOOPS:
-                r = scale(waits, streams, loop, args.scale_strategy)
-                peak, after = (
-                    "/".join(str(h.get(k, 0)) for k in ("streams", "events", "slots"))
-                    for h in (r.held_peak, r.held_after)
-                )
-                print(
-                    f"   {waits:>6,} {streams:>7,} {loop:8} {r.cancelled:>6} "
-                    f"{f'{r.threads_peak}/{r.threads_settled}':>14} "
-                    f"{f'{r.ours_peak}/{r.ours_settled}':>11} {peak:>11} {after:>10} "
-                    f"{f'{r.cpu_per_wait_us:.1f} ({r.timer_cpu_per_wait_us:.1f})':>16} "
-                    f"{f'{r.late_median_us:.0f} ({r.timer_late_median_us:.0f})':>16} "
-                    f"{f'{r.late_p99_us:.0f} ({r.timer_late_p99_us:.0f})':>16}"
-                )
-        print(
-            "   (in brackets: tasks sleeping on the loop's timer until the same moments; CPU: the "
-            "loop's thread and aiostream's, not the driver's)"
-        )
-
-    if "4" in sections:
-        print(
-            "\n4. how a watching thread learns of completions: CPU of one look at n pending waits"
-        )
-        print(
-            f"   {'n':>7} {'sweep of the flags us':>22} {'cuEventQuery each us':>21} {'ratio':>7}"
-        )
-        for n in (100, 1_000) if args.quick else (100, 1_000, 10_000):
-            flags, queries = look_cost(n)
-            print(f"   {n:>7,} {flags * 1e6:22.1f} {queries * 1e6:21.1f} {queries / flags:7.1f}")
-
-    if "5" in sections:
-        print("\n5. no host functions (quiet) against hybrid")
-        pend, over = (100, 10) if args.quick else (1000, 100)
-        for strategy in ("hybrid", "quiet"):
-            share = pending_cpu(pend, over, args.long_s, strategy)
-            print(f"   {strategy:7} CPU while {pend:,} waits pend: {share * 100:5.2f} % of a core")
-        print(
-            f"   {'kernel':>7} {'loop':8} {'hybrid':>8} {'quiet':>8}   (await / cuEventSynchronize)"
-        )
-        for kernel in (200e-6, 2e-3, 10e-3):
-            for loop in LOOPS:
-                ratios = []
-                for strategy in ("hybrid", "quiet"):
-                    r = pending_wait(loop, kernel, 50 if args.quick else 150, strategy)
-                    ratios.append(r["await"] / r["sync"])
-                print(f"   {kernel * 1e3:5.1f}ms {loop:8} {ratios[0]:8.2f} {ratios[1]:8.2f}")
-
-    if "6" in sections:
-        print("\n6. memory per pending wait, its task included (goal: under 2 KiB)")
-        print(f"   {'waits':>7} {'on':8} {DEVICE:>10} {'virtual:0':>10}")
-        for n in (1_000, 10_000) if args.quick else (1_000, 10_000, 100_000):
-            for on in ("events", "streams") if n <= 10_000 else ("events",):
-                ours, sim = pending_memory(DEVICE, n, on), pending_memory("virtual:0", n, on)
-                print(f"   {n:>7,} {on:8} {ours:8.0f} B {sim:8.0f} B")
-
-    if "7" in sections:
-        others, pend, kernels = (10, 100, 10) if args.quick else (100, 1_000, 50)
-        print(
-            f"\n7. two streams x {kernels} kernels of 1 ms beside {pend:,} waits pending on "
-            f"{others} other streams (x: over no waits)"
-        )
-        hows = ("none", "hybrid", "quiet")
-        print_beside(
-            (others,), hows, waits=pend, kernels=kernels, pending_s=0.2 if args.quick else 0.5
-        )
+    for key in sorted(set(args.sections)):
+        SECTIONS[key](args)
 
 
 if __name__ == "__main__":

@@ -379,7 +379,8 @@ class Graph:
                 raise update_refused(self._name, other._name, reason)
             # the copies now launched use other's buffers; this graph's own are let go once
             # the replays enqueued before the update, which use them, have completed
-            ours = [b for b in self._kept if not any(b is o for o in other._kept)]
+            theirs = {id(b) for b in other._kept}
+            ours = [b for b in self._kept if id(b) not in theirs]
             self._kept[:] = other._kept  # in place: the finalizer holds this list
             _let_go_after_replays(ours, self._last)
 

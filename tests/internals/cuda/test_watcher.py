@@ -204,8 +204,9 @@ async def test_the_watcher_polls_from_50us_backing_off_to_2ms_then_1_percent(
 ) -> None:
     """While a wait no host function announces is watched, the watcher sleeps 50 us after
     progress, then a quarter of the quiet time, at most 2 ms, or 1 % of the quiet time where
-    that is longer, at most 10 ms; with only announced waits, it sleeps until the next health
-    check (50 ms)."""
+    that is longer, at most 10 ms; where a wake-up is dear, past 0.1 s of quiet it sleeps long
+    enough to spend half a percent of a core, at most 10 % of the quiet time; with only
+    announced waits, it sleeps until the next health check (50 ms)."""
     watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
     hurry()  # waits earlier tests left watched (cancelled ones linger) end and are dropped
     await until(lambda: not held()["watched"], "the waits earlier tests left watched to be dropped")
@@ -223,13 +224,34 @@ async def test_the_watcher_polls_from_50us_backing_off_to_2ms_then_1_percent(
                 since = watcher.progress_at
                 if strategy == "callback":  # past a chase: a post (an earlier test's host
                     since = max(since, watcher.chase_until)  # function, late) starts one
-                quiets = (0.0, 0.004, 0.1, 0.4, 1.0, 60.0)
-                sleeps = [watcher._timeout(since + quiet) for quiet in quiets]
+                quiets = (0.0, 0.004, 0.05, 0.2, 0.4, 1.0, 60.0)
+                sleeps = {}
+                for cost in (0.0, 10e-6, 200e-6):  # a wake-up's CPU: none, cheap, dear
+                    watcher.wake_cpu = cost
+                    sleeps[cost] = [watcher._timeout(since + quiet) for quiet in quiets]
             tg.cancel_scope.cancel()
     if strategy == "thread":
-        assert sleeps == pytest.approx([50e-6, 1e-3, 2e-3, 4e-3, 10e-3, 10e-3], rel=1e-6)
+        young = [50e-6, 1e-3, 2e-3]  # 2 ms at 50 ms of quiet, however dear
+        assert sleeps[0.0] == pytest.approx([*young, 2e-3, 4e-3, 10e-3, 10e-3], rel=1e-6)
+        assert sleeps[10e-6] == pytest.approx([*young, 2e-3, 4e-3, 10e-3, 10e-3], rel=1e-6)
+        assert sleeps[200e-6] == pytest.approx([*young, 20e-3, 40e-3, 40e-3, 40e-3], rel=1e-6)
     else:
-        assert sleeps == [0.05] * 6
+        assert all(s == [0.05] * 7 for s in sleeps.values())
+
+
+async def test_the_watcher_learns_what_a_wake_up_costs(anyio_backend: object) -> None:
+    """The CPU of the wake-ups that find nothing is what paces the polls of old waits."""
+    watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
+    s = ais.Stream(DEV)
+    with gated(s):
+        ais.delay(0.001, stream=s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(s.synchronize, strategy="thread"))
+            await until(lambda: held()["watched"], "the watcher to have the wait")
+            with watcher.lock:
+                watcher.wake_cpu = 0.0
+            await until(lambda: watcher.wake_cpu > 0, "a wake-up's cost to be measured")
+            tg.cancel_scope.cancel()
 
 
 def idle(s: ais.Stream) -> bool:

@@ -78,6 +78,10 @@ POLL_MAX_S = 0.01  #: and at most this
 POLL_CPU = 0.005
 POLL_LATE = 0.1
 YOUNG_S = 0.1
+#: after a sweep that found completed waits, the next poll is at least this far off (unless a
+#: new wait comes): the completions of a burst are told in batches, a wake-up and a hop to each
+#: loop per batch, no later than the loops' own timers would be (their resolution is 1 ms)
+POLL_BATCH_S = 1e-3
 #: after the watcher is posted while a mark announced ahead is watched, how long it polls
 #: (with the same back-off) for the mark, which lands once the host function has returned
 CHASE_S = 0.02
@@ -431,6 +435,7 @@ class Watcher:
         self.progress_at = time.monotonic()  # pragma: no mutate (equivalent: written before read)
         self.sleeping_until = float("inf")
         self.wake_cpu = 0.0  # the CPU of the thread's recent wake-ups, each (a moving average)
+        self.batch_until = 0.0  # no poll before then: a sweep found completions (_sweep)
         self.sem = semaphores.new() if semaphores is not None else 0
         self.later: list[Callable[[], None]] = []  # callbacks found by a sweep off the thread
         self.thread: threading.Thread | None = None
@@ -574,6 +579,7 @@ class Watcher:
                 if target.polled:
                     self.polled += 1
                     self.progress_at = now  # poll a new wait promptly, then back off
+                    self.batch_until = 0.0
                 self._start()
                 # wake the thread if it sleeps past when this wait needs a look
                 post = self.sleeping_until > now + (POLL_MIN_S if target.polled else HEALTH_S)
@@ -632,7 +638,7 @@ class Watcher:
             cap = max(POLL_CAP_S, min(POLL_MAX_S, quiet * POLL_SHARE))
             if quiet >= YOUNG_S:
                 cap = max(cap, min(self.wake_cpu / POLL_CPU, quiet * POLL_LATE))
-            timeout = min(timeout, max(POLL_MIN_S, min(cap, quiet / 4)))
+            timeout = min(timeout, max(POLL_MIN_S, min(cap, quiet / 4), self.batch_until - now))
         return timeout
 
     def _run(self) -> None:
@@ -697,6 +703,7 @@ class Watcher:
                 self._fire(target, due)
         if due:  # more may come soon: the back-off halves (new waits restart it: watch())
             self.progress_at = now - (now - self.progress_at) / 2
+            self.batch_until = now + POLL_BATCH_S
         return due
 
     def collect(self) -> None:

@@ -254,6 +254,30 @@ async def test_the_watcher_learns_what_a_wake_up_costs(anyio_backend: object) ->
             tg.cancel_scope.cancel()
 
 
+async def test_a_burst_of_completions_is_told_in_batches(anyio_backend: object) -> None:
+    """After a sweep finds completed waits the next poll is 1 ms off, unless a new wait comes."""
+    watcher = _backends.get("cuda")._devices.get(0).watcher  # type: ignore[attr-defined]
+    hurry()  # waits earlier tests left watched (cancelled ones linger) end and are dropped
+    await until(lambda: not held()["watched"], "the waits earlier tests left watched to be dropped")
+    held_back, other, later = ais.Stream(DEV), ais.Stream(DEV), ais.Stream(DEV)
+    with gated(held_back), gated(later):
+        ais.delay(0.001, stream=held_back)
+        ais.delay(0.001, stream=later)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(held_back.synchronize, strategy="thread"))
+            await until(lambda: held()["watched"], "the watcher to have the wait")
+            ais.delay(0.0001, stream=other)
+            await other.synchronize(strategy="thread")  # found by a sweep: a batch begins
+            with watcher.lock:
+                soon = watcher.batch_until - 0.5e-3
+                assert watcher._timeout(soon) >= 0.5e-3 - 1e-6
+            tg.start_soon(functools.partial(later.synchronize, strategy="thread"))
+            await until(lambda: held()["watched"] == 2, "the watcher to have the new wait")
+            with watcher.lock:  # a new wait is looked at promptly
+                assert watcher._timeout(soon) < 0.25e-3
+            tg.cancel_scope.cancel()
+
+
 def idle(s: ais.Stream) -> bool:
     """Whether ``s`` has no work pending, as the driver says to a user's own call (none of
     aiostream's: the backend learns nothing of it)."""

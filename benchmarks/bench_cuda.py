@@ -57,21 +57,24 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cuda_waits import (
+    driver_calls,
+    look_cost,
+    pending_memory,
+    pending_wait,
+    print_beside,
+    to_thread_wait,
+)
+
 import aiostream as ais
 from aiostream import _backends
 from aiostream._bench.cuda import (
     DEVICE,
-    driver_calls,
     floor_thread,
-    look_cost,
     pending_cpu,
-    pending_memory,
-    pending_wait,
-    print_beside,
     scale,
     short_awaits,
     strategy_wait,
-    to_thread_wait,
 )
 
 STRATEGIES = ("quiet", "hybrid", "poll", "thread", "callback")  # the default first

@@ -30,9 +30,9 @@ import time
 from typing import Any
 
 import anyio
+from cuda_waits import print_beside
 
 import aiostream as ais
-from aiostream._bench.cuda import print_beside
 
 STRATEGIES = ("quiet", "hybrid", "poll", "thread", "callback")
 

@@ -1,12 +1,12 @@
 """What a pending CUDA wait costs in memory, its task included: under 2 KiB from 1,000 waits
-on (``_bench.cuda.pending_memory``, tracemalloc), on events recorded on 100 streams and on
-streams of their own (a mark each)."""
+on (``pending_memory`` of ``benchmarks/cuda_waits.py``, tracemalloc), on events recorded on
+100 streams and on streams of their own (a mark each)."""
 
 from __future__ import annotations
 
 import pytest
 
-from aiostream._bench.cuda import pending_memory
+from benchmarks.cuda_waits import pending_memory
 from tests.helpers.cuda import DEV
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]

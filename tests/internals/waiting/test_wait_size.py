@@ -1,7 +1,7 @@
 """What a pending wait costs in memory: under 2 KiB, its task included, from 1,000 waits on
-(``_bench.cuda.pending_memory``, tracemalloc); and what it is made of: the waiting task's
-own coroutine holds the wait (no coroutine of the waiter's per wait), and one object is both
-the waiter's entry and the pending-wait listing's record."""
+(``pending_memory`` of ``benchmarks/cuda_waits.py``, tracemalloc); and what it is made of: the
+waiting task's own coroutine holds the wait (no coroutine of the waiter's per wait), and one
+object is both the waiter's entry and the pending-wait listing's record."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 import aiostream as ais
 from aiostream import _diagnostics, _waiters, _waiting
-from aiostream._bench.cuda import pending_memory
 from aiostream.virtual import VirtualClock
+from benchmarks.cuda_waits import pending_memory
 
 pytestmark = pytest.mark.anyio
 

@@ -110,8 +110,8 @@ def _parallel() -> bool:
 
 def cuda_test_args(quick: bool, parallel: bool | None = None) -> list[str]:
     """pytest's arguments for the cuda-tests step: spread over ``WORKERS`` processes where
-    pytest-xdist is installed (``parallel`` None: where it imports), one module per process,
-    so that the whole driver contract fits in the suite's budget."""
+    pytest-xdist is installed (``parallel`` None: where it imports), so that the whole driver
+    contract fits in the suite's budget."""
     args = ["-m", "pytest", "-v", "-rfEs", "-p", "no:cacheprovider", "--run-slow"]
     # a test that hangs on a GPU costs 30 s of a lent machine's minutes, not the default 60
     args += ["--require-cuda", "-m", "cuda", "--tb=short", "--durations=15", "--timeout=30"]
@@ -119,7 +119,13 @@ def cuda_test_args(quick: bool, parallel: bool | None = None) -> list[str]:
         return args + ["tests/api/test_conformance.py"]
     if parallel if parallel is not None else _parallel():
         # pytest-benchmark (in the image too) warns under xdist, which this suite makes an error
-        args += ["-n", str(WORKERS), "--dist", "loadfile", "-p", "no:benchmark"]
+        args += ["-n", str(WORKERS), "--dist", "load", "-p", "no:benchmark"]
+        # a test that hangs inside a driver call never returns to Python for a signal: its
+        # timeout ends the worker's process instead, and with it the device work it held
+        # (a gate left shut would hold every later test of that process); xdist starts another
+        # and goes on (tests spread one by one: a file's or a class's scheduling would give
+        # the hung test to each new process again)
+        args += ["--timeout-method=thread"]
     return args + CUDA_TEST_FOLDERS
 
 

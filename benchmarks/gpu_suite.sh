@@ -15,6 +15,8 @@ py=${PYTHON:-python3}
 if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
     "$py" -m pip install --quiet --no-index --find-links .whl sniffio trio pytest-asyncio "setuptools>=70.1" \
         || echo "gpu_suite.sh: some wheels in .whl/ did not install; going on" >&2
+    "$py" -m pip install --quiet --no-index --find-links .whl pytest-timeout pytest-xdist \
+        || echo "gpu_suite.sh: pytest-timeout or pytest-xdist did not install; going on" >&2
     "$py" -m pip install --quiet --no-index --find-links .whl fastapi uvicorn httpx \
         || echo "gpu_suite.sh: the server's wheels did not install; bench-server will skip" >&2
 fi

@@ -187,6 +187,8 @@ def test_the_failed_tests_of_an_interrupted_parallel_run_are_run_again_alone() -
     # the arguments of a parallel run, whether or not pytest-xdist is installed here
     step = suite.Step("cuda-tests", [sys.executable, *suite.cuda_test_args(False, True)], 60)
     assert "-n" in step.args and "tests/cuda" in step.args
+    # a hang inside a driver call ends its worker (and the device work it held), not the run
+    assert "--timeout-method=thread" in step.args
     output = "\n".join(
         [
             "[gw0] [ 20%] FAILED tests/cuda/test_a.py::test_x[trio] ",
@@ -210,6 +212,7 @@ def test_the_failed_tests_of_an_interrupted_parallel_run_are_run_again_alone() -
     rerun = suite.rerun_step(step)
     assert rerun is not None and rerun.name == "cuda-reruns"
     assert "-n" not in rerun.args and "tests/cuda" not in rerun.args
+    assert "--timeout-method=thread" not in rerun.args  # one process: a timeout fails one test
     assert rerun.args[-3:] == suite.failed_tests(output)
     assert suite.rerun_step(rerun) is None  # the reruns are not run again
     passed = suite.Step("cuda-tests", step.args, 60)

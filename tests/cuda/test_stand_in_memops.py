@@ -32,6 +32,7 @@ from tests.helpers.driver_calls import (
     libc,
     ok,
     provokes_violations,
+    release_open_words,
     stand_in_only,
     violations,
 )
@@ -58,6 +59,7 @@ DEADLINE = 5.0  # seconds a release has to take effect
 def ctx0() -> Iterator[Context]:
     c = Context(0)
     yield c
+    release_open_words()  # before the module's unload, which waits for all the device's work
     c.release()
 
 
@@ -122,7 +124,7 @@ def test_a_wait_holds_the_work_after_it_until_its_condition_holds(
     with ctx0:
         stream, event = ok(cu.cuStreamCreate(1)), ok(cu.cuEventCreate(2))
         word = Word(width)
-        word.value = holding[0]
+        word.value, word.opens = holding[0], releasing
         ok(wait(stream, word.address, value, flags))
         ok(cu.cuEventRecord(event, stream))
         for v in holding:

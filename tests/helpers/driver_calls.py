@@ -109,7 +109,13 @@ class Context:
 class Word:
     """Pinned host memory mapped for the device (the current context's, portable), ``nbytes``
     long and zeroed: a word for stream memory operations (``width`` 4 or 8 bytes), read and
-    written by the host as ``value``; ``hold(stream)`` makes it a gate of a raw stream."""
+    written by the host as ``value``; ``hold(stream)`` makes it a gate of a raw stream.
+
+    A word not freed when its test ends is opened (``release_open_words``): work it still
+    held would hold every later test of the process, whose module loads and frees wait for
+    all the device's work."""
+
+    opens = 1  #: the value that lets the work it holds go on (a test's own condition: set it)
 
     def __init__(self, width: int = 4, nbytes: int = 8) -> None:
         from cuda.bindings import driver as cu
@@ -119,6 +125,7 @@ class Word:
         self.host = int(ok(cu.cuMemHostAlloc(nbytes, PORTABLE_DEVICEMAP)))
         ctypes.memset(self.host, 0, nbytes)
         self.address = int(ok(cu.cuMemHostGetDevicePointer(self.host, 0)))
+        _open[id(self)] = self
 
     @property
     def _view(self) -> Any:
@@ -143,7 +150,21 @@ class Word:
         self.value = 1
 
     def free(self) -> None:
+        _open.pop(id(self), None)
         ok(self.cu.cuMemFreeHost(self.host))
+
+
+_open: dict[int, Word] = {}  # the words not freed yet
+
+
+def release_open_words() -> int:
+    """Write each word not freed its opening value (the memory stays: the device may still
+    read it); how many there were."""
+    words = list(_open.values())
+    _open.clear()
+    for word in words:
+        word.value = word.opens
+    return len(words)
 
 
 class Counter:

@@ -25,7 +25,8 @@ learns it, and whether the loop also polls it:
   ``SPIN_MIN_S`` when recent waits were longer; at most ``SPIN_LANES`` streams at once):
   short waits resume without any thread, and cost the stream nothing. Then the loop hands
   the wait to the backend (``watch``), whose watcher polls the completion flags, backing off
-  to 2 ms, then to 1 % of the time nothing completed (at most 10 ms). Once the recent waits
+  to 2 ms, then to 1 % of the time nothing completed (at most 10 ms; where its wake-ups are
+  dear, up to 10 % and 50 ms: ``cuda/watcher.py``). Once the recent waits
   ran alike, a wait handed over is also checked on the loop's turns again near its
   predicted end (from ``NEAR_LEAD_S`` before it), so that a kernel of a few milliseconds
   ends its wait without the watcher's hops. No waiter ever sleeps on a timer shorter than

@@ -4,10 +4,11 @@ On CUDA devices the strategy decides how the loop learns that work completed (do
 "Waiting strategies" has the details and costs): ``quiet`` (the default) has the loop read
 the work's completion mark on its turns for a short check budget (at most 500 us, adapted to
 the recent waits), then hands the wait to the device's watcher thread, which polls the
-marks, backing off to 2 ms; ``hybrid`` is ``quiet`` with the watcher woken by a host function
-instead; ``poll`` has the loop alone read the mark, backing off to 2 ms; ``thread`` has the
-watcher alone poll the marks; ``callback`` has the watcher alone, woken by the host
-function. A virtual device knows when its work completes, so there every strategy
+marks, backing off to 2 ms and, as waits age, to 1 % of their age (at most 10 ms, or 10 %
+and 50 ms where its wake-ups cost much CPU); ``hybrid`` is ``quiet`` with the watcher woken
+by a host function instead; ``poll`` has the loop alone read the mark, backing off to 2 ms;
+``thread`` has the watcher alone poll the marks; ``callback`` has the watcher alone, woken by
+the host function. A virtual device knows when its work completes, so there every strategy
 sleeps until that moment.
 
 Run it with ``python examples/wait_strategies.py``: on ``cuda:0`` where a GPU works, else on

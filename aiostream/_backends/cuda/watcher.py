@@ -67,10 +67,10 @@ HEALTH_S = 0.05  #: while waits are watched, how often the device is asked wheth
 POLL_MIN_S = 50e-6  #: the watcher's first polls of waits no host function will announce
 POLL_CAP_S = 2e-3  #: and its longest interval between them while waits are young
 #: past that, the interval is this share of the time nothing completed or began (a wait is
-#: never late by more than that share of its age): a wake-up costs the watcher tens of
-#: microseconds, so long waits are looked at seldom
+#: late by at most that share of its age, unless wake-ups are dear: ``POLL_CPU``): a wake-up
+#: costs the watcher tens of microseconds, so long waits are looked at seldom
 POLL_SHARE = 0.01
-POLL_MAX_S = 0.01  #: and at most this
+POLL_MAX_S = 0.01  #: and at most this (unless wake-ups are dear: up to ``HEALTH_S``)
 #: once nothing has completed for ``YOUNG_S``, the watcher keeps its polls under this share of a
 #: core where a wake-up is dear (5-10 us of CPU on a quiet host, 50-200 us on a small virtual
 #: machine): the interval is at least the CPU of its recent wake-ups over this share, but no
@@ -79,8 +79,9 @@ POLL_CPU = 0.005
 POLL_LATE = 0.1
 YOUNG_S = 0.1
 #: after a sweep that found completed waits, the next poll is at least this far off (unless a
-#: new wait comes): the completions of a burst are told in batches, a wake-up and a hop to each
-#: loop per batch, no later than the loops' own timers would be (their resolution is 1 ms)
+#: new wait comes, or a host function announces a mark): the completions of a burst are told
+#: in batches, a wake-up and a hop to each loop per batch, no later than the loops' own timers
+#: would be (their resolution is 1 ms)
 POLL_BATCH_S = 1e-3
 #: after the watcher is posted while a mark announced ahead is watched, how long it polls
 #: (with the same back-off) for the mark, which lands once the host function has returned
@@ -434,7 +435,7 @@ class Watcher:
         self.closed = False
         self.progress_at = time.monotonic()  # pragma: no mutate (equivalent: written before read)
         self.sleeping_until = float("inf")
-        self.wake_cpu = 0.0  # the CPU of the thread's recent wake-ups, each (a moving average)
+        self.wake_cpu = 0.0  # the CPU of the thread's recent empty wake-ups (a moving average)
         self.batch_until = 0.0  # no poll before then: a sweep found completions (_sweep)
         self.sem = semaphores.new() if semaphores is not None else 0
         self.later: list[Callable[[], None]] = []  # callbacks found by a sweep off the thread
@@ -647,7 +648,7 @@ class Watcher:
             if self.closed:
                 return
             timeout = _plan_sleep(self)
-        cpu = time.thread_time()
+        cpu, cost = time.thread_time(), None
         while True:
             posted = False
             if semaphores is not None:
@@ -657,10 +658,13 @@ class Watcher:
             with self.lock:
                 if self.closed:
                     return
+                if cost is not None:  # the last wake-up's, measured after its callbacks
+                    self.wake_cpu += (cost - self.wake_cpu) / 8
                 due = self._sweep(few=posted)  # posted: the watched marks, not every slot
                 if posted and self.ahead:  # maybe the host function before a watched mark
                     now = time.monotonic()
                     self.progress_at, self.chase_until = now, now + CHASE_S
+                    self.batch_until = 0.0  # its mark lands any moment: look at once
                 if self.later:
                     due += self.later
                     self.later = []
@@ -669,8 +673,7 @@ class Watcher:
             _call(due)
             # what a wake-up that finds nothing costs, the sleep's entry and exit included
             cpu, spent = time.thread_time(), cpu
-            if not due:
-                self.wake_cpu += (cpu - spent - self.wake_cpu) / 8
+            cost = None if due else cpu - spent
 
     def _sweep(self, few: bool = False) -> list[Callable[[], None]]:
         """Find the waits whose work completed (lock held): their callbacks."""

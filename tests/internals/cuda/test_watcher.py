@@ -225,10 +225,11 @@ async def test_the_watcher_polls_from_50us_backing_off_to_2ms_then_1_percent(
                 if strategy == "callback":  # past a chase: a post (an earlier test's host
                     since = max(since, watcher.chase_until)  # function, late) starts one
                 quiets = (0.0, 0.004, 0.05, 0.2, 0.4, 1.0, 60.0)
-                sleeps = {}
+                sleeps, measured = {}, watcher.wake_cpu
                 for cost in (0.0, 10e-6, 200e-6):  # a wake-up's CPU: none, cheap, dear
                     watcher.wake_cpu = cost
                     sleeps[cost] = [watcher._timeout(since + quiet) for quiet in quiets]
+                watcher.wake_cpu = measured
             tg.cancel_scope.cancel()
     if strategy == "thread":
         young = [50e-6, 1e-3, 2e-3]  # 2 ms at 50 ms of quiet, however dear
@@ -265,15 +266,27 @@ async def test_a_burst_of_completions_is_told_in_batches(anyio_backend: object) 
         ais.delay(0.001, stream=later)
         async with anyio.create_task_group() as tg:
             tg.start_soon(functools.partial(held_back.synchronize, strategy="thread"))
-            await until(lambda: held()["watched"], "the watcher to have the wait")
-            ais.delay(0.0001, stream=other)
-            await other.synchronize(strategy="thread")  # found by a sweep: a batch begins
+            await until(lambda: held()["watched"] == 1, "the watcher to have the wait")
+            with gated(other) as release:  # watched before its work can complete
+                ais.delay(0.0001, stream=other)
+                done = anyio.Event()
+
+                async def wait_other() -> None:
+                    await other.synchronize(strategy="thread")
+                    done.set()
+
+                tg.start_soon(wait_other)
+                await until(lambda: held()["watched"] == 2, "the watcher to have the other")
+                release()
+                await done.wait()  # a sweep found it: a batch began
             with watcher.lock:
+                assert watcher.batch_until > 0.0
                 soon = watcher.batch_until - 0.5e-3
                 assert watcher._timeout(soon) >= 0.5e-3 - 1e-6
             tg.start_soon(functools.partial(later.synchronize, strategy="thread"))
             await until(lambda: held()["watched"] == 2, "the watcher to have the new wait")
             with watcher.lock:  # a new wait is looked at promptly
+                assert watcher.batch_until == 0.0
                 assert watcher._timeout(soon) < 0.25e-3
             tg.cancel_scope.cancel()
 

@@ -232,10 +232,11 @@ def section_3(args: argparse.Namespace) -> None:
                 f"{f'{r.late_median_us:.0f} ({r.timer_late_median_us:.0f})':>16} "
                 f"{f'{r.late_p99_us:.0f} ({r.timer_late_p99_us:.0f})':>16} {ratio:>6.2f}"
             )
+    runs = "one run" if args.quick else "the median of 3 runs up to 1,000 waits"
     print(
         "   (in brackets: tasks sleeping on the loop's timer until the same moments; CPU: the "
-        "loop's thread and aiostream's, not the driver's; CPU x: over the sleeping tasks, "
-        "goal at most 2, the median of 3 runs up to 1,000 waits)"
+        f"loop's thread and aiostream's, not the driver's; CPU x: over the sleeping tasks, "
+        f"goal at most 2, {runs})"
     )
 
 

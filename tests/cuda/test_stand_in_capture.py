@@ -32,6 +32,7 @@ from tests.helpers.driver_calls import (
     ok,
     on_the_stand_in,
     provokes_violations,
+    release_open_words,
     stand_in_only,
     take,
     violations,
@@ -78,6 +79,7 @@ def ctx0() -> Iterator[Context]:
     with c:
         yield c
     ok(cu.cuThreadExchangeStreamCaptureMode(GLOBAL))  # this thread's mode, as it was
+    release_open_words()  # before the module's unload, which waits for all the device's work
     hurry()
     c.release()
     if FAKE is not None:

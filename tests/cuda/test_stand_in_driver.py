@@ -30,6 +30,7 @@ from tests.helpers.driver_calls import (
     ok,
     on_the_stand_in,
     provokes_violations,
+    release_open_words,
     stand_in_only,
     take,
     violations,
@@ -50,6 +51,7 @@ def ctx0() -> Iterator[Context]:
     take()
     c = Context(0)
     yield c
+    release_open_words()  # before the module's unload, which waits for all the device's work
     if FAKE is not None:
         FAKE.fake_cuda_clear_error()
     c.release()

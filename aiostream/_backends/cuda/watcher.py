@@ -72,9 +72,10 @@ POLL_CAP_S = 2e-3  #: and its longest interval between them while waits are youn
 POLL_SHARE = 0.01
 POLL_MAX_S = 0.01  #: and at most this (unless wake-ups are dear: up to ``HEALTH_S``)
 #: once nothing has completed for ``YOUNG_S``, the watcher keeps its polls under this share of a
-#: core where a wake-up is dear (5-10 us of CPU on a quiet host, 50-200 us on a small virtual
-#: machine): the interval is at least the CPU of its recent wake-ups over this share, but no
-#: more than ``POLL_LATE`` of the quiet time (nor ``HEALTH_S``)
+#: core where a wake-up is dear (100-300 us of CPU measured on a 2-core virtual machine, where
+#: a thread's timed sleep alone costs 30-100 us): the interval is at least the CPU of its
+#: recent wake-ups over this share, but no more than ``POLL_LATE`` of the quiet time (nor
+#: ``HEALTH_S``); where wake-ups are cheap this is below the back-off and changes nothing
 POLL_CPU = 0.005
 POLL_LATE = 0.1
 YOUNG_S = 0.1

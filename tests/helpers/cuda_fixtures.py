@@ -10,7 +10,6 @@ import pytest
 
 import aiostream as ais
 from tests.helpers import cuda, gate
-from tests.helpers.driver_calls import release_open_words
 from tests.helpers.stand_in import hurry, keeping_the_contract
 
 
@@ -22,7 +21,6 @@ def contract() -> Iterator[None]:
     released, and fails it."""
     with keeping_the_contract():
         yield
-        release_open_words()  # a raw word a failed test left holding work
         left_held = gate.release_all()
         ais.set_wait_strategy(None)
         ais.set_debug(False)

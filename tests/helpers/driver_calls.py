@@ -111,9 +111,10 @@ class Word:
     long and zeroed: a word for stream memory operations (``width`` 4 or 8 bytes), read and
     written by the host as ``value``; ``hold(stream)`` makes it a gate of a raw stream.
 
-    A word not freed when its test ends is opened (``release_open_words``): work it still
-    held would hold every later test of the process, whose module loads and frees wait for
-    all the device's work."""
+    A word not freed when its test ends is opened by the test's raw context fixture
+    (``release_open_words``, before the context goes: the word's memory goes with it): work it
+    still held would hold every later test of the process, whose module loads and frees wait
+    for all the device's work."""
 
     opens = 1  #: the value that lets the work it holds go on (a test's own condition: set it)
 
@@ -159,11 +160,14 @@ _open: dict[int, Word] = {}  # the words not freed yet
 
 def release_open_words() -> int:
     """Write each word not freed its opening value (the memory stays: the device may still
-    read it); how many there were."""
+    read it), and give the device a moment to pass the waits on them before the caller lets
+    the context, and the words' memory with it, go; how many there were."""
     words = list(_open.values())
     _open.clear()
     for word in words:
         word.value = word.opens
+    if words:  # (a test failed): a GPU passes them in microseconds, the stand-in in a poll
+        time.sleep(0.05)
     return len(words)
 
 

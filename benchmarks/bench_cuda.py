@@ -76,8 +76,8 @@ from aiostream._bench.cuda import (
     short_awaits,
     strategy_wait,
 )
+from aiostream._waiting import STRATEGIES  # the default first
 
-STRATEGIES = ("quiet", "hybrid", "poll", "thread", "callback")  # the default first
 TO_THREAD = "anyio.to_thread.run_sync(cuEventSynchronize)"
 LOOPS = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else []) + ["trio"]
 

@@ -33,8 +33,7 @@ import anyio
 from cuda_waits import print_beside
 
 import aiostream as ais
-
-STRATEGIES = ("quiet", "hybrid", "poll", "thread", "callback")
+from aiostream._waiting import STRATEGIES  # the default first
 
 
 class TorchCapture:

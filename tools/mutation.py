@@ -39,6 +39,7 @@ import argparse
 import ast
 import difflib
 import fnmatch
+import functools
 import io
 import json
 import os
@@ -101,7 +102,7 @@ MODULES: dict[str, Module] = {
         + _CUDA,
     ),
     "_waiting": Module(
-        ("aiostream/_waiting.py",),
+        tuple(f"aiostream/_waiting/{name}.py" for name in ("__init__", "waiters", "loops")),
         ("tests/waiting", "tests/internals/waiting", *_API, "tests/virtual", "tests/profiler")
         + ("tests/data", *_CUDA),
     ),
@@ -421,15 +422,16 @@ _NONE_FLAG = "None for False: read only as a truth value"
 _ORDERS = "ops is only compared with its own earlier values: any increase orders alike"
 _STRICT = "strict= is a check only: the lengths always agree"
 _INF = 'float() reads "inf" in any case'
+_W = functools.partial(_k, "_waiting/waiters.py")
 # fmt: off
 KNOWN: tuple[Known, ...] = (
     _k("event.py", "foreign_event", "True, False, False", "False , False -> True , False",
        "a foreign event never creates its handle, so its blocking flag is never read"),
-    _k("_waiters.py", "Entry.__init__", "self.finished = False", "False -> None", _NONE_FLAG),
-    _k("_waiters.py", "Entry.__init__", "self.dead = False", "False -> None", _NONE_FLAG),
-    _k("_waiters.py", "Waiter.__init__", "self._running = False", "False -> None", _NONE_FLAG),
-    _k("_waiters.py", "Waiter._watch", "self._kicked = False", "False -> None", _NONE_FLAG),
-    _k("_waiters.py", "Waiter._run", "not self._pending and self._registry", "and -> or",
+    _W("Entry.__init__", "self.finished = False", "False -> None", _NONE_FLAG),
+    _W("Entry.__init__", "self.dead = False", "False -> None", _NONE_FLAG),
+    _W("Waiter.__init__", "self._running = False", "False -> None", _NONE_FLAG),
+    _W("Waiter._watch", "self._kicked = False", "False -> None", _NONE_FLAG),
+    _W("Waiter._run", "not self._pending and self._registry", "and -> or",
        "both halves always hold when the task ends"),
     _k("data/loader.py", "_Here.__init__", "self._exhausted = False", "False -> None", _NONE_FLAG),
     _k("data/loader.py", "_Iteration.__init__", "self._closed = False", "False -> None",

@@ -2,7 +2,7 @@
 
 Backends deal in opaque handles and plain values; they know nothing of user objects, event loops
 or anyio. The user objects (``_objects.DeviceObject`` and its subclasses) hold a backend and a
-handle and never branch on the backend's kind; ``_waiting.py`` turns :class:`WaitTarget`
+handle and never branch on the backend's kind; ``_waiting`` turns :class:`WaitTarget`
 completion into task wake-ups.
 
 Handles are opaque but typed: :class:`Backend` is generic in the types of its stream, event,

@@ -16,7 +16,8 @@ import anyio
 import pytest
 
 import aiostream as ais
-from aiostream import _backends, _waiters
+from aiostream import _backends
+from aiostream._waiting import waiters
 from tests.helpers.cuda import DEV, host_function_launches
 from tests.helpers.deadlines import until
 from tests.helpers.gate import gate
@@ -27,8 +28,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("contract")]
 
 def spin_budget(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     """Every wait's check budget ``seconds``, whatever the recent waits took."""
-    monkeypatch.setattr(_waiters, "SPIN_MIN_S", seconds)
-    monkeypatch.setattr(_waiters, "SPIN_MAX_S", seconds)
+    monkeypatch.setattr(waiters, "SPIN_MIN_S", seconds)
+    monkeypatch.setattr(waiters, "SPIN_MAX_S", seconds)
 
 
 # ------------------------------------------------------ hybrid's handoff
@@ -178,7 +179,7 @@ async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_o
     """Polled waits cancelled behind a long one are not kept for the long one's lifetime: once
     there are ``_COMPACT_MIN`` of them, and more than the waits still pending, the waiter
     drops them all at once (a drop per cancel would cost O(n) each)."""
-    least = _waiters._COMPACT_MIN
+    least = waiters._COMPACT_MIN
     s = ais.Stream(DEV)
     release = gate(s)  # the work after it waits until the test releases it
     ais.delay(0.001, stream=s)
@@ -198,7 +199,7 @@ async def test_cancelled_polled_waits_are_dropped_once_they_outnumber_the_live_o
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait, head, anyio.CancelScope())
             await pending(1)
-            waiter = _waiters.waiter_for(_backends.get("cuda"), 0)
+            waiter = waiters.waiter_for(_backends.get("cuda"), 0)
 
             def polled() -> int:
                 return sum(len(lane) for lane in waiter._lanes.values())  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""What the waiter keeps alive: its record of the waits (``_waiters.Entry``), counted in the
+"""What the waiter keeps alive: its record of the waits (``waiters.Entry``), counted in the
 process. One long wait does not keep every later, finished one (the waiter compacts its
 record past ``_COMPACT_MIN`` settled entries), and an error a wait raised keeps none.
 
@@ -16,7 +16,7 @@ import anyio.lowlevel
 import pytest
 
 import aiostream as ais
-from aiostream import _waiters
+from aiostream._waiting import waiters
 from aiostream.virtual import VirtualClock
 from tests.helpers.waits import synchronize_keeping
 
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.anyio
 
 
 def entries() -> int:
-    """How many waits (``_waiters.Entry``) are alive in the process, after a collection."""
+    """How many waits (``waiters.Entry``) are alive in the process, after a collection."""
     gc.collect()
-    return sum(1 for o in gc.get_objects() if type(o) is _waiters.Entry)
+    return sum(1 for o in gc.get_objects() if type(o) is waiters.Entry)
 
 
 async def test_a_long_wait_does_not_keep_the_finished_ones_alive(clock: VirtualClock) -> None:
@@ -51,7 +51,7 @@ async def test_a_long_wait_does_not_keep_the_finished_ones_alive(clock: VirtualC
             await settle(1)
         alive = entries() - before
         assert ais.virtual.stats().waits == 1
-        assert alive <= 2 * 1 + _waiters._COMPACT_MIN + 1, alive  # 300 without compaction
+        assert alive <= 2 * 1 + waiters._COMPACT_MIN + 1, alive  # 300 without compaction
         tg.cancel_scope.cancel()
 
 

@@ -12,7 +12,8 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from aiostream import _waiters, _waiting
+from aiostream import _waiting
+from aiostream._waiting import waiters
 from tests.helpers.waits import ManualBackend
 
 pytestmark = pytest.mark.anyio
@@ -53,8 +54,8 @@ class _Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
     frozen = _Clock()
-    monkeypatch.setattr(_waiters, "_loop_time", frozen)
-    monkeypatch.setattr(_waiters, "_clock", frozen)
+    monkeypatch.setattr(waiters, "_loop_time", frozen)
+    monkeypatch.setattr(waiters, "_clock", frozen)
     return frozen
 
 
@@ -82,14 +83,14 @@ async def _until(predicate: Any) -> None:
 def asked(monkeypatch: pytest.MonkeyPatch) -> list[float | None]:
     """The sleeps the strategy waiter asks for."""
     delays: list[float | None] = []
-    sweep = _waiters.StrategyWaiter._sweep
+    sweep = waiters.StrategyWaiter._sweep
 
-    def recorded(self: _waiters.StrategyWaiter) -> float | None:
+    def recorded(self: waiters.StrategyWaiter) -> float | None:
         delay = sweep(self)
         delays.append(delay)
         return delay
 
-    monkeypatch.setattr(_waiters.StrategyWaiter, "_sweep", recorded)
+    monkeypatch.setattr(waiters.StrategyWaiter, "_sweep", recorded)
     return delays
 
 
@@ -105,7 +106,7 @@ async def test_a_wait_like_the_recent_ones_is_looked_at_near_its_end(
     async def drive() -> None:
         await anyio.lowlevel.checkpoint()
         start = clock.now
-        clock.now += 2 * _waiters.SPIN_MIN_S  # past the budget (the recent waits were long)
+        clock.now += 2 * waiters.SPIN_MIN_S  # past the budget (the recent waits were long)
         await _until(lambda: work.watched is not None)
         handed = work.peeks
         asked.clear()
@@ -114,7 +115,7 @@ async def test_a_wait_like_the_recent_ones_is_looked_at_near_its_end(
         assert work.peeks == handed
         # planned at the hand-over, 100 us in: 4 whole ms, to 150 us before the lead
         assert all(d == pytest.approx(0.0041 - 0.002) for d in asked), asked
-        clock.now = start + 0.005 - _waiters.NEAR_LEAD_S  # near the end: looked at every turn
+        clock.now = start + 0.005 - waiters.NEAR_LEAD_S  # near the end: looked at every turn
         await _until(lambda: work.peeks >= handed + 5)
         work.complete.set()
 
@@ -137,7 +138,7 @@ async def test_no_near_end_look_without_a_prediction(
 
     async def drive() -> None:
         await anyio.lowlevel.checkpoint()
-        clock.now += 2 * _waiters.SPIN_MAX_S
+        clock.now += 2 * waiters.SPIN_MAX_S
         await _until(lambda: work.watched is not None)
         handed = work.peeks
         for length in lengths:
@@ -156,8 +157,8 @@ async def test_no_near_end_look_without_a_prediction(
 
 
 def test_the_prediction_follows_alike_waits_only() -> None:
-    lengths = _waiters.Lengths()
-    for _ in range(_waiters.NEAR_SAMPLES - 1):
+    lengths = waiters.Lengths()
+    for _ in range(waiters.NEAR_SAMPLES - 1):
         lengths.add(0.002)
     assert lengths.predicted() is None  # too few
     lengths.add(0.002)
@@ -182,7 +183,7 @@ async def test_a_long_approach_is_taken_in_steps(
     async def drive() -> None:
         await anyio.lowlevel.checkpoint()
         start = clock.now
-        clock.now += 2 * _waiters.SPIN_MIN_S
+        clock.now += 2 * waiters.SPIN_MIN_S
         await _until(lambda: work.watched is not None)
         handed = work.peeks
         steps = []
@@ -192,12 +193,12 @@ async def test_a_long_approach_is_taken_in_steps(
             delay = asked[-1]
             if delay == 0.0:
                 break
-            assert delay is not None and delay <= _waiters.NEAR_STEP_S + 1e-9, delay
+            assert delay is not None and delay <= waiters.NEAR_STEP_S + 1e-9, delay
             assert work.peeks == handed  # no look while the end is far
             steps.append(delay)
             clock.now += delay  # the timer fires
         assert len(steps) >= 4, steps
-        assert clock.now - start >= 0.02 - _waiters.NEAR_LEAD_S - _waiters.TIMER_FLOOR_S
+        assert clock.now - start >= 0.02 - waiters.NEAR_LEAD_S - waiters.TIMER_FLOOR_S
         await _until(lambda: work.peeks >= handed + 3)
         work.complete.set()
 

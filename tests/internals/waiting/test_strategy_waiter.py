@@ -19,14 +19,15 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from aiostream import _waiters, _waiting
+from aiostream import _waiting
+from aiostream._waiting import waiters
 from tests.helpers.waits import ManualBackend
 
 pytestmark = pytest.mark.anyio
 
 
-def the_waiter() -> _waiters.Waiter:
-    (waiter,) = _waiters._registry.get().values()
+def the_waiter() -> waiters.Waiter:
+    (waiter,) = waiters._registry.get().values()
     return waiter
 
 
@@ -190,8 +191,8 @@ class _FrozenLoopTime:
 @pytest.fixture
 def loop_time(monkeypatch: pytest.MonkeyPatch) -> _FrozenLoopTime:
     frozen = _FrozenLoopTime()
-    monkeypatch.setattr(_waiters, "_loop_time", frozen)
-    monkeypatch.setattr(_waiters, "_clock", frozen)  # the check budget's
+    monkeypatch.setattr(waiters, "_loop_time", frozen)
+    monkeypatch.setattr(waiters, "_clock", frozen)  # the check budget's
     return frozen
 
 
@@ -204,7 +205,7 @@ async def test_hybrid_catches_short_waits_on_the_loop(
 
     async def finish_soon() -> None:
         await anyio.lowlevel.checkpoint()
-        loop_time.now += _waiters.SPIN_MAX_S / 2  # within the check budget
+        loop_time.now += waiters.SPIN_MAX_S / 2  # within the check budget
         work.complete.set()
 
     with anyio.fail_after(5):
@@ -222,7 +223,7 @@ async def test_hybrid_leaves_a_wait_past_its_window_to_the_backend(
 
     async def outlast_the_window() -> None:
         await anyio.lowlevel.checkpoint()
-        loop_time.now += 2 * _waiters.SPIN_MAX_S  # the budget has passed, work pending
+        loop_time.now += 2 * waiters.SPIN_MAX_S  # the budget has passed, work pending
         await anyio.sleep(0.02)
         checks = work.checks
         await anyio.sleep(0.02)
@@ -254,7 +255,7 @@ async def test_a_wait_complete_as_hybrid_hands_it_over_is_not_lost(
 
     async def outlast_the_window() -> None:
         await anyio.lowlevel.checkpoint()
-        loop_time.now += 2 * _waiters.SPIN_MAX_S
+        loop_time.now += 2 * waiters.SPIN_MAX_S
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -280,7 +281,7 @@ async def test_a_cancelled_wait_is_forgotten_at_once(anyio_backend: object) -> N
         await _waiting.wait(backend, 0, work, "work", strategy="thread")  # type: ignore[arg-type]
     assert scope.cancelled_caught and work.released
     await anyio.sleep(0.01)
-    assert _waiters._registry.get() == {}  # the waiter exited
+    assert waiters._registry.get() == {}  # the waiter exited
     work.complete.set()
 
 
@@ -348,14 +349,14 @@ async def test_poll_backs_off_to_half_the_age_then_to_2_ms(
     backend = ManualBackend()
     work = _Work("s", 0)
     asked: list[tuple[float, float | None]] = []  # (loop time, sleep asked for)
-    sweep = _waiters.StrategyWaiter._sweep
+    sweep = waiters.StrategyWaiter._sweep
 
-    def recorded(self: _waiters.StrategyWaiter) -> float | None:
+    def recorded(self: waiters.StrategyWaiter) -> float | None:
         delay = sweep(self)
         asked.append((loop_time.now, delay))
         return delay
 
-    monkeypatch.setattr(_waiters.StrategyWaiter, "_sweep", recorded)
+    monkeypatch.setattr(waiters.StrategyWaiter, "_sweep", recorded)
     since = loop_time.now
 
     async def asked_at(age: float) -> set[float | None]:
@@ -396,14 +397,14 @@ async def test_no_sleep_is_shorter_than_the_loop_timer(
     for one in between."""
     backend = ManualBackend()
     asked: list[float | None] = []
-    sweep = _waiters.StrategyWaiter._sweep
+    sweep = waiters.StrategyWaiter._sweep
 
-    def recorded(self: _waiters.StrategyWaiter) -> float | None:
+    def recorded(self: waiters.StrategyWaiter) -> float | None:
         delay = sweep(self)
         asked.append(delay)
         return delay
 
-    monkeypatch.setattr(_waiters.StrategyWaiter, "_sweep", recorded)
+    monkeypatch.setattr(waiters.StrategyWaiter, "_sweep", recorded)
     works = [_Work(lane, 0) for lane in "abc"]
     for i, work in enumerate(works):
         _complete_later(work, 0.004 + 0.003 * i)
@@ -416,7 +417,7 @@ async def test_no_sleep_is_shorter_than_the_loop_timer(
             for work in works:
                 tg.start_soon(wait, work)
     assert asked and 0.0 in asked  # it spun first
-    short = [d for d in asked if d is not None and 0.0 < d < _waiters.TIMER_FLOOR_S]
+    short = [d for d in asked if d is not None and 0.0 < d < waiters.TIMER_FLOOR_S]
     assert not short, short
 
 
@@ -429,13 +430,13 @@ async def test_the_backends_word_ends_the_wait_in_one_hop(
     backend = ManualBackend()
     target = _Told(0)
     events: list[str] = []
-    sweep = _waiters.StrategyWaiter._sweep
+    sweep = waiters.StrategyWaiter._sweep
 
-    def recorded(self: _waiters.StrategyWaiter) -> float | None:
+    def recorded(self: waiters.StrategyWaiter) -> float | None:
         events.append("sweep")
         return sweep(self)
 
-    monkeypatch.setattr(_waiters.StrategyWaiter, "_sweep", recorded)
+    monkeypatch.setattr(waiters.StrategyWaiter, "_sweep", recorded)
 
     def tell() -> None:
         target.complete = True
@@ -480,16 +481,16 @@ async def test_the_check_budget_follows_the_recent_waits(
             await _waiting.wait(backend, 0, work, "work", strategy="poll")  # type: ignore[arg-type]
 
     def budget() -> float:
-        return _waiters.waiter_for(backend, 0).budget()  # type: ignore[attr-defined,arg-type]
+        return waiters.waiter_for(backend, 0).budget()  # type: ignore[attr-defined,arg-type]
 
     with anyio.fail_after(5):
-        assert budget() == _waiters.SPIN_MAX_S  # nothing known yet
+        assert budget() == waiters.SPIN_MAX_S  # nothing known yet
         for _ in range(20):
             await one(100e-6)
-        assert budget() == pytest.approx(1.5 * 100e-6 + _waiters.SPIN_MIN_S)
+        assert budget() == pytest.approx(1.5 * 100e-6 + waiters.SPIN_MIN_S)
         for _ in range(20):
             await one(0.01)
-        assert budget() == _waiters.SPIN_MIN_S
+        assert budget() == waiters.SPIN_MIN_S
 
 
 async def test_at_most_spin_lanes_streams_are_checked_on_every_turn(
@@ -498,7 +499,7 @@ async def test_at_most_spin_lanes_streams_are_checked_on_every_turn(
     """Hybrid waits on more streams than ``SPIN_LANES`` at once: the others go to the
     backend at once, so that a turn's checks stay few however many streams wait."""
     backend = ManualBackend()
-    lanes = _waiters.SPIN_LANES + 5
+    lanes = waiters.SPIN_LANES + 5
     works = [_Work(str(i), 0) for i in range(lanes)]
 
     async def wait(work: _Work) -> None:
@@ -511,7 +512,7 @@ async def test_at_most_spin_lanes_streams_are_checked_on_every_turn(
             for _ in range(20):
                 await anyio.lowlevel.checkpoint()
             spinning = [w for w in works if w.watched is None]
-            assert len(spinning) == _waiters.SPIN_LANES
+            assert len(spinning) == waiters.SPIN_LANES
             assert all(w.peeks for w in spinning)
             for work in works:
                 work.complete.set()

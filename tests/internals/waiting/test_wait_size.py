@@ -11,7 +11,8 @@ import anyio
 import pytest
 
 import aiostream as ais
-from aiostream import _diagnostics, _waiters, _waiting
+from aiostream import _diagnostics, _waiting
+from aiostream._waiting import waiters
 from aiostream.virtual import VirtualClock
 from benchmarks.cuda_waits import pending_memory
 
@@ -38,5 +39,5 @@ async def test_a_pending_wait_is_one_coroutine_and_one_entry(clock: VirtualClock
         coroutines = [o for o in objects if getattr(o, "__qualname__", None) == "wait"]
         assert not [c for c in coroutines if getattr(c, "cr_code", None) is _waiting.wait.__code__]
         records = [o for o in objects if isinstance(o, _diagnostics.Record)]
-        assert len(records) == 100 and all(isinstance(r, _waiters.Entry) for r in records)
+        assert len(records) == 100 and all(isinstance(r, waiters.Entry) for r in records)
         clock.advance(1000.0)  # (one compute slot: the kernels run one after another)

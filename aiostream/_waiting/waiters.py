@@ -63,12 +63,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from . import _diagnostics
-from ._errors import AiostreamError
-from ._loops import loop_calls, task_name_of
+from .. import _diagnostics
+from .._errors import AiostreamError
+from .loops import loop_calls, task_name_of
 
 if TYPE_CHECKING:
-    from ._backends.base import AnyBackend, WaitTarget
+    from .._backends.base import AnyBackend, WaitTarget
 
 __all__ = ["Entry", "Lengths", "StrategyWaiter", "TimedWaiter", "Waiter", "waiter_for"]
 

@@ -1,10 +1,10 @@
 """Waits: how a task awaits device work (``synchronize()``), begun and ended here, and the
 wait strategies that say how a CUDA wait is watched.
 
-A wait's entry goes to its device's waiter on the running loop (``_waiters``): a background
+A wait's entry goes to its device's waiter on the running loop (``waiters``): a background
 task that watches every pending wait of that device and wakes the tasks whose work completed.
-What each strategy does is told there; what aiostream needs of the loop is in ``_loops``.
-These three are the only modules that touch event loops; everything else goes through anyio.
+What each strategy does is told there; what aiostream needs of the loop is in ``loops``.
+This package is the only one that touches event loops; everything else goes through anyio.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from . import _diagnostics, _hooks
-from ._errors import AiostreamError, DeviceError
-from ._loops import current_task, in_loop_thread, loop_calls, task_name, threadsafe_caller
-from ._waiters import Entry, waiter_for
+from .. import _diagnostics, _hooks
+from .._errors import AiostreamError, DeviceError
+from .loops import current_task, in_loop_thread, loop_calls, task_name, threadsafe_caller
+from .waiters import Entry, waiter_for
 
 if TYPE_CHECKING:
-    from ._backends.base import AnyBackend, WaitTarget
+    from .._backends.base import AnyBackend, WaitTarget
 
 __all__ = [
     "STRATEGIES",

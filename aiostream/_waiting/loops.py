@@ -1,6 +1,6 @@
 """What aiostream needs of the running event loop (asyncio, uvloop or trio): the task's name,
 a background task, a call from any thread, what a wait parks on, and whether a loop runs in
-this thread. With ``_waiting`` and ``_waiters``, the only modules that touch event loops;
+this thread. With the rest of ``_waiting``, the only package that touches event loops;
 everything else goes through anyio.
 """
 

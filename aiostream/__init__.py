@@ -45,9 +45,9 @@ except ImportError as _error:  # another distribution's files in this folder?
 
 if _TYPE_CHECKING:
     from . import virtual
-    from ._adapters import Adapter, register_adapter
-    from ._completions import wait
     from ._regions import record_function
+    from .completions.adapters import Adapter, register_adapter
+    from .completions.waits import wait
     from .data._staging import Batch
     from .data.buffers import DeviceBuffer, HostBuffer, copy_async, from_dlpack
     from .data.loader import DataLoader, LoaderStats
@@ -61,8 +61,8 @@ if _TYPE_CHECKING:
 # The rest is imported on first use (``import aiostream`` stays light: numpy, the profiler's
 # exporters and the loader load with what uses them): name -> its module.
 _LAZY = {
-    **dict.fromkeys(("Adapter", "register_adapter"), "_adapters"),
-    "wait": "_completions",
+    **dict.fromkeys(("Adapter", "register_adapter"), "completions.adapters"),
+    "wait": "completions.waits",
     **dict.fromkeys(("DeviceBuffer", "HostBuffer", "copy_async", "from_dlpack"), "data.buffers"),
     "Graph": "graph",
     **dict.fromkeys(("as_event", "as_stream"), "interop"),

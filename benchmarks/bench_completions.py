@@ -176,21 +176,21 @@ def idle_run(
 def idle_ours(loop: str, busy_cap: bool = False) -> float:
     """The poller, from when it has reached its idle pace; with ``busy_cap``, held at
     ``CAP_S`` instead (the pace it had before there was an idle one)."""
-    from aiostream import _completions
+    from aiostream.completions import waits
 
-    idle_cap = _completions.IDLE_CAP_S
+    idle_cap = waits.IDLE_CAP_S
     if busy_cap:
-        _completions.IDLE_CAP_S = _completions.CAP_S
+        waits.IDLE_CAP_S = waits.CAP_S
     try:
-        return idle_run(loop, ours, settle=_completions.IDLE_AFTER_S + 0.2)
+        return idle_run(loop, ours, settle=waits.IDLE_AFTER_S + 0.2)
     finally:
-        _completions.IDLE_CAP_S = idle_cap
+        waits.IDLE_CAP_S = idle_cap
 
 
 def idle_floor(loop: str) -> float:
     """Percent of a core of one task waking every ``IDLE_CAP_S`` (the poller's idle pace) and
     doing nothing: this machine's floor for that pace."""
-    from aiostream._completions import IDLE_CAP_S
+    from aiostream.completions.waits import IDLE_CAP_S
 
     async def ticking(_: Handle) -> None:
         while True:

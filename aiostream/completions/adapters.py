@@ -20,7 +20,7 @@ anything with ``done()``,              asked by the loop's poller  nothing more
 ``is_completed()`` or ``is_ready()``
 =====================================  ==========================  ============================
 
-This module imports nothing of the package: it sits at the ground, beside the hooks.
+It imports nothing of the package: ``waits`` builds on it.
 """
 
 from __future__ import annotations

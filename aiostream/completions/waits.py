@@ -31,11 +31,12 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 
-from . import _adapters, _check, _diagnostics, _hooks, _waiting
-from ._adapters import Adapter
-from ._errors import AiostreamError, CompletionError
-from .event import Event
-from .stream import Stream
+from .. import _check, _diagnostics, _hooks, _waiting
+from .._errors import AiostreamError, CompletionError
+from ..event import Event
+from ..stream import Stream
+from . import adapters
+from .adapters import Adapter
 
 __all__ = ["CAP_S", "IDLE_CAP_S", "MIN_S", "wait"]
 
@@ -72,7 +73,7 @@ class _Wait:
         self.handle = handle  # kept alive until its work is done, or the adapter cancels it
         self.adapter = adapter
         self.record = record
-        self.ask = _adapters.asker(adapter, handle)
+        self.ask = adapters.asker(adapter, handle)
         self.parked = poller.hooks.park()
         self.since = _loop_time()
         self.error: BaseException | None = None
@@ -418,12 +419,12 @@ async def wait(
         if isinstance(handle, (Event, Stream)):
             await _timed(handle, timeout)
             return
-        if _adapters.is_cuda_event(handle):
-            from .interop import as_event
+        if adapters.is_cuda_event(handle):
+            from ..interop import as_event
 
             await _timed(as_event(handle), timeout)
             return
-        adapter = _adapters.find(handle)
+        adapter = adapters.find(handle)
     await _foreign(handle, adapter, timeout, _subject(handle, adapter, what))
 
 
@@ -439,7 +440,7 @@ async def _timed(awaited: Event | Stream, timeout: float | None) -> None:
 
 async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject: str) -> None:
     kind = adapter.kind
-    ask = _adapters.asker(adapter, handle)
+    ask = adapters.asker(adapter, handle)
     if ask is not None:
         try:
             done = ask()

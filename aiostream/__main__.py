@@ -22,9 +22,9 @@ import anyio
 
 import aiostream as ais
 
-from . import _backends, _clash, _demo
-from ._bench import suite
-from ._demo import streams_demo
+from . import _backends, _clash
+from ._bench import demo, suite
+from ._bench.demo import streams_demo
 
 # ------------------------------------------------------------------ shared by the commands
 # The terminal, how the user ran the CLI, and the checks of more than one command.
@@ -36,7 +36,7 @@ LOOPS = ("asyncio", "uvloop", "trio")
 def _fit(text: str) -> str:
     """``text`` with each line longer than the terminal wrapped at spaces, its continuation
     indented two more than the line (a word longer than a line stays whole)."""
-    width = _demo.columns()
+    width = demo.columns()
     out: list[str] = []
     for line in text.splitlines():
         if len(line) <= width:
@@ -205,7 +205,7 @@ def _check_demo_memory(
     """Refuse a demo whose batch-sized buffers would take more than half of this machine's
     memory (each counted as host memory, where a virtual device keeps its own), or more than
     ``DEMO_MEMORY_UNKNOWN`` where the machine does not say how much it has."""
-    count = _demo.batch_buffers(prefetch, args.workers)
+    count = demo.batch_buffers(prefetch, args.workers)
     held = count * args.batch_kb * 1024
     memory = _physical_memory()
     bound = DEMO_MEMORY_UNKNOWN if memory is None else memory // 2
@@ -236,7 +236,7 @@ DEMO_TASK = "pipelined run"
 
 
 def _run_demo(args: argparse.Namespace, device: ais.Device, prefetch: int) -> int:
-    cfg = _demo.PipelineConfig(
+    cfg = demo.PipelineConfig(
         batches=args.batches,
         nbytes=args.batch_kb * 1024,
         host_s=args.host_ms / 1000,
@@ -258,13 +258,13 @@ def _run_demo(args: argparse.Namespace, device: ais.Device, prefetch: int) -> in
         sys.stderr.write(text)
         sys.stderr.flush()
 
-    bar = _demo.progress_bar(cfg.batches, to_stderr, live=live)
-    results: dict[str, _demo.PipelineResult] = {}
+    bar = demo.progress_bar(cfg.batches, to_stderr, live=live)
+    results: dict[str, demo.PipelineResult] = {}
 
     tracing = args.trace is not None or args.svg is not None
 
     async def pipelined() -> None:
-        results["pipe"] = await _demo.run_pipeline(cfg, progress=bar)
+        results["pipe"] = await demo.run_pipeline(cfg, progress=bar)
 
     async def run() -> None:
         with ais.profile(device) if tracing else contextlib.nullcontext() as prof:
@@ -276,7 +276,7 @@ def _run_demo(args: argparse.Namespace, device: ais.Device, prefetch: int) -> in
             profiles.append(prof)
         if live:
             sys.stderr.write("\n")
-        results["seq"] = await _demo.run_sequential(cfg)
+        results["seq"] = await demo.run_sequential(cfg)
 
     profiles: list[ais.Profiler] = []
     try:
@@ -287,7 +287,7 @@ def _run_demo(args: argparse.Namespace, device: ais.Device, prefetch: int) -> in
             raise
         if live:
             sys.stderr.write("\n")
-        count = _demo.batch_buffers(prefetch, args.workers)
+        count = demo.batch_buffers(prefetch, args.workers)
         return _failed(
             "demo",
             f"{str(failure) or type(failure).__name__} (the demo holds up to {count} buffers "
@@ -328,7 +328,7 @@ def _out_of_memory(exc: BaseException) -> BaseException | None:
     return None
 
 
-def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> str:
+def _pipeline_report(seq: demo.PipelineResult, pipe: demo.PipelineResult) -> str:
     def stage(name: str, sec: float) -> str:
         text = f"{name} {sec * 1000:.2f} ms"
         if name == "host" and seq.workers > 1:
@@ -338,7 +338,7 @@ def _pipeline_report(seq: _demo.PipelineResult, pipe: _demo.PipelineResult) -> s
     stages = ", ".join(stage(name, sec) for name, sec in seq.stage_s.items())
     # a busy machine's timings miss the bound by its load, not aiostream's cost: said
     cpus, busy = suite.load_words(os.cpu_count(), suite.load_average())
-    slowest, per_batch = _demo.bound(seq, pipe)
+    slowest, per_batch = demo.bound(seq, pipe)
     ideal = seq.batches * per_batch
     ok = {True: "checksum ok", False: "CHECKSUM MISMATCH"}
     return "\n".join(
@@ -413,7 +413,7 @@ def _bench_command(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
     sections = _names(parser, "--sections", args.sections, suite.SECTIONS)
     report = suite.run(loops, sections, args.quick)
     print(
-        json.dumps(report) if args.json else suite.table(report, max(80, min(100, _demo.columns())))
+        json.dumps(report) if args.json else suite.table(report, max(80, min(100, demo.columns())))
     )
     return 1 if suite.missed(report) else 0
 

@@ -33,7 +33,7 @@ import anyio
 import numpy as np
 
 import aiostream as ais
-from aiostream import _demo
+from aiostream._bench import demo
 from aiostream._bench.loader import real_time_pipeline
 from aiostream.testing import run_in_virtual_time
 
@@ -71,9 +71,7 @@ def section_real_time(batches: int, repeats: int, loops: list[str]) -> None:
     rows += [(loop, 1024, 1) for loop in loops]
     rows += [("asyncio", kb, 2) for kb in (64, 256, 4096)]
     for loop, kb, workers in rows:
-        cfg = _demo.PipelineConfig(
-            batches=batches, nbytes=kb * 1024, workers=workers, device=device
-        )
+        cfg = demo.PipelineConfig(batches=batches, nbytes=kb * 1024, workers=workers, device=device)
         eff, speedup, peak, ok, slowest = real_time_pipeline(loop, cfg, repeats)
         print(
             f"   {loop:8} {f'{kb} KiB':>8} {workers:7} {slowest:>14} {eff:16.3f} "
@@ -199,10 +197,10 @@ def section_workers(items: int, repeats: int, loops: list[str], costs: tuple[int
 
 def measure_virtual(
     loop: str, batches: int, host_ms: float, copy_ms: float, compute_ms: float, prefetch: int
-) -> tuple[_demo.PipelineResult, _demo.PipelineResult, float]:
+) -> tuple[demo.PipelineResult, demo.PipelineResult, float]:
     nbytes = 64 * 1024
     bandwidth = nbytes / (copy_ms / 1000 - LATENCY)
-    cfg = _demo.PipelineConfig(
+    cfg = demo.PipelineConfig(
         batches=batches,
         nbytes=nbytes,
         host_s=host_ms / 1000,
@@ -212,8 +210,8 @@ def measure_virtual(
         device=ais.Device("virtual", 0),
     )
     options: dict[str, Any] = {"bandwidth": bandwidth, "latency": LATENCY}
-    pipe = run_in_virtual_time(_demo.run_pipeline, cfg, backend=loop, **options)
-    seq = run_in_virtual_time(_demo.run_sequential, cfg, backend=loop, **options)
+    pipe = run_in_virtual_time(demo.run_pipeline, cfg, backend=loop, **options)
+    seq = run_in_virtual_time(demo.run_sequential, cfg, backend=loop, **options)
     return pipe, seq, max(host_ms, copy_ms, compute_ms) / 1000
 
 

@@ -30,7 +30,8 @@ import anyio
 import numpy as np
 
 import aiostream as ais
-from aiostream import _backends, _demo
+from aiostream import _backends
+from aiostream._bench import demo
 
 
 def skip_reason() -> str | None:
@@ -64,7 +65,7 @@ class Items:
         return out  # the loader makes it a tensor, then pins it
 
 
-def torch_pipeline(cfg: _demo.PipelineConfig, workers: int) -> tuple[float, bool]:
+def torch_pipeline(cfg: demo.PipelineConfig, workers: int) -> tuple[float, bool]:
     """Seconds for the timed epoch, and whether every checksum matched."""
     import torch
     from torch.utils.data import DataLoader
@@ -111,16 +112,16 @@ def torch_pipeline(cfg: _demo.PipelineConfig, workers: int) -> tuple[float, bool
                 done[slot].synchronize()
                 total += float(ring[slot].sum(dtype=torch.float64))
     seconds = time.perf_counter() - t0
-    expected = _demo._expected(cfg)
+    expected = demo._expected(cfg)
     return seconds, abs(total - expected) <= 1e-6 * max(1.0, abs(expected))
 
 
-def aiostream_pipeline(cfg: _demo.PipelineConfig) -> tuple[float, bool]:
-    async def main() -> _demo.PipelineResult:
-        await _demo.run_pipeline(
-            _demo.PipelineConfig(batches=8, nbytes=cfg.nbytes, device=cfg.device)
+def aiostream_pipeline(cfg: demo.PipelineConfig) -> tuple[float, bool]:
+    async def main() -> demo.PipelineResult:
+        await demo.run_pipeline(
+            demo.PipelineConfig(batches=8, nbytes=cfg.nbytes, device=cfg.device)
         )  # warm up
-        return await _demo.run_pipeline(cfg)
+        return await demo.run_pipeline(cfg)
 
     result = anyio.run(main)
     return result.seconds, result.checksum_ok
@@ -150,7 +151,7 @@ def main() -> None:
     print(f"{'workers':>7} {'pipeline':28} {'batches/s':>10} {'of 1/compute':>13} check")
     bound = 1000 / args.compute_ms
     for workers in map(int, args.workers.split(",")):
-        cfg = _demo.PipelineConfig(
+        cfg = demo.PipelineConfig(
             batches=batches,
             host_s=args.host_ms / 1000,
             compute_s=args.compute_ms / 1000,

@@ -7,29 +7,29 @@ import statistics
 
 import aiostream as ais
 
-from .. import _demo
+from . import demo
 from .core import run_on
 
 
 def real_time_pipeline(
-    loop: str, cfg: _demo.PipelineConfig, repeats: int
+    loop: str, cfg: demo.PipelineConfig, repeats: int
 ) -> tuple[float, float, str, bool, str]:
     """Median efficiency and speed-up over ``repeats`` pipelined runs, one sequential run
     measuring the stages, all in one process on ``loop``; the worst peak of buffers in use
     and the pool's size; checks; bottleneck."""
 
-    async def main() -> tuple[_demo.PipelineResult, list[_demo.PipelineResult]]:
+    async def main() -> tuple[demo.PipelineResult, list[demo.PipelineResult]]:
         ais.virtual.reset()  # a fresh device on the monotonic clock
-        await _demo.run_pipeline(
-            _demo.PipelineConfig(batches=4, nbytes=cfg.nbytes, device=cfg.device)
+        await demo.run_pipeline(
+            demo.PipelineConfig(batches=4, nbytes=cfg.nbytes, device=cfg.device)
         )  # warm up
-        seq = await _demo.run_sequential(cfg)
-        return seq, [await _demo.run_pipeline(cfg) for _ in range(repeats)]
+        seq = await demo.run_sequential(cfg)
+        return seq, [await demo.run_pipeline(cfg) for _ in range(repeats)]
 
     seq, pipes = run_on(loop, main)
     effs, names = [], []
     for p in pipes:
-        name, per_batch = _demo.bound(seq, p)
+        name, per_batch = demo.bound(seq, p)
         effs.append(seq.batches * per_batch / p.seconds)
         names.append(name)
     speedup = statistics.median(seq.seconds / p.seconds for p in pipes)

@@ -24,8 +24,8 @@ from typing import Any, Protocol, TextIO
 
 import aiostream as ais
 
-from .. import _backends, _demo
-from . import core, cuda, loader, scale
+from .. import _backends
+from . import core, cuda, demo, loader, scale
 
 SECTIONS = ("core", "scale", "loader", "cuda")
 
@@ -172,7 +172,7 @@ def _memory(n: int) -> list[Row]:
 def _loader(loop: str, quick: bool) -> list[Row]:
     # 100 batches in --quick too: in fewer, the pipeline's fill and drain weigh on the
     # efficiency (30 batches gave 0.88-0.89 where 100 gave 0.96-0.97)
-    cfg = _demo.PipelineConfig(batches=100, device=ais.Device("virtual", 0))
+    cfg = demo.PipelineConfig(batches=100, device=ais.Device("virtual", 0))
     eff, speedup, _, ok, _ = loader.real_time_pipeline(loop, cfg, repeats=1)
     if not ok:
         raise AssertionError("the loader pipeline's checksum did not match")
@@ -304,7 +304,7 @@ class Progress:
             f"[{'#' * filled}{'.' * (width - filled)}] {index}/{len(self.todo)} steps, "
             f"{time.perf_counter() - self.started:4.0f} s: {label}"
         )
-        self.out.write(_demo.redraw(line) if self.live else line + "\n")
+        self.out.write(demo.redraw(line) if self.live else line + "\n")
         if self.live and index == len(self.todo):
             self.out.write("\n")
         self.out.flush()

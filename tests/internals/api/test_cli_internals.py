@@ -1,4 +1,4 @@
-"""The CLI's insides (``aiostream._bench``, ``aiostream._demo``): how ``bench`` judges a row
+"""The CLI's insides (``aiostream._bench``, ``aiostream._bench.demo``): how ``bench`` judges a row
 against its goal and reports a missed one (its run replaced by a report made here), and the
 live progress lines of ``bench`` and ``demo``, which a terminal redraws in place. The commands
 themselves run in ``tests/tooling/test_cli.py``."""
@@ -131,11 +131,12 @@ def test_the_bench_table_fits_80_columns_with_long_sizes_and_many_gpus() -> None
 @pytest.mark.parametrize("columns", [40, 60, 80, 200])
 def test_a_live_progress_line_never_wraps(columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Redrawn in place, a line must fit the terminal: a wrapped one leaves stale lines."""
-    from aiostream import _bench, _demo
+    from aiostream import _bench
+    from aiostream._bench import demo
 
     monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((columns, 24)))
     seen: list[str] = []
-    _demo.progress_bar(100, seen.append, live=True)(37)
+    demo.progress_bar(100, seen.append, live=True)(37)
     bar = _bench.suite.Progress([_bench.suite.Step("core (asyncio)", 1.0, list)] * 3, _Tty())
     bar.show(1)
     for text in [*seen, bar.out.written]:

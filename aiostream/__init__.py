@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from typing import Any as _Any
 
 #: which distribution wrote this file: another project's ``aiostream/__init__.py`` has none
-#: (``_clash.shadowed`` reads it)
+#: (``_distribution.shadowed`` reads it)
 _DISTRIBUTION = "aiostream-cuda"
 
 try:  # the core: devices, streams, events and waits
@@ -38,7 +38,7 @@ try:  # the core: devices, streams, events and waits
         use_stream,
     )
 except ImportError as _error:  # another distribution's files in this folder?
-    from ._clash import explain as _explain
+    from ._distribution import explain as _explain
 
     _explain(_error)
     raise
@@ -77,14 +77,14 @@ _LAZY = {
 
 def __getattr__(name: str) -> _Any:
     if name == "__version__":
-        from ._version import version
+        from ._distribution import version
 
         value: _Any = version()
     elif name in _LAZY:
         try:
             module = _importlib.import_module(f".{_LAZY[name]}", __name__)
         except ImportError as error:  # another distribution's files in this folder?
-            from ._clash import explain
+            from ._distribution import explain
 
             explain(error)
             raise

@@ -22,7 +22,7 @@ import anyio
 
 import aiostream as ais
 
-from . import _backends, _clash
+from . import _backends, _distribution
 from ._bench import demo, suite
 from ._bench.demo import streams_demo
 
@@ -166,9 +166,9 @@ def info() -> str:
         lines.append(f"default device: {ais.device()}")
     except (ValueError, ais.AiostreamError) as exc:
         lines.append(f"default device: none ({exc})")
-    other = _clash.other_distribution()
+    other = _distribution.other_distribution()
     if other is not None:
-        lines.append(f"CONFLICT: {_clash.advice(other)}")
+        lines.append(f"CONFLICT: {_distribution.advice(other)}")
     return "\n".join(lines)
 
 
@@ -713,7 +713,7 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
-    shadowed = _clash.shadowed(ais)
+    shadowed = _distribution.shadowed(ais)
     if shadowed is not None:  # another project's aiostream/__init__.py: say so, not a traceback
         print(_fit(f"python -m aiostream: {shadowed}"), file=sys.stderr)
         return 1

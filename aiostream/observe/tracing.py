@@ -92,7 +92,7 @@ class Tracing(Listening):
                 f"tracer_provider must be an OpenTelemetry TracerProvider, got {tracer_provider!r}"
             )
         trace, context = _api()
-        from .._version import version
+        from .._distribution import version
 
         self._trace, self._context = trace, context
         self._tracer = trace.get_tracer("aiostream", version(), tracer_provider=tracer_provider)

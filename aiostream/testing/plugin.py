@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from .. import _backends, _clash, _hooks
+from .. import _backends, _distribution, _hooks
 from .._backends.virtual import Isolation, VirtualBackend, VirtualOptions
 from .._objects import DeviceObject
 from .._virtual_time import Unsupported, VirtualTime, format_timeline, running
@@ -76,7 +76,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     import aiostream
 
-    shadowed = _clash.shadowed(aiostream)
+    shadowed = _distribution.shadowed(aiostream)
     if shadowed is not None:  # another project's aiostream/__init__.py replaced this one's
         raise pytest.UsageError(f"aiostream's pytest plugin: {shadowed}")
     folder = config.getoption("aiostream_timelines")

@@ -160,7 +160,7 @@ def test_a_release_of_the_other_project_with_our_names_is_still_found_out(
     site = tmp_path / "site"
     _installed_after(site)
     (site / "aiostream" / "__init__.py").write_text("Stream = device = None\n")
-    code = "import aiostream, aiostream._clash as c\nprint(c.shadowed(aiostream))\n"
+    code = "import aiostream, aiostream._distribution as c\nprint(c.shadowed(aiostream))\n"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

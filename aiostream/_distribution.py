@@ -1,4 +1,5 @@
-"""The unrelated PyPI project ``aiostream`` uses this package's import name.
+"""This distribution: its name and version, and the unrelated PyPI project ``aiostream``,
+which uses this package's import name.
 
 Installed into one environment, pip lays both distributions' files into one ``aiostream/``
 folder without a word: imports inside the package then fail in ways that name neither
@@ -10,6 +11,7 @@ the folder is.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import re
 import sys
@@ -17,6 +19,16 @@ from pathlib import Path
 
 #: this project's distribution
 OURS = "aiostream-cuda"
+
+
+@functools.cache
+def version() -> str:
+    """This distribution's version, read from its metadata on first use (``import aiostream``
+    reads nothing); ``0+unknown`` in a source tree that was not installed."""
+    try:
+        return importlib.metadata.version(OURS)
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def _normal(name: str) -> str:

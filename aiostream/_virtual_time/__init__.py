@@ -4,7 +4,8 @@ benchmarks outside pytest (:func:`run_in_virtual_time`). Needs no pytest.
 
 It sits below what uses it: :mod:`aiostream.testing` re-exports its public names, the plugin
 binds it to a test, and ``_bench.calibrate`` runs a virtual device on it; none of the library
-imports :mod:`aiostream.testing` (``lint-imports`` says so).
+imports :mod:`aiostream.testing` (``lint-imports`` says so). On asyncio, the loop's clock is made
+virtual by :mod:`.asyncio_clock` (trio has its own ``MockClock``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any, TypeVar
 import anyio
 import sniffio
 
-from . import _backends, _fake_time
-from ._backends.virtual import OpRecord, VirtualBackend, VirtualOptions
+from .. import _backends
+from .._backends.virtual import OpRecord, VirtualBackend, VirtualOptions
+from . import asyncio_clock
 
 _TRIO_CLOCK_HINT = (
     "virtual_time on trio needs trio's MockClock; the plugin gives anyio's runner one, but this "
@@ -163,14 +165,14 @@ def _loop_clock(library: str) -> Iterator[Callable[[], float]]:
             clock.autojump_threshold = threshold
         return
     loop = asyncio.get_running_loop()
-    if not _fake_time.supported(loop):
+    if not asyncio_clock.supported(loop):
         kind = f"{type(loop).__module__}.{type(loop).__name__}"
         raise Unsupported(
             f"virtual_time cannot fake the clock of {kind} (uvloop keeps its own, in "
             "libuv); run this test on asyncio's default loop or on trio",
             skip=True,
         )
-    fake = _fake_time.FakeLoopTime(loop)
+    fake = asyncio_clock.FakeLoopTime(loop)
     with fake.installed():
         yield fake.time
 

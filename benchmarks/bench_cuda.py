@@ -213,12 +213,15 @@ def section_3(args: argparse.Namespace) -> None:
     )
     for waits, streams in sizes:
         for loop in LOOPS:
-            # the CPU ratio is the median of three runs up to 1,000 waits (the sleeping tasks'
-            # own CPU varies 2x between runs on a shared machine); the rest is the first run's
+            # CPU per wait is the median of five runs up to 1,000 waits, each side's own (on a
+            # shared machine either side's CPU varies up to 2x between runs, independently of
+            # the other's: one run's quiet baseline is no measure of the cost); the rest is
+            # the first run's
             runs = [scale(waits, streams, loop, args.scale_strategy)]
             if waits <= 1_000 and not args.quick:
-                runs += [scale(waits, streams, loop, args.scale_strategy) for _ in range(2)]
-            ratio = statistics.median(x.cpu_per_wait_us / x.timer_cpu_per_wait_us for x in runs)
+                runs += [scale(waits, streams, loop, args.scale_strategy) for _ in range(4)]
+            cpu = statistics.median(x.cpu_per_wait_us for x in runs)
+            timer_cpu = statistics.median(x.timer_cpu_per_wait_us for x in runs)
             r = runs[0]
             peak, after = (
                 "/".join(str(h.get(k, 0)) for k in ("streams", "events", "slots"))
@@ -228,11 +231,11 @@ def section_3(args: argparse.Namespace) -> None:
                 f"   {waits:>6,} {streams:>7,} {loop:8} {r.cancelled:>6} "
                 f"{f'{r.threads_peak}/{r.threads_settled}':>14} "
                 f"{f'{r.ours_peak}/{r.ours_settled}':>11} {peak:>11} {after:>10} "
-                f"{f'{r.cpu_per_wait_us:.1f} ({r.timer_cpu_per_wait_us:.1f})':>16} "
+                f"{f'{cpu:.1f} ({timer_cpu:.1f})':>16} "
                 f"{f'{r.late_median_us:.0f} ({r.timer_late_median_us:.0f})':>16} "
-                f"{f'{r.late_p99_us:.0f} ({r.timer_late_p99_us:.0f})':>16} {ratio:>6.2f}"
+                f"{f'{r.late_p99_us:.0f} ({r.timer_late_p99_us:.0f})':>16} {cpu / timer_cpu:>6.2f}"
             )
-    runs = "one run" if args.quick else "the median of 3 runs up to 1,000 waits"
+    runs = "one run" if args.quick else "medians of 5 runs up to 1,000 waits"
     print(
         "   (in brackets: tasks sleeping on the loop's timer until the same moments; CPU: the "
         f"loop's thread and aiostream's, not the driver's; CPU x: over the sleeping tasks, "

@@ -235,11 +235,11 @@ def section_3(args: argparse.Namespace) -> None:
                 f"{f'{r.late_median_us:.0f} ({r.timer_late_median_us:.0f})':>16} "
                 f"{f'{r.late_p99_us:.0f} ({r.timer_late_p99_us:.0f})':>16} {cpu / timer_cpu:>6.2f}"
             )
-    runs = "one run" if args.quick else "medians of 5 runs up to 1,000 waits"
+    runs = "one run" if args.quick else "each side's median of 5 runs up to 1,000 waits"
     print(
         "   (in brackets: tasks sleeping on the loop's timer until the same moments; CPU: the "
-        f"loop's thread and aiostream's, not the driver's; CPU x: over the sleeping tasks, "
-        f"goal at most 2, {runs})"
+        f"loop's thread and aiostream's, not the driver's, per wait: {runs}, the other columns "
+        "the first run's; CPU x: ours over the sleeping tasks', goal at most 2)"
     )
 
 

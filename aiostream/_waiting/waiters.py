@@ -42,7 +42,7 @@ learns it, and whether the loop also polls it:
   back-off. No host function: nothing is added to the user's stream but the flag's write.
 - ``callback``: the watcher alone, woken by the host function.
 
-Everything else goes through anyio; the loop-specific pieces (``_loops``) are how a background
+Everything else goes through anyio; the loop-specific pieces (``loops``) are how a background
 task is spawned and how a foreign thread wakes the loop (``call_soon_threadsafe`` on asyncio and
 uvloop, ``TrioToken.run_sync_soon`` on trio).
 """

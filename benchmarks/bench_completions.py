@@ -15,7 +15,9 @@ the two ways programs wait for them today, measured in the same run.
    ranks in this process (the second rank joins each collective at its moment) and Dask
    futures of tasks on an in-process cluster (each ends at its moment); lateness against the
    moment the work was completed (the future resolved, the rank joined, the task returned),
-   and for gloo and Dask also against their own done-callback (what aiostream adds).
+   and for gloo and Dask also against their own done-callback (what aiostream adds); beside
+   them, 250 tasks sleeping on the loop's timer until moments of their own: the floor that
+   the same load leaves the loop.
 3. Idle: CPU while 1,000 handles that never complete sit pending, over 2 s once the poller
    has reached its idle pace (goal: under 1 % of a core), against the same poller held at its
    busy cap (``CAP_S`` throughout: the pace before the idle one), the polling tasks, and one
@@ -230,7 +232,8 @@ def _until(at: float) -> float:
 
 def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
     """A quarter each of synthetic handles, futures, gloo work and Dask futures; lateness by
-    kind."""
+    kind, and of as many tasks sleeping on the loop's timer meanwhile (the loop's own floor under
+    the same load)."""
     try:
         import datetime
 
@@ -269,6 +272,7 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
             "concurrent.futures": [],
             "gloo": [],
             "dask": [],
+            "timer": [],  # tasks sleeping on the loop's timer until moments of their own
         }
         told: dict[str, list[float]] = {"gloo": [], "dask": []}  # after the library said so
         synthetic = [Handle(INF) for _ in range(third)]
@@ -313,6 +317,10 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
 
         began = 0
 
+        async def sleeper(at: float) -> None:
+            await anyio.sleep(max(0.0, at - time.monotonic()))
+            late["timer"].append(time.monotonic() - at)
+
         async def one(kind: str, h: Any) -> None:
             nonlocal began
             began += 1
@@ -344,6 +352,8 @@ def real_kinds_run(loop: str, n: int = 1000) -> dict[str, dict[str, float]]:
                 h.at = at
             moments_of["futures"] = sorted(moments(third, start, seed=3))
             moments_of["gloo"] = sorted(moments(third, start, seed=4))
+            for at in moments(third, start, seed=6):  # the floor, under the same load
+                tg.start_soon(sleeper, at)
             threads = [threading.Thread(target=resolver)]
             if gloo:
                 threads.append(threading.Thread(target=other_rank))
@@ -386,7 +396,10 @@ def main() -> None:
                 r = lateness_run(loop, n, method)
                 row += [f"{r['median_ms']:.2f}", f"{r['p99_ms']:.2f}", f"{r['cpu_per_1000']:.3f}"]
             print("| " + " | ".join(row) + " |", flush=True)
-    print("\n2. real kinds, 1,000 handles (a quarter each): lateness median / p99 (ms)")
+    print(
+        "\n2. real kinds, 1,000 handles (a quarter each): lateness median / p99 (ms); timer: "
+        "250 tasks sleeping until moments of their own meanwhile, the loop's floor"
+    )
     for loop in loops:
         by_kind = real_kinds_run(loop)
         cells = ", ".join(

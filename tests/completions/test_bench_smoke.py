@@ -15,4 +15,6 @@ def test_the_completions_benchmark_runs() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "| asyncio | 100 |" in proc.stdout
+    # section 2: the real kinds beside the loop's own floor under the same load
+    assert "- asyncio: done() " in proc.stdout and ", timer " in proc.stdout
     assert "0 listed" in proc.stdout and "0 left" in proc.stdout

@@ -705,8 +705,11 @@ class Watcher:
         if failed:  # host functions never run after a fault: tell everyone (each raises it)
             for target in list(self.watched):
                 self._fire(target, due)
-        if due:  # more may come soon: the back-off halves (new waits restart it: watch())
-            self.progress_at = now - (now - self.progress_at) / 2
+        if due:  # more may come soon: the back-off halves (new waits restart it: watch()),
+            # and after a long quiet the waits are young again (the first completion of a
+            # burst would else leave the rest to the slow polls of the quiet: 8 ms here)
+            quiet = min((now - self.progress_at) / 2, YOUNG_S / 2)
+            self.progress_at = now - quiet
             self.batch_until = now + POLL_BATCH_S
         return due
 

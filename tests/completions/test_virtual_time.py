@@ -71,3 +71,38 @@ async def test_a_transfer_is_listed_while_pending(virtual_time: VirtualTime) -> 
         tg.cancel_scope.cancel()
     assert wait.subject == "weights ending at 1.000000000 s"
     assert wait.device == "virtual.transfer"
+
+
+class _At:
+    """Done once the loop's (virtual) clock reaches ``at``."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def done(self) -> bool:
+        return anyio.current_time() >= self.at
+
+
+async def _lateness(after: float) -> float:
+    """How late the poller sees a handle done ``after`` seconds after another one's completion
+    (both waited on from the start, 10 ms before the first is done)."""
+    start = anyio.current_time()
+    first, second = _At(start + 0.01), _At(start + 0.01 + after)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ais.wait, first)
+        await ais.wait(second)
+        return anyio.current_time() - second.at
+
+
+async def test_a_polled_handle_is_seen_within_half_the_time_since_the_last(
+    virtual_time: VirtualTime,
+) -> None:
+    """docs/completions.md: after a completion the poller asks every millisecond, then every
+    half of the time since the last completion, so a handle done some time after the last
+    completion is seen at most a millisecond plus half that time late (these 40: up to 0.47;
+    paced by the whole time since, up to 0.69)."""
+    afters = [0.004 + 0.0037 * i for i in range(40)]  # 4 to 148 ms, at every phase of the pace
+    lates = [await _lateness(after) for after in afters]
+    assert min(lates) >= 0.0
+    worst = max((late - 0.001) / after for late, after in zip(lates, afters, strict=True))
+    assert worst <= 0.5, worst

@@ -221,7 +221,7 @@ def scale(
             peak["ours"] = max(peak["ours"], aiostream_threads())
             turns += 1
             if turns % 10:  # held() sweeps the flags and wakes the watcher for what it
-                continue  # finds: asked every 5 ms, it added a tenth of the watcher's wakes
+                continue  # finds: asked every 5 ms, it made a quarter of the watcher's wakes
             for key, value in cuda.held(0).items():  # type: ignore[attr-defined]
                 held_peak[key] = max(held_peak.get(key, 0), value)
 

@@ -707,7 +707,8 @@ class Watcher:
                 self._fire(target, due)
         if due:  # more may come soon: the back-off halves (new waits restart it: watch()),
             # and after a long quiet the waits are young again (the first completion of a
-            # burst would else leave the rest to the slow polls of the quiet: 8 ms here)
+            # burst would else leave the rest to the quiet's slow polls: 8 ms apart where a
+            # wake-up costs 40 us)
             quiet = min((now - self.progress_at) / 2, YOUNG_S / 2)
             self.progress_at = now - quiet
             self.batch_until = now + POLL_BATCH_S

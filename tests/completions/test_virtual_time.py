@@ -97,8 +97,8 @@ async def _lateness(after: float) -> float:
 async def test_a_polled_handle_is_seen_within_half_the_time_since_the_last(
     virtual_time: VirtualTime,
 ) -> None:
-    """docs/completions.md: after a completion the poller asks every millisecond, then every
-    half of the time since the last completion, so a handle done some time after the last
+    """docs/completions.md: after a completion the poller asks every millisecond, then after
+    half the time since the last completion, so a handle done some time after the last
     completion is seen at most a millisecond plus half that time late (these 40: up to 0.47;
     paced by the whole time since, up to 0.69)."""
     afters = [0.004 + 0.0037 * i for i in range(40)]  # 4 to 148 ms, at every phase of the pace

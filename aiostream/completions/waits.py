@@ -22,6 +22,7 @@ cancelled is kept, and asked at the slowest pace, until its work is done.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import threading
@@ -438,6 +439,14 @@ async def _timed(awaited: Event | Stream, timeout: float | None) -> None:
         raise TimeoutError(f"{awaited!r} was not done after {timeout:g} s; its work goes on")
 
 
+async def _outcome(adapter: Adapter, handle: Any) -> None:
+    """Raise the done work's error, as its adapter learns it (at once, or by awaiting)."""
+    if adapter.result is not None:
+        outcome = adapter.result(handle)
+        if inspect.isawaitable(outcome):
+            await outcome
+
+
 async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject: str) -> None:
     kind = adapter.kind
     ask = adapters.asker(adapter, handle)
@@ -453,8 +462,7 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
             raise refused from exc
         if done:  # the fast path: one checkpoint
             await _waiting.observed(subject, kind)
-            if adapter.result is not None:
-                adapter.result(handle)
+            await _outcome(adapter, handle)
             return
     task = _waiting.task_name()
     poller = _poller()
@@ -483,8 +491,8 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
         except BaseException:
             poller.cancel(entry)
             raise
-        if entry.error is None and adapter.result is not None:
-            adapter.result(handle)  # the library's own exception, if the work failed
+        if entry.error is None:
+            await _outcome(adapter, handle)  # the library's own exception, if the work failed
     except BaseException as exc:
         raised = exc
         raise

@@ -1,5 +1,7 @@
 """``aiostream.wait()`` of Dask ``distributed`` futures, on a local in-process cluster: they
-call back (never polled), and a failed task raises its own exception."""
+call back (never polled), a failed task raises its own exception, with a synchronous client or
+an asynchronous one, and a wait needs nothing of Dask's own loop thread once the task is done
+(``Future.result()`` would fetch the value through it)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,10 @@ def _broken() -> None:
     raise KeyError("the task's own")
 
 
+def _value() -> bytes:
+    return b"x" * 1024
+
+
 async def test_a_dask_future_calls_back_when_its_task_ends(client: Any) -> None:
     GATE.clear()
     future = client.submit(_held, pure=False)
@@ -64,3 +70,42 @@ async def test_a_failed_dask_task_raises_its_own_exception(client: Any) -> None:
     future = client.submit(_broken, pure=False)
     with pytest.raises(KeyError, match="the task's own"), deadline(30, "a failing dask task"):
         await ais.wait(future)
+
+
+async def test_a_done_task_is_awaited_without_dask_s_loop_thread(client: Any) -> None:
+    future = client.submit(_value, pure=False)
+    with deadline(30, "a dask task"):
+        await ais.wait(future)
+    holding, release, let_go = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:  # Dask's loop thread, held until the wait below is over (or 5 s)
+        holding.set()
+        if not release.wait(5):
+            let_go.set()
+
+    client.loop.add_callback(hold)
+    assert holding.wait(10), "Dask's loop thread never ran the hold"
+    try:
+        await ais.wait(future)  # done: returns at once, its loop thread still held
+    finally:
+        release.set()
+    assert not let_go.is_set(), "the wait waited for Dask's loop thread"
+    assert future.result() == b"x" * 1024
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # Dask's async client runs on asyncio
+async def test_a_failed_task_of_an_asynchronous_client_raises_its_own(anyio_backend: str) -> None:
+    async with distributed.Client(
+        processes=False,
+        n_workers=1,
+        threads_per_worker=1,
+        dashboard_address=":0",  # (with None its scheduler warned that 8787 was taken)
+        asynchronous=True,
+    ) as client:
+        failed = client.submit(_broken, pure=False)
+        finished = client.submit(_value, pure=False)
+        with deadline(30, "an asynchronous client's tasks"):
+            with pytest.raises(KeyError, match="the task's own"):
+                await ais.wait(failed)
+            await ais.wait(finished)
+        assert await finished == b"x" * 1024

@@ -1,17 +1,18 @@
 """One awaitable for every completion: ``await aiostream.wait(handle)`` for the handles of
 other libraries (collectives, transfers, arrays, futures) as for aiostream's own events.
 
-Each event loop has one :class:`_Poller`, made on the first foreign wait and gone once none
-is left. Handles that can call back (futures) are never polled: the callback, inline or on
-any thread, hops to the loop once (hops coalesced: one in flight at a time). Handles that can
-only be asked are asked by the poller, all of them on each sweep, at a pace set by the
-completion rate: every ``MIN_S`` right after a completion or a new wait, then half the time
-since the last one, up to ``CAP_S``, and ``IDLE_CAP_S`` once nothing has completed or begun
-for ``IDLE_AFTER_S``. ``MIN_S`` is 1 ms: asyncio's and trio's timers round up to it anyway.
-A sweep of 1,000 handles costs 0.1-0.2 ms, about what the wake itself costs: the idle pace
-is what keeps 1,000 pending handles under 1 % of a core. It stays capped, since asking
-drives some libraries' progress (NIXL's). Each handle is asked once per sweep, never twice
-(an answer may be consumed: a notification); deadlines are the waiting tasks' own timers.
+Each event loop has one :class:`_Poller`, made on the first foreign wait and gone once none is
+left. Handles that can call back (futures) are never polled: the callback, inline or on any
+thread, hops to the loop once (hops coalesced: one in flight at a time). Handles that can only
+be asked are asked by the poller, all of them on each sweep, at a pace set by the completion
+rate: every ``MIN_S`` right after a completion or a new wait, then half the time since the last
+one, but no more than half the usual time between completions while the next is due (until
+``OVERDUE`` times that), up to ``CAP_S``, and ``IDLE_CAP_S`` once nothing has completed or
+begun for ``IDLE_AFTER_S``. ``MIN_S`` is 1 ms: asyncio's and trio's timers round up to it
+anyway. A sweep of 1,000 handles costs 0.1-0.2 ms, about what the wake itself costs: the idle
+pace is what keeps 1,000 pending handles under 1 % of a core. It stays capped, since asking
+drives some libraries' progress (NIXL's). Each handle is asked once per sweep, never twice (an
+answer may be consumed: a notification); deadlines are the waiting tasks' own timers.
 
 Waits keep the GPU waits' contract: they are listed by ``pending_waits()`` (the handle's
 kind as the device), watched by the watchdog and told to the listeners (the profiler,
@@ -45,7 +46,9 @@ logger = logging.getLogger("aiostream")
 
 MIN_S = 1e-3  #: the fastest pace of the poller: right after a completion or a new wait
 CAP_S = 50e-3  #: the slowest while handles complete now and then
-BACKOFF = 0.5  #: between the two: this fraction of the time since the last completion
+BACKOFF = 0.5  #: between the two: this fraction of the time since the last completion,
+OVERDUE = 8  #: ... or of the usual time between completions, until this many of it have passed
+GAP_WEIGHT = 0.2  #: the usual time between completions: this weight to the newest
 IDLE_AFTER_S = 1.0  #: nothing completed or begun for this long: the idle pace
 IDLE_CAP_S = 0.1  #: the idle pace, and that of the handles of cancelled waits
 _loop_time = anyio.current_time
@@ -102,6 +105,8 @@ class _Poller:
         self._due: deque[_Wait] = deque()  # called back from another thread, not finished yet
         self._hop_sent = False
         self._last = _loop_time()  # the last completion or new wait
+        self._found_at: float | None = None  # the last sweep that found completions
+        self._gap: float | None = None  # the usual time between completions (an average)
         self._running = False
         self._scope: anyio.CancelScope | None = None
         self._wake_at = math.inf  # when the sleep under way ends
@@ -215,27 +220,40 @@ class _Poller:
                 ask = None
         except Exception as exc:
             error = exc
-        if ask is not None and self._settle(_position(asks, ask), error):
-            self._last = now
+        if ask is not None:
+            completed = self._settle(_position(asks, ask), error)
+            if completed:
+                self._completed(now, completed)
         ask = error = None  # the error's traceback holds this frame: no cycle kept
         if len(self._polled) == self._orphans:  # only cancelled waits' handles: no hurry
             return IDLE_CAP_S if self._polled else None
-        since = now - self._last
+        since = paced = now - self._last
+        gap = self._gap
+        if gap is not None and since < OVERDUE * gap:  # the next one is due: keep its pace
+            paced = min(since, gap)
         cap = CAP_S if since < IDLE_AFTER_S else IDLE_CAP_S
-        delay = min(cap, max(MIN_S, since * BACKOFF))
+        delay = min(cap, max(MIN_S, paced * BACKOFF))
         if self._timed:
             for wait in self._polled:
                 if wait.adapter.eta is not None and not wait.dead:
                     delay = min(delay, _eta(wait))
         return delay
 
-    def _settle(self, first: int, error: Exception | None) -> bool:
-        """Finish the waits whose handles say they are done, and drop them; return whether one
+    def _completed(self, now: float, count: int) -> None:
+        """A sweep found ``count`` waits done: the pace starts again, and learns their rate."""
+        self._last = now
+        if self._found_at is not None:
+            gap = (now - self._found_at) / count
+            self._gap = gap if self._gap is None else self._gap + GAP_WEIGHT * (gap - self._gap)
+        self._found_at = now
+
+    def _settle(self, first: int, error: Exception | None) -> int:
+        """Finish the waits whose handles say they are done, and drop them; return how many
         completed. The sweep's scan found those before ``first`` not done, and ``first``'s
         done (or its ask raised ``error``); the rest are asked here, once each."""
         polled = self._polled
         keep = [wait for wait in polled[:first] if not wait.finished]
-        completed = False
+        completed = 0
         for i in range(first, len(polled)):
             wait = polled[i]
             if wait.finished:
@@ -260,7 +278,7 @@ class _Poller:
                 wait.handle = None
             else:
                 self.finish(wait, None)
-                completed = True
+                completed += 1
         error = None  # a kept error's frame must not hold it
         self._polled = keep
         self._asks = [wait.ask for wait in keep]

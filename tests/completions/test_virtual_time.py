@@ -106,3 +106,56 @@ async def test_a_polled_handle_is_seen_within_half_the_time_since_the_last(
     assert min(lates) >= 0.0
     worst = max((late - 0.001) / after for late, after in zip(lates, afters, strict=True))
     assert worst <= 0.5, worst
+
+
+async def _overdue_lateness(after: float, gap: float = 0.004) -> float:
+    """How late the poller sees a handle done ``after`` seconds after the last of 20 that
+    completed ``gap`` apart (all waited on from the start)."""
+    start = anyio.current_time() + 0.01
+    steady = [_At(start + gap * i) for i in range(20)]
+    overdue = _At(steady[-1].at + after)
+    async with anyio.create_task_group() as tg:
+        for handle in steady:
+            tg.start_soon(ais.wait, handle)
+        await ais.wait(overdue)
+        return anyio.current_time() - overdue.at
+
+
+async def test_a_handle_overdue_at_a_steady_rate_is_seen_at_that_rate(
+    virtual_time: VirtualTime,
+) -> None:
+    """docs/completions.md: while the next completion is due (up to 8 times the usual time
+    between completions), the poller asks at least every half of that time, however long
+    since the last: with completions 4 ms apart, a handle done 10 to 30 ms after the last is
+    seen within 2 ms (paced by half the time since, up to 11 ms late)."""
+    afters = [0.010 + 0.0013 * i for i in range(16)]  # at every phase of a 2 ms pace
+    lates = [await _overdue_lateness(after) for after in afters]
+    assert min(lates) >= 0.0
+    assert max(lates) <= 0.002 + 1e-9, max(lates)
+
+
+class _Counted(_At):
+    """Done at ``at``; counts how often it is asked from ``since`` on."""
+
+    def __init__(self, at: float, since: float) -> None:
+        super().__init__(at)
+        self.since = since
+        self.asked = 0
+
+    def done(self) -> bool:
+        self.asked += anyio.current_time() > self.since
+        return super().done()
+
+
+async def test_the_rate_s_pace_gives_way_once_completions_stop(virtual_time: VirtualTime) -> None:
+    """Past 8 times the usual time between completions, the pace backs off as before: a
+    handle done 1 s after the last of 20 completed 4 ms apart is asked 40 times in that second
+    (31 paced by half the time since alone), not the 500 of a 2 ms pace kept up."""
+    start = anyio.current_time() + 0.01
+    steady = [_At(start + 0.004 * i) for i in range(20)]
+    late = _Counted(steady[-1].at + 1.0, since=steady[-1].at)
+    async with anyio.create_task_group() as tg:
+        for handle in steady:
+            tg.start_soon(ais.wait, handle)
+        await ais.wait(late)
+    assert 20 <= late.asked <= 60, late.asked

@@ -24,6 +24,7 @@ cancelled is kept, and asked at the slowest pace, until its work is done.
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 import math
 import threading
@@ -204,11 +205,13 @@ class _Poller:
         if self._stale:  # waits let go by a cancellation: never ask their handles again
             self._polled = [w for w in self._polled if not (w.dead and w.handle is None)]
             self._asks = [w.ask for w in self._polled]
+            self._timed = sum(1 for w in self._polled if w.adapter.eta is not None)
             self._stale = False
         if not self._polled:
             return None
         # The common case, in the cheapest loop: nothing raises, nothing completes. The first
-        # handle that says yes (or raises) hands the rest of the sweep to _settle.
+        # handle that says yes (or raises) hands the rest of the sweep to _next, which goes on
+        # from there in a loop as cheap.
         asks = self._asks
         ask: Any = None
         error: Exception | None = None
@@ -221,10 +224,14 @@ class _Poller:
         except Exception as exc:
             error = exc
         if ask is not None:
-            completed = self._settle(_position(asks, ask), error)
+            found = [(_position(asks, ask), error)]
+            while (hit := _next(asks, found[-1][0] + 1)) is not None:
+                found.append(hit)
+            completed = self._settle(found)
             if completed:
                 self._completed(now, completed)
-        ask = error = None  # the error's traceback holds this frame: no cycle kept
+            found.clear()  # the first error's traceback holds this frame: no cycle kept
+        ask = error = None  # (the same)
         if len(self._polled) == self._orphans:  # only cancelled waits' handles: no hurry
             return IDLE_CAP_S if self._polled else None
         since = paced = now - self._last
@@ -247,42 +254,29 @@ class _Poller:
             self._gap = gap if self._gap is None else self._gap + GAP_WEIGHT * (gap - self._gap)
         self._found_at = now
 
-    def _settle(self, first: int, error: Exception | None) -> int:
-        """Finish the waits whose handles say they are done, and drop them; return how many
-        completed. The sweep's scan found those before ``first`` not done, and ``first``'s
-        done (or its ask raised ``error``); the rest are asked here, once each."""
-        polled = self._polled
-        keep = [wait for wait in polled[:first] if not wait.finished]
+    def _settle(self, found: list[tuple[int, Exception | None]]) -> int:
+        """Drop the polled waits at the indices ``found`` (ascending), whose handles said they
+        are done or whose asks raised the error beside them, and finish them; return how many
+        completed."""
+        polled, asks = self._polled, self._asks
+        settled = [(polled[i], error) for i, error in found]
+        for i, _ in reversed(found):
+            del polled[i], asks[i]
         completed = 0
-        for i in range(first, len(polled)):
-            wait = polled[i]
+        for wait, error in settled:
+            if wait.adapter.eta is not None:
+                self._timed -= 1
             if wait.finished:
                 continue
-            done = True
-            if i > first:
-                error = None
-                try:
-                    done = bool(wait.ask())  # type: ignore[misc]
-                except Exception as exc:
-                    error = exc
-            if error is not None:
-                if wait.dead:
-                    self._orphans -= 1
-                    wait.handle = None
-                else:
-                    self.finish(wait, _refused(wait, "done", error))
-            elif not done:
-                keep.append(wait)
-            elif wait.dead:
+            if wait.dead:  # a cancelled wait's handle, kept until now
                 self._orphans -= 1
                 wait.handle = None
+            elif error is not None:
+                self.finish(wait, _refused(wait, "done", error))
             else:
                 self.finish(wait, None)
                 completed += 1
-        error = None  # a kept error's frame must not hold it
-        self._polled = keep
-        self._asks = [wait.ask for wait in keep]
-        self._timed = sum(1 for wait in keep if wait.adapter.eta is not None)
+        settled = []  # a kept error's frame must not hold it
         return completed
 
     def _watchdog(self, now: float) -> float | None:
@@ -353,6 +347,18 @@ def _position(asks: list[Any], ask: Any) -> int:
         if other is ask:
             return i
     raise AssertionError("an ask the sweep made is not in its list")  # pragma: no cover
+
+
+def _next(asks: list[Any], start: int) -> tuple[int, Exception | None] | None:
+    """The index of the first ask from ``start`` on that says yes or raises (and its error)."""
+    i = start
+    try:
+        for i, ask in enumerate(itertools.islice(asks, start, None), start):
+            if ask():
+                return i, None
+    except Exception as exc:
+        return i, exc
+    return None
 
 
 def _eta(wait: _Wait) -> float:

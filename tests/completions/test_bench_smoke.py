@@ -17,4 +17,5 @@ def test_the_completions_benchmark_runs() -> None:
     assert "| asyncio | 100 |" in proc.stdout
     # section 2: the real kinds beside the loop's own floor under the same load
     assert "- asyncio: done() " in proc.stdout and ", timer " in proc.stdout
+    assert ", all " in proc.stdout  # every handle's lateness together: what the goals are of
     assert "0 listed" in proc.stdout and "0 left" in proc.stdout

@@ -53,9 +53,8 @@ class Adapter:
             any thread, or at once; it may return ``False`` to say this handle cannot call
             back (then ``done`` is asked).
         result: ``result(handle)``, called in the waiting task once the work is done, raises
-            the work's error, if it failed, as the library's own exception. It must not
-            block: where learning the error needs a wait, it returns an awaitable instead,
-            which the waiting task awaits (Dask's does).
+            the work's error, if it failed, as the library's own exception; what it returns
+            is ignored. It must not block.
         describe: ``describe(handle) -> str``: what the handle is, for ``pending_waits()``
             and the watchdog (``what=`` is put before it). It must be cheap and never block.
         on_cancel: ``on_cancel(handle)``, called when a wait on it is cancelled or times out,
@@ -222,17 +221,28 @@ TORCH_FUTURE = Adapter(
 )
 
 
-def _dask_error(future: Any) -> Awaitable[object] | None:
-    """A failed or cancelled task's own exception, raised by the awaitable returned; nothing
-    for a finished one. Never ``result()`` in the loop's thread: it fetches the task's value
-    and, with a synchronous client, waits for Dask's own loop thread to answer (measured: a
-    300 MB result held the event loop 118 ms). ``status`` is read where the future is."""
+class Deferred:
+    """What a built-in ``result`` returns where learning the work's error takes a wait: the
+    waiting task awaits ``awaitable`` (which raises it) within the wait's deadline."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[object]) -> None:
+        self.awaitable = awaitable
+
+
+def _dask_error(future: Any) -> Deferred | None:
+    """Nothing for a finished task; for a failed or cancelled one, its own exception, raised
+    by the awaitable deferred (a lost one's ``result()`` awaits its rerun, and fetches its
+    value). Never ``result()`` in the loop's thread: it fetches the task's value and, with a
+    synchronous client, waits for Dask's own loop thread to answer (measured: a 300 MB result
+    held the event loop 118 ms). ``status`` is read where the future is."""
     if future.status == "finished":
         return None
     if future.client.asynchronous:  # the client runs on this loop: result() is a coroutine
-        result: Awaitable[object] = future.result()
-        return result
-    return anyio.to_thread.run_sync(future.result)  # raises; no value to fetch
+        return Deferred(future.result())
+    # in a worker thread, let go of if the wait is cancelled or times out meanwhile
+    return Deferred(anyio.to_thread.run_sync(future.result, abandon_on_cancel=True))
 
 
 DASK = Adapter(

@@ -23,7 +23,6 @@ cancelled is kept, and asked at the slowest pace, until its work is done.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import math
@@ -251,7 +250,10 @@ class _Poller:
         self._last = now
         if self._found_at is not None:
             gap = (now - self._found_at) / count
-            self._gap = gap if self._gap is None else self._gap + GAP_WEIGHT * (gap - self._gap)
+            if self._gap is None:
+                self._gap = gap
+            else:  # a pause counts as OVERDUE gaps at most: it slows the pace, never resets it
+                self._gap += GAP_WEIGHT * (min(gap, OVERDUE * self._gap) - self._gap)
         self._found_at = now
 
     def _settle(self, found: list[tuple[int, Exception | None]]) -> int:
@@ -317,6 +319,7 @@ class _Poller:
         finally:
             self._scope = None
             self._running = False
+            self._found_at = None  # the time until the next completion is no gap of theirs
 
     def _abandon(self, why: str) -> None:
         for wait in list(self._live):
@@ -463,16 +466,25 @@ async def _timed(awaited: Event | Stream, timeout: float | None) -> None:
         raise TimeoutError(f"{awaited!r} was not done after {timeout:g} s; its work goes on")
 
 
-async def _outcome(adapter: Adapter, handle: Any) -> None:
-    """Raise the done work's error, as its adapter learns it (at once, or by awaiting)."""
-    if adapter.result is not None:
-        outcome = adapter.result(handle)
-        if inspect.isawaitable(outcome):
-            await outcome
+async def _outcome(adapter: Adapter, handle: Any, deadline: float, subject: str) -> None:
+    """Raise the done work's error, as its adapter learns it: at once, or by awaiting what it
+    deferred, by ``deadline`` (the loop's clock) at the latest."""
+    if adapter.result is None:
+        return
+    outcome = adapter.result(handle)
+    if isinstance(outcome, adapters.Deferred):
+        with anyio.CancelScope(deadline=deadline) as scope:
+            await outcome.awaitable
+        if scope.cancelled_caught:
+            raise TimeoutError(
+                f"{subject} ({adapter.kind}) was done, but whether it failed was not known "
+                "by the wait's deadline"
+            )
 
 
 async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject: str) -> None:
     kind = adapter.kind
+    deadline = math.inf if timeout is None else anyio.current_time() + timeout
     ask = adapters.asker(adapter, handle)
     if ask is not None:
         try:
@@ -486,7 +498,7 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
             raise refused from exc
         if done:  # the fast path: one checkpoint
             await _waiting.observed(subject, kind)
-            await _outcome(adapter, handle)
+            await _outcome(adapter, handle, deadline, subject)
             return
     task = _waiting.task_name()
     poller = _poller()
@@ -516,7 +528,7 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
             poller.cancel(entry)
             raise
         if entry.error is None:
-            await _outcome(adapter, handle)  # the library's own exception, if the work failed
+            await _outcome(adapter, handle, deadline, subject)  # the library's own exception
     except BaseException as exc:
         raised = exc
         raise

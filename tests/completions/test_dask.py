@@ -93,6 +93,44 @@ async def test_a_done_task_is_awaited_without_dask_s_loop_thread(client: Any) ->
     assert future.result() == b"x" * 1024
 
 
+async def test_a_cancelled_task_raises_dask_s_cancelled_error(client: Any) -> None:
+    GATE.clear()
+    future = client.submit(_held, pure=False)
+    try:
+        future.cancel()
+        with pytest.raises(distributed.client.FutureCancelledError), deadline(30, "a task"):
+            await ais.wait(future)
+    finally:
+        GATE.set()
+
+
+async def test_a_failed_task_s_wait_keeps_its_deadline_while_dask_s_loop_is_held(
+    client: Any,
+) -> None:
+    failed = client.submit(_broken, pure=False)
+    with pytest.raises(KeyError), deadline(30, "a failing dask task"):
+        await ais.wait(failed)
+    holding, release, let_go = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:  # Dask's loop thread, held until the waits below are over (or 10 s)
+        holding.set()
+        if not release.wait(10):
+            let_go.set()
+
+    client.loop.add_callback(hold)
+    assert holding.wait(10), "Dask's loop thread never ran the hold"
+    try:
+        # the task's exception is asked of Dask's loop thread: not known by the deadline
+        with pytest.raises(TimeoutError, match="whether it failed was not known"):
+            await ais.wait(failed, timeout=0.2)
+        with anyio.move_on_after(0.2) as scope:
+            await ais.wait(failed)
+        assert scope.cancelled_caught
+    finally:
+        release.set()
+    assert not let_go.is_set(), "a wait waited for Dask's loop thread past its deadline"
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # Dask's async client runs on asyncio
 async def test_a_failed_task_of_an_asynchronous_client_raises_its_own(anyio_backend: str) -> None:
     async with distributed.Client(

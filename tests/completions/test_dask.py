@@ -5,6 +5,7 @@ an asynchronous one, and a wait needs nothing of Dask's own loop thread once the
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -72,24 +73,32 @@ async def test_a_failed_dask_task_raises_its_own_exception(client: Any) -> None:
         await ais.wait(future)
 
 
-async def test_a_done_task_is_awaited_without_dask_s_loop_thread(client: Any) -> None:
-    future = client.submit(_value, pure=False)
-    with deadline(30, "a dask task"):
-        await ais.wait(future)
-    holding, release, let_go = threading.Event(), threading.Event(), threading.Event()
+@contextlib.contextmanager
+def _loop_thread_held(client: Any, seconds: float) -> Iterator[threading.Event]:
+    """Dask's loop thread held until the block is over, or for ``seconds`` at most; yields an
+    event set if the hold ran out first."""
+    holding, release, ran_out = threading.Event(), threading.Event(), threading.Event()
 
-    def hold() -> None:  # Dask's loop thread, held until the wait below is over (or 5 s)
+    def hold() -> None:
         holding.set()
-        if not release.wait(5):
-            let_go.set()
+        if not release.wait(seconds):
+            ran_out.set()
 
     client.loop.add_callback(hold)
     assert holding.wait(10), "Dask's loop thread never ran the hold"
     try:
-        await ais.wait(future)  # done: returns at once, its loop thread still held
+        yield ran_out
     finally:
         release.set()
-    assert not let_go.is_set(), "the wait waited for Dask's loop thread"
+
+
+async def test_a_done_task_is_awaited_without_dask_s_loop_thread(client: Any) -> None:
+    future = client.submit(_value, pure=False)
+    with deadline(30, "a dask task"):
+        await ais.wait(future)
+    with _loop_thread_held(client, 5) as ran_out:
+        await ais.wait(future)  # done: returns at once, its loop thread still held
+    assert not ran_out.is_set(), "the wait waited for Dask's loop thread"
     assert future.result() == b"x" * 1024
 
 
@@ -110,25 +119,14 @@ async def test_a_failed_task_s_wait_keeps_its_deadline_while_dask_s_loop_is_held
     failed = client.submit(_broken, pure=False)
     with pytest.raises(KeyError), deadline(30, "a failing dask task"):
         await ais.wait(failed)
-    holding, release, let_go = threading.Event(), threading.Event(), threading.Event()
-
-    def hold() -> None:  # Dask's loop thread, held until the waits below are over (or 10 s)
-        holding.set()
-        if not release.wait(10):
-            let_go.set()
-
-    client.loop.add_callback(hold)
-    assert holding.wait(10), "Dask's loop thread never ran the hold"
-    try:
+    with _loop_thread_held(client, 10) as ran_out:
         # the task's exception is asked of Dask's loop thread: not known by the deadline
         with pytest.raises(TimeoutError, match="whether it failed was not known"):
             await ais.wait(failed, timeout=0.2)
         with anyio.move_on_after(0.2) as scope:
             await ais.wait(failed)
         assert scope.cancelled_caught
-    finally:
-        release.set()
-    assert not let_go.is_set(), "a wait waited for Dask's loop thread past its deadline"
+    assert not ran_out.is_set(), "a wait waited for Dask's loop thread past its deadline"
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # Dask's async client runs on asyncio

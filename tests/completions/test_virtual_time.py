@@ -108,17 +108,25 @@ async def test_a_polled_handle_is_seen_within_half_the_time_since_the_last(
     assert worst <= 0.5, worst
 
 
-async def _overdue_lateness(after: float, gap: float = 0.004) -> float:
-    """How late the poller sees a handle done ``after`` seconds after the last of 20 that
-    completed ``gap`` apart (all waited on from the start)."""
-    start = anyio.current_time() + 0.01
-    steady = [_At(start + gap * i) for i in range(20)]
-    overdue = _At(steady[-1].at + after)
+def _burst(count: int, start: float) -> list[_At]:
+    """``count`` handles done 4 ms apart from ``start`` on."""
+    return [_At(start + 0.004 * i) for i in range(count)]
+
+
+async def _seen_late(burst: list[_At], last: _At) -> float:
+    """Wait on ``burst`` and ``last`` from now on; return how late ``last`` is seen."""
     async with anyio.create_task_group() as tg:
-        for handle in steady:
+        for handle in burst:
             tg.start_soon(ais.wait, handle)
-        await ais.wait(overdue)
-        return anyio.current_time() - overdue.at
+        await ais.wait(last)
+        return anyio.current_time() - last.at
+
+
+async def _overdue_lateness(after: float) -> float:
+    """How late the poller sees a handle done ``after`` seconds after the last of 20 that
+    completed 4 ms apart (all waited on from the start)."""
+    steady = _burst(20, anyio.current_time() + 0.01)
+    return await _seen_late(steady, _At(steady[-1].at + after))
 
 
 async def test_a_handle_overdue_at_a_steady_rate_is_seen_at_that_rate(
@@ -151,13 +159,9 @@ async def test_the_rate_s_pace_gives_way_once_completions_stop(virtual_time: Vir
     """Past 8 times the usual time between completions, the pace backs off as before: a
     handle done 1 s after the last of 20 completed 4 ms apart is asked 40 times in that second
     (31 paced by half the time since alone), not the 500 of a 2 ms pace kept up."""
-    start = anyio.current_time() + 0.01
-    steady = [_At(start + 0.004 * i) for i in range(20)]
+    steady = _burst(20, anyio.current_time() + 0.01)
     late = _Counted(steady[-1].at + 1.0, since=steady[-1].at)
-    async with anyio.create_task_group() as tg:
-        for handle in steady:
-            tg.start_soon(ais.wait, handle)
-        await ais.wait(late)
+    await _seen_late(steady, late)
     assert 20 <= late.asked <= 60, late.asked
 
 
@@ -184,21 +188,14 @@ async def _after_bursts(second: int, *, busy: bool, after: float) -> float:
     ``second`` completions 4 ms apart) is seen, the bursts 2 s apart, the poller asking
     another handle meanwhile (``busy``) or resting (no wait pending)."""
     start = anyio.current_time() + 0.01
-    first = [_At(start + 0.004 * i) for i in range(20)]
     async with anyio.create_task_group() as tg:
-        for handle in first:
+        for handle in _burst(20, start):
             tg.start_soon(ais.wait, handle)
         if busy:
             tg.start_soon(ais.wait, _At(start + 1.0))
     await anyio.sleep(2.0 - (anyio.current_time() - start))
-    start = anyio.current_time()
-    burst = [_At(start + 0.004 * i) for i in range(second)]
-    overdue = _At(burst[-1].at + after)
-    async with anyio.create_task_group() as tg:
-        for handle in burst:
-            tg.start_soon(ais.wait, handle)
-        await ais.wait(overdue)
-        return anyio.current_time() - overdue.at
+    burst = _burst(second, anyio.current_time())
+    return await _seen_late(burst, _At(burst[-1].at + after))
 
 
 AFTERS = [0.010 + 0.0011 * i for i in range(7)]  # 10 to 17 ms: at every phase of a 2 ms pace

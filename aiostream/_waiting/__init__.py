@@ -110,9 +110,10 @@ def outcome(error: BaseException | None) -> str:
     return "error"
 
 
-async def observed(subject: str, device: str) -> None:
+async def observed(subject: str, device: str, error: BaseException | None = None) -> None:
     """The fast path's checkpoint, told to the listeners as a wait with the strategy
-    ``"complete"`` (the work had completed)."""
+    ``"complete"`` (the work had completed, and failed with ``error`` if given: the caller
+    raises it)."""
     if not _hooks.listeners:
         await checkpoint()
         return
@@ -122,7 +123,7 @@ async def observed(subject: str, device: str) -> None:
     except BaseException as exc:
         _hooks.wait_ended(told, exc, outcome(exc))
         raise
-    _hooks.wait_ended(told, None, "completed")
+    _hooks.wait_ended(told, error, outcome(error))
 
 
 def _begun(

@@ -26,6 +26,7 @@ It imports nothing of the package: ``waits`` builds on it.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,7 +55,8 @@ class Adapter:
             back (then ``done`` is asked).
         result: ``result(handle)``, called in the waiting task once the work is done, raises
             the work's error, if it failed, as the library's own exception; what it returns
-            is ignored. It must not block.
+            is ignored. It must not block. Every hook is a plain function (a coroutine
+            function is refused: nothing awaits what the hooks return).
         describe: ``describe(handle) -> str``: what the handle is, for ``pending_waits()``
             and the watchdog (``what=`` is put before it). It must be cheap and never block.
         on_cancel: ``on_cancel(handle)``, called when a wait on it is cancelled or times out,
@@ -90,6 +92,11 @@ class Adapter:
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"{name} must be callable or None, got {value!r}")
+            if inspect.iscoroutinefunction(value):
+                raise TypeError(
+                    f"{name} must be a plain function, not a coroutine function ({value!r}): "
+                    "aiostream calls it in the loop's thread and never awaits what it returns"
+                )
 
 
 def asker(adapter: Adapter, handle: Any) -> Callable[[], bool] | None:
@@ -180,8 +187,12 @@ def _identity(handle: object) -> str:
     return f"{_short(type(handle))} at 0x{id(handle):x}"
 
 
-def _future_result(future: Any) -> object:
-    return future.result(0)  # done: never blocks; raises its error or CancelledError
+def _future_result(future: Any) -> None:
+    future.result(0)  # done: never blocks; raises its error or CancelledError
+
+
+def _torch_value(future: Any) -> None:
+    future.value()  # raises its error
 
 
 def _subscribe(handle: Any, fn: Callable[[], None]) -> None:
@@ -216,33 +227,59 @@ TORCH_FUTURE = Adapter(
     "torch.futures",
     done="done",
     call_back=_subscribe,
-    result=lambda f: f.value(),
+    result=_torch_value,
     describe=_identity,
 )
 
 
 class Deferred:
-    """What a built-in ``result`` returns where learning the work's error takes a wait: the
-    waiting task awaits ``awaitable`` (which raises it) within the wait's deadline."""
+    """What a built-in ``result`` returns where learning how the work ended takes a wait:
+    ``learn(seconds)`` gives the awaitable that raises the work's error, given the seconds
+    left until the wait's deadline (None: no deadline); the waiting task awaits it, until the
+    deadline at most."""
 
-    __slots__ = ("awaitable",)
+    __slots__ = ("learn",)
 
-    def __init__(self, awaitable: Awaitable[object]) -> None:
-        self.awaitable = awaitable
+    def __init__(self, learn: Callable[[float | None], Awaitable[object]]) -> None:
+        self.learn = learn
+
+
+def _dask_raise(future: Any, seconds: float | None) -> None:
+    """In a worker thread: raise the task's own exception. ``exception()`` waits for Dask's
+    loop thread (and a lost task's rerun), never for the value; given the wait's deadline and
+    a second more, so that an abandoned thread ends too."""
+    timeout = None if seconds is None else seconds + 1.0
+    error = future.exception(timeout=timeout)
+    if error is not None:
+        raise error.with_traceback(future.traceback(timeout=timeout))
+    if future.cancelled():
+        future.result(timeout=timeout)  # Dask's own FutureCancelledError; no value to fetch
+
+
+async def _dask_raise_async(future: Any) -> None:
+    """:func:`_dask_raise`, with an asynchronous client on this loop."""
+    error = await future.exception()
+    if error is not None:
+        raise error.with_traceback(await future.traceback())
+    if future.cancelled():
+        await future.result()
 
 
 def _dask_error(future: Any) -> Deferred | None:
-    """Nothing for a finished task; for a failed or cancelled one, its own exception, raised
-    by the awaitable deferred (a lost one's ``result()`` awaits its rerun, and fetches its
-    value). Never ``result()`` in the loop's thread: it fetches the task's value and, with a
-    synchronous client, waits for Dask's own loop thread to answer (measured: a 300 MB result
-    held the event loop 118 ms). ``status`` is read where the future is."""
+    """Nothing for a finished task; for any other, its own exception, learned by the waiting
+    task (a lost task's rerun awaited first). Never ``result()`` in the loop's thread: it
+    fetches the task's value and, with a synchronous client, waits for Dask's own loop thread
+    to answer (measured: a 300 MB result held the event loop 118 ms). ``status`` is read where
+    the future is."""
     if future.status == "finished":
         return None
-    if future.client.asynchronous:  # the client runs on this loop: result() is a coroutine
-        return Deferred(future.result())
-    # in a worker thread, let go of if the wait is cancelled or times out meanwhile
-    return Deferred(anyio.to_thread.run_sync(future.result, abandon_on_cancel=True))
+    if future.client.asynchronous:  # the client runs on this loop
+        return Deferred(lambda _: _dask_raise_async(future))
+    return Deferred(
+        lambda seconds: anyio.to_thread.run_sync(
+            _dask_raise, future, seconds, abandon_on_cancel=True
+        )
+    )
 
 
 DASK = Adapter(

@@ -466,26 +466,31 @@ async def _timed(awaited: Event | Stream, timeout: float | None) -> None:
         raise TimeoutError(f"{awaited!r} was not done after {timeout:g} s; its work goes on")
 
 
-async def _outcome(adapter: Adapter, handle: Any, deadline: float, subject: str) -> None:
-    """Raise the done work's error, as its adapter learns it: at once, or by awaiting what it
-    deferred, by ``deadline`` (the loop's clock) at the latest."""
+def _result(adapter: Adapter, handle: Any) -> adapters.Deferred | None:
+    """Ask the adapter about done work: it raises the work's error at once, or defers it."""
     if adapter.result is None:
-        return
+        return None
     outcome = adapter.result(handle)
-    if isinstance(outcome, adapters.Deferred):
-        with anyio.CancelScope(deadline=deadline) as scope:
-            await outcome.awaitable
-        if scope.cancelled_caught:
-            raise TimeoutError(
-                f"{subject} ({adapter.kind}) was done, but whether it failed was not known "
-                "by the wait's deadline"
-            )
+    return outcome if isinstance(outcome, adapters.Deferred) else None
+
+
+async def _learn(deferred: adapters.Deferred, deadline: float, subject: str, kind: str) -> None:
+    """Await what an adapter deferred (raising the work's error), until ``deadline`` at most."""
+    left = None if deadline == math.inf else max(0.0, deadline - anyio.current_time())
+    with anyio.CancelScope(deadline=deadline) as scope:
+        await deferred.learn(left)
+    if scope.cancelled_caught:
+        raise TimeoutError(
+            f"{subject} ({kind}) was done, but whether it failed was not known by the wait's "
+            "deadline"
+        )
 
 
 async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject: str) -> None:
     kind = adapter.kind
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
     ask = adapters.asker(adapter, handle)
+    deferred = None
     if ask is not None:
         try:
             done = ask()
@@ -496,13 +501,20 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
                 subject=subject,
             )
             raise refused from exc
-        if done:  # the fast path: one checkpoint
-            await _waiting.observed(subject, kind)
-            await _outcome(adapter, handle, deadline, subject)
-            return
+        if done:  # the fast path: one checkpoint, unless learning how it ended takes a wait
+            try:
+                deferred = _result(adapter, handle)
+            except Exception as exc:
+                await _waiting.observed(subject, kind, exc)
+                raise
+            if deferred is None:
+                await _waiting.observed(subject, kind)
+                return
     task = _waiting.task_name()
     poller = _poller()
     strategy = "poll" if adapter.call_back is None else "callback"
+    if deferred is not None:
+        strategy = "complete"  # listed while its outcome is learned
     record = _diagnostics.Record(
         task, str, subject, kind, _diagnostics.capture(2), None, poller, strategy
     )
@@ -511,24 +523,24 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
     entry = _Wait(poller, handle, adapter, record)
     raised: BaseException | None = None
     try:
-        try:
-            poller.add(entry)
-            parked = entry.parked
-            if timeout is None:
-                await (parked.wait() if poller.hooks.on_trio else parked)
-            else:
-                with anyio.move_on_after(timeout):
+        if deferred is None:
+            try:
+                poller.add(entry)
+                parked = entry.parked
+                with anyio.CancelScope(deadline=deadline):
                     await (parked.wait() if poller.hooks.on_trio else parked)
                 if not entry.finished:
                     raise TimeoutError(
                         f"{subject} ({kind}) was not done after {timeout:g} s; its work goes on"
                         + (" (cancelled by its adapter)" if adapter.on_cancel else "")
                     )
-        except BaseException:
-            poller.cancel(entry)
-            raise
-        if entry.error is None:
-            await _outcome(adapter, handle, deadline, subject)  # the library's own exception
+            except BaseException:
+                poller.cancel(entry)
+                raise
+            if entry.error is None:
+                deferred = _result(adapter, handle)  # the library's own exception, at once
+        if deferred is not None:
+            await _learn(deferred, deadline, subject, kind)  # ... or once learned
     except BaseException as exc:
         raised = exc
         raise

@@ -163,18 +163,28 @@ async def test_a_future_s_value_is_never_awaited_even_if_it_could_be() -> None:
         ran.append(True)
 
     value = work()
-    for resolved_at_once in (True, False):
-        future: concurrent.futures.Future[object] = concurrent.futures.Future()
-        if resolved_at_once:
-            future.set_result(value)
-            await ais.wait(future)
-        else:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(ais.wait, future)
-                await anyio.sleep(0.01)
+    try:
+        for resolved_at_once in (True, False):
+            future: concurrent.futures.Future[object] = concurrent.futures.Future()
+            if resolved_at_once:
                 future.set_result(value)
-    assert ran == []  # the value is the program's, to run or not
-    value.close()
+                await ais.wait(future)
+            else:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(ais.wait, future)
+                    await anyio.sleep(0.01)
+                    future.set_result(value)
+        assert ran == []  # the value is the program's, to run or not
+    finally:
+        value.close()
+
+
+def test_an_adapter_s_hooks_must_be_plain_functions() -> None:
+    async def result(handle: object) -> None:
+        pass
+
+    with pytest.raises(TypeError, match="result must be a plain function"):
+        ais.Adapter("mine", done="done", result=result)
 
 
 async def test_asking_a_handle_that_raises_is_a_completion_error_with_the_cause() -> None:

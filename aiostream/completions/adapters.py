@@ -9,8 +9,8 @@ handle                                 how its completion is seen  what a failur
 ``torch.distributed`` ``Work``         ``get_future()``'s callback  ``Work.wait()``'s exception
                                        (else ``is_completed()``)
 ``torch.futures.Future``               ``add_done_callback``       ``value()``'s exception
-Dask ``distributed.Future``            ``add_done_callback``       ``result()``'s exception,
-                                                                   of a failed task only
+Dask ``distributed.Future``            ``add_done_callback``       ``exception()``: never
+                                                                   the task's value
 ``jax.Array``                          ``is_ready()``              ``block_until_ready()``'s
 ``aiostream.virtual.Transfer``         ``done()``, on the clock    its ``error``
 NIXL ``nixl_xfer_handle``              its agent's transfer state  ``CompletionError``, NIXL's

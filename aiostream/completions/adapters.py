@@ -6,8 +6,8 @@ that is not installed costs nothing), else by duck typing.
 handle                                 how its completion is seen  what a failure raises
 =====================================  ==========================  ============================
 ``concurrent.futures.Future``          ``add_done_callback``       the future's exception
-``torch.distributed`` ``Work``         ``get_future()``'s callback  ``Work.wait()``'s exception
-                                       (else ``is_completed()``)
+``torch.distributed`` ``Work``         ``get_future()``'s callback  its future's error (else
+                                       (else ``is_completed()``)  ``Work.wait()``'s, asked)
 ``torch.futures.Future``               ``add_done_callback``       ``value()``'s exception
 Dask ``distributed.Future``            ``add_done_callback``       ``exception()``: never
                                                                    the task's value
@@ -312,6 +312,20 @@ def _work_call_back(work: Any, fn: Callable[[], None]) -> object:
     return None
 
 
+def _work_error(work: Any) -> None:
+    """Raise the work's error without blocking: from its future, done once it called back
+    (``Work.wait()`` waits for gloo's thread to run the future's other callbacks first, the
+    event loop blocked meanwhile), else from ``wait()``, once ``is_completed()`` says so."""
+    try:
+        future = work.get_future()
+    except RuntimeError:  # no future: asked, so completed already
+        future = None
+    if future is not None and future.done():
+        future.value()
+    else:
+        work.wait()
+
+
 def _describe_work(work: Any) -> str:
     """``ALLREDUCE (torch.distributed gloo, rank 0 of 2)``: what a ``Work`` says of itself."""
     op = "collective"
@@ -341,7 +355,7 @@ TORCH_WORK = Adapter(
     "torch.distributed",
     done="is_completed",
     call_back=_work_call_back,
-    result=lambda work: work.wait(),
+    result=_work_error,
     describe=_describe_work,
 )
 

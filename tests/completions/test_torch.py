@@ -77,6 +77,30 @@ async def test_a_collective_is_awaited_until_the_other_rank_joins(ranks: list[An
     assert wait.subject.startswith("all_reduce of float32[4, 3]: ALLREDUCE (torch.distributed")
 
 
+async def test_the_wait_needs_nothing_of_gloo_s_thread_once_the_future_called_back(
+    ranks: list[Any],
+) -> None:
+    mine, theirs = torch.ones(2), torch.ones(2)
+    work = ranks[0].allreduce([mine])
+    release, ran_out = threading.Event(), threading.Event()
+
+    def hold(_: Any) -> None:  # gloo's thread, after aiostream's callback: held (10 s at most)
+        if not release.wait(10):
+            ran_out.set()
+
+    try:
+        with deadline(30, "an all_reduce whose future's last callback is held"):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ais.wait, work)
+                await anyio.sleep(0.01)  # the wait has subscribed: the hold comes after it
+                work.get_future().add_done_callback(hold)
+                ranks[1].allreduce([theirs])
+    finally:
+        release.set()
+    assert not ran_out.is_set(), "the wait waited for gloo's thread (Work.wait())"
+    assert mine[0].item() == 2.0
+
+
 async def test_work_asked_with_is_completed_when_the_adapter_polls(ranks: list[Any]) -> None:
     polling = ais.Adapter("torch.distributed", done="is_completed", result=lambda w: w.wait())
     mine, theirs = torch.ones(8), torch.ones(8)

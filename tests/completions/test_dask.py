@@ -6,6 +6,7 @@ an asynchronous one, and a wait needs nothing of Dask's own loop thread once the
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,8 @@ distributed = pytest.importorskip(
 )
 
 pytestmark = pytest.mark.anyio
+
+_UVLOOP = ("asyncio", {"use_uvloop": True})
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +132,22 @@ async def test_a_failed_task_s_wait_keeps_its_deadline_while_dask_s_loop_is_held
     assert not ran_out.is_set(), "a wait waited for Dask's loop thread past its deadline"
 
 
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # Dask's async client runs on asyncio
-async def test_a_failed_task_of_an_asynchronous_client_raises_its_own(anyio_backend: str) -> None:
+@pytest.mark.parametrize(  # Dask's asynchronous client runs on asyncio's loops, not on trio
+    "anyio_backend",
+    [
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(
+            _UVLOOP,
+            id="uvloop",
+            marks=pytest.mark.skipif(
+                importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
+            ),
+        ),
+    ],
+)
+async def test_a_failed_task_of_an_asynchronous_client_raises_its_own(
+    anyio_backend: tuple[str, dict[str, Any]],
+) -> None:
     async with distributed.Client(
         processes=False,
         n_workers=1,

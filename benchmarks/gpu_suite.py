@@ -51,8 +51,12 @@ telling first:
 11. ``bench-server``: ``benchmarks/bench_server.py --device cuda:0``, the inference server
    example on the GPU (needs fastapi, uvicorn and httpx: ``gpu_suite.sh`` installs them from
    ``.whl/``).
+12. ``completions``: ``benchmarks/bench_completions.py --sizes 1000``, ``await ais.wait()`` of
+   other libraries' handles (gloo work, Dask futures where ``.whl/`` brings Dask, futures,
+   ``done()`` handles) on each loop, with its goals. It needs no GPU: it is here for the
+   lent machine's cores (the figures of a 2-core machine are at the edge of its goals).
 
-Without a CUDA device, the steps after ``info`` are marked "not run" with the reason. Against
+Without a CUDA device, the steps that need one are marked "not run" with the reason. Against
 the stand-in driver of the tests (``tests/fake_cuda``) everything runs, and the report says
 that its figures describe a CPU simulation, not a GPU.
 """
@@ -166,6 +170,10 @@ def steps(quick: bool, outdir: Path = Path("gpu-suite")) -> list[Step]:
     bounds = ["--bounds", "400,3200"] + (["--quick"] if quick else [])
     server = [py, "benchmarks/bench_server.py", "--device", "cuda:0", *bounds]
     out.append(Step("bench-server", server, 300))
+    # no GPU needed: the lent machine's cores, for figures a 2-core machine leaves at the edge
+    waits = ["--sections", "12", "--loops", "asyncio"] if quick else []
+    completions = [py, "benchmarks/bench_completions.py", "--sizes", "1000", *waits]
+    out.append(Step("completions", completions, 240, needs_gpu=False))
     return out
 
 
@@ -249,7 +257,7 @@ def summarize(step: Step, output: str, rc: int) -> None:
         and "fake_cuda: violation" not in output
         and (
             (
-                step.name == "aiostream-bench"
+                step.name in ("aiostream-bench", "completions")
                 and re.search(r"^\d+ of \d+ goals? missed$", output, re.MULTILINE)
             )
             or (step.name == "calibrate-check" and re.search(r"^goal .*: MISS$", output, re.M))
@@ -276,6 +284,9 @@ def summarize(step: Step, output: str, rc: int) -> None:
     elif step.name == "calibrate-check":
         keep = ("  device ", "  virtual, ", "goal ")
         step.summary = "; ".join(" ".join(line.split()) for line in lines if line.startswith(keep))
+    elif step.name == "completions":  # the goals it missed, and the verdict
+        missed = [line.removeprefix("goal ") for line in lines if line.endswith(": MISS")]
+        step.summary = "; ".join([*missed, last])
     elif step.name.startswith("demo-"):
         keep = ("efficiency against the bound", "speed-up", "bottleneck")
         step.summary = "; ".join(line for line in lines if line.startswith(keep))

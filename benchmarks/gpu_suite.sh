@@ -19,6 +19,8 @@ if [ -d .whl ] && compgen -G ".whl/*.whl" > /dev/null; then
         || echo "gpu_suite.sh: pytest-timeout or pytest-xdist did not install; going on" >&2
     "$py" -m pip install --quiet --no-index --find-links .whl fastapi uvicorn httpx \
         || echo "gpu_suite.sh: the server's wheels did not install; bench-server will skip" >&2
+    "$py" -m pip install --quiet --no-index --find-links .whl distributed \
+        || echo "gpu_suite.sh: Dask did not install; the completions step goes on without it" >&2
 fi
 "$py" -m pip install --quiet --no-index --no-build-isolation --no-deps -e . \
     || { echo "gpu_suite.sh: could not install aiostream from the working tree" >&2; exit 2; }

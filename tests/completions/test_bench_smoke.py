@@ -3,6 +3,8 @@ test's: benchmarks/RESULTS.md)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.helpers.process import run_python
@@ -13,9 +15,19 @@ def test_the_completions_benchmark_runs() -> None:
     proc = run_python(
         "benchmarks/bench_completions.py", "--sizes", "100", "--loops", "asyncio", timeout=300
     )
-    assert proc.returncode == 0, proc.stderr
+    # its goals are judged and printed; on a busy machine one may be missed (exit 1), which
+    # is the benchmark's finding, not a failure of it
+    assert proc.returncode in (0, 1), proc.stderr
+    assert re.search(r"^(all goals met|\d+ of \d+ goals missed)$", proc.stdout, re.M), proc.stdout
+    assert (proc.returncode == 1) == (": MISS" in proc.stdout)
     assert "| asyncio | 100 |" in proc.stdout
     # section 2: the real kinds beside the loop's own floor under the same load
     assert "- asyncio: done() " in proc.stdout and ", timer " in proc.stdout
     assert ", all " in proc.stdout  # every handle's lateness together: what the goals are of
     assert "0 listed" in proc.stdout and "0 left" in proc.stdout
+
+
+def test_the_completions_benchmark_refuses_an_unknown_section() -> None:
+    proc = run_python("benchmarks/bench_completions.py", "--sections", "15", timeout=60)
+    assert proc.returncode == 2
+    assert "--sections takes digits 1 to 4" in proc.stderr

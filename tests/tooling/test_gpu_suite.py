@@ -76,6 +76,8 @@ def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(
     assert re.search(r"^\| cuda-tests \| passed \| [\d.]+ \| \d+ passed", report, re.M), report
     assert re.search(r"^\| bench-torch-loader \| (skipped|passed) \|", report, re.MULTILINE)
     assert re.search(r"^\| interop-pipeline \| skipped \| .* runs no kernels", report, re.M)
+    # the foreign handles' benchmark needs no GPU: it runs, and its goals are read
+    assert re.search(r"^\| completions \| (passed|goals missed) \| .*goals", report, re.M), report
 
 
 def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Path) -> None:
@@ -86,9 +88,10 @@ def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Pa
     report = (tmp_path / "out" / "report.md").read_text()
     assert "- device: no CUDA device: no NVIDIA driver library" in report
     assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
+    assert re.search(r"^\| completions \| (passed|goals missed) \|", report, re.M), report
     steps: Any = _suite_module().steps(True)  # type: ignore[attr-defined]
-    not_run = re.findall(r"^\| [\w-]+ \| not run \| 0\.0 \| no CUDA device", report, re.M)
-    assert len(not_run) == len(steps) - 1, report  # every step but info
+    not_run = re.findall(r"^\| ([\w-]+) \| not run \| 0\.0 \| no CUDA device", report, re.M)
+    assert not_run == [s.name for s in steps if s.needs_gpu], report  # all but info, completions
 
 
 def test_a_spent_budget_leaves_steps_out_and_says_so(stand_in_folder: Path, tmp_path: Path) -> None:

@@ -132,7 +132,7 @@ class _Poller:
             self._asks.append(wait.ask)
             if adapter.eta is not None:
                 self._timed += 1
-            self._last = _loop_time()
+            self._last = wait.since
             if self._scope is not None and self._wake_at > self._last + MIN_S:
                 self._scope.cancel()  # sleeping long: come back at the fast pace
         elif _diagnostics.watchdog_threshold() is not None and self._scope is not None:
@@ -527,8 +527,11 @@ async def _foreign(handle: Any, adapter: Adapter, timeout: float | None, subject
             try:
                 poller.add(entry)
                 parked = entry.parked
-                with anyio.CancelScope(deadline=deadline):
+                if deadline == math.inf:  # (no scope: a cancellation reaches the await alike)
                     await (parked.wait() if poller.hooks.on_trio else parked)
+                else:
+                    with anyio.CancelScope(deadline=deadline):
+                        await (parked.wait() if poller.hooks.on_trio else parked)
                 if not entry.finished:
                     raise TimeoutError(
                         f"{subject} ({kind}) was not done after {timeout:g} s; its work goes on"

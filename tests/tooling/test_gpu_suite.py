@@ -80,6 +80,7 @@ def test_the_gpu_suite_runs_end_to_end_on_the_stand_in(
     assert re.search(r"^\| completions \| (passed|goals missed) \| .*goals", report, re.M), report
 
 
+@pytest.mark.timeout(300)  # its completions step runs: 1,000 waits, gloo and Dask where installed
 def test_the_gpu_suite_without_a_driver_marks_the_gpu_steps_not_run(tmp_path: Path) -> None:
     if ctypes.util.find_library("cuda") is not None:
         pytest.skip("this machine has an NVIDIA driver library")
@@ -181,6 +182,41 @@ def test_a_benchmark_goal_missed_is_not_a_failed_step(tail: str, status: str) ->
     step = suite.Step("aiostream-bench", [], 60)
     suite.summarize(step, "measure (aiostream / baseline)\n\n1 of 12 goals missed" + tail, 1)
     assert step.status == status
+
+
+@pytest.mark.parametrize(
+    ("rc", "verdict", "status"),
+    [(1, "2 of 21 goals missed", "goals missed"), (0, "all goals met", "passed")],
+)
+def test_the_completions_step_says_which_goals_it_missed(
+    rc: int, verdict: str, status: str
+) -> None:
+    suite: Any = _suite_module()
+    step = suite.Step("completions", [], 60, needs_gpu=False)
+    lines = ["goal trio, 1,000 done() handles, median: 0.66 ms (at most 1): met"]
+    if rc:
+        lines += [
+            "goal trio, 1,000 done() handles, CPU per 1,000 completions: 0.19 CPU-s (at most"
+            " 0.15): MISS",
+            "goal asyncio, 1,000 handles pending, % of a core: 1.06 % (under 1): MISS",
+        ]
+    suite.summarize(step, "\n".join(["goals", *lines, verdict]), rc)
+    assert step.status == status
+    missed = [line.removeprefix("goal ") for line in lines if line.endswith("MISS")]
+    assert step.summary == "; ".join([*missed, verdict])
+
+
+def test_a_step_that_needs_more_than_the_budget_left_is_not_started(tmp_path: Path) -> None:
+    """The completions step needs its whole run (cut off, it would count as a failed step):
+    with less of the budget left, it is not started, and the report says why."""
+    if ctypes.util.find_library("cuda") is not None:
+        pytest.skip("this machine has an NVIDIA driver library")
+    proc = run_on(tmp_path, "benchmarks/gpu_suite.py", str(tmp_path / "out"), "--budget", "100")
+    assert proc.returncode == 0, proc.stderr
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert re.search(r"^\| info \| passed \|", report, re.MULTILINE), report
+    spent = r"^\| completions \| not run \| 0\.0 \| the suite's budget \(100 s\) was spent"
+    assert re.search(spent, report, re.MULTILINE), report
 
 
 def test_the_failed_tests_of_an_interrupted_parallel_run_are_run_again_alone() -> None:

@@ -417,8 +417,11 @@ class Goals:
     def __init__(self) -> None:
         self.rows: list[tuple[str, str, bool]] = []
 
+    def judge(self, name: str, said: str, met: bool) -> None:
+        self.rows.append((name, said, met))
+
     def at_most(self, name: str, value: float, goal: float, unit: str) -> None:
-        self.rows.append((name, f"{value:.3g} {unit} (at most {goal:g})", value <= goal))
+        self.judge(name, f"{value:.3g} {unit} (at most {goal:g})", value <= goal)
 
     def lateness(self, name: str, figures: dict[str, float]) -> None:
         self.at_most(f"{name}, median", figures["median_ms"], GOALS_MS[0], "ms")
@@ -508,12 +511,10 @@ def main() -> int:
                 idle_floor(loop),
             ]
             print(f"- {loop}: " + ", ".join(f"{c:.2f} %" for c in idle), flush=True)
-            goals.rows.append(
-                (
-                    f"{loop}, 1,000 handles pending, % of a core",
-                    f"{idle[0]:.2f} % (under {GOAL_IDLE:g})",
-                    idle[0] < GOAL_IDLE,
-                )
+            goals.judge(
+                f"{loop}, 1,000 handles pending, % of a core",
+                f"{idle[0]:.2f} % (under {GOAL_IDLE:g})",
+                idle[0] < GOAL_IDLE,
             )
     if "4" in args.sections:
         print(
@@ -523,12 +524,10 @@ def main() -> int:
         for loop in loops:
             listed, kept, left = cancelled_run(loop)
             print(f"- {loop}: {listed} listed, {kept:,} kept until done, {left} left", flush=True)
-            goals.rows.append(
-                (
-                    f"{loop}, 10,000 cancelled waits, listed and left",
-                    f"{listed} listed, {left} left (0 and 0)",
-                    listed == 0 and left == 0,
-                )
+            goals.judge(
+                f"{loop}, 10,000 cancelled waits, listed and left",
+                f"{listed} listed, {left} left (0 and 0)",
+                listed == 0 and left == 0,
             )
     return goals.print()
 
